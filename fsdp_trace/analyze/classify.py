@@ -1,0 +1,177 @@
+"""The one event classifier: what each event is (kernel kinds, launches, CPU ops) and which
+collective a communication kernel runs. Works on categorical columns, so the regexes run once
+per distinct name, never per event."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+# Event kinds (small ints in the `kind` column).
+OTHER, COMM, COMPUTE, MEMCPY, MEMSET, SYNC, LAUNCH, CPU_OP, ANNOTATION, GPU_ANNOTATION = range(10)
+KIND_NAMES = {
+    OTHER: "other",
+    COMM: "comm",
+    COMPUTE: "compute",
+    MEMCPY: "memcpy",
+    MEMSET: "memset",
+    SYNC: "sync",
+    LAUNCH: "launch",
+    CPU_OP: "cpu_op",
+    ANNOTATION: "annotation",
+    GPU_ANNOTATION: "gpu_annotation",
+}
+GPU_KINDS = (COMM, COMPUTE, MEMCPY, MEMSET, SYNC)
+
+# NCCL/RCCL kernels: legacy `ncclKernel_*` (NCCL <= 2.18), `ncclDevKernel_*` (>= 2.19),
+# symmetric-memory `ncclSymDevKernel_*` (2.27) and `ncclSymkDevKernel_*` (2.28).
+COMM_KERNEL = re.compile(r"^(nccl|rccl)\w*Kernel", re.IGNORECASE)
+
+_CATEGORY_KIND = {
+    "gpu_memcpy": MEMCPY,
+    "memcpy": MEMCPY,
+    "gpu_memset": MEMSET,
+    "memset": MEMSET,
+    "cuda_sync": SYNC,
+    "cuda_runtime": LAUNCH,
+    "cuda_driver": LAUNCH,
+    "runtime": LAUNCH,
+    "cpu_op": CPU_OP,
+    "operator": CPU_OP,
+    "user_annotation": ANNOTATION,
+    "gpu_user_annotation": GPU_ANNOTATION,
+}
+
+# Collective type from the kernel name: the order matters (ReduceScatter before Reduce).
+_NAME_COLLECTIVES = (
+    ("ReduceScatter", re.compile(r"ReduceScatter", re.IGNORECASE)),
+    ("AllGather", re.compile(r"AllGather", re.IGNORECASE)),
+    ("AllReduce", re.compile(r"AllReduce", re.IGNORECASE)),
+    ("AllToAll", re.compile(r"AllToAll", re.IGNORECASE)),
+    ("Broadcast", re.compile(r"Broadcast", re.IGNORECASE)),
+    ("SendRecv", re.compile(r"SendRecv|_Send|_Recv", re.IGNORECASE)),
+    ("Reduce", re.compile(r"_Reduce(?!Scatter)", re.IGNORECASE)),
+)
+# Collective type from the `Collective name` argument (torch's c10d op names).
+_ARG_COLLECTIVES = (
+    ("ReduceScatter", re.compile(r"reduce_?scatter", re.IGNORECASE)),
+    ("AllGather", re.compile(r"all_?gather", re.IGNORECASE)),
+    ("AllReduce", re.compile(r"all_?reduce", re.IGNORECASE)),
+    ("AllToAll", re.compile(r"all_?to_?all", re.IGNORECASE)),
+    ("Broadcast", re.compile(r"broadcast", re.IGNORECASE)),
+    ("SendRecv", re.compile(r"^(send|recv|sendrecv|batch_isend_irecv)", re.IGNORECASE)),
+    ("Reduce", re.compile(r"^_?reduce$", re.IGNORECASE)),
+    ("Barrier", re.compile(r"barrier", re.IGNORECASE)),
+)
+# CPU (gloo) collectives: the work runs on gloo's own thread as `gloo:<op>` annotations.
+_GLOO_COLLECTIVES = {
+    "gloo:all_gather": "AllGather",
+    "gloo:reduce_scatter": "ReduceScatter",
+    "gloo:all_reduce": "AllReduce",
+    "gloo:broadcast": "Broadcast",
+    "gloo:send": "SendRecv",
+    "gloo:recv": "SendRecv",
+    "gloo:all_to_all": "AllToAll",
+    "gloo:barrier": "Barrier",
+}
+BUS_FACTOR = {
+    # busbw = algbw × factor (nccl-tests PERFORMANCE.md), n = group size
+    "AllGather": lambda n: (n - 1) / n,
+    "ReduceScatter": lambda n: (n - 1) / n,
+    "AllReduce": lambda n: 2 * (n - 1) / n,
+    "AllToAll": lambda n: (n - 1) / n,
+    "Broadcast": lambda n: 1.0,
+    "Reduce": lambda n: 1.0,
+    "SendRecv": lambda n: 1.0,
+}
+DTYPE_BYTES = {
+    "Float": 4,
+    "float": 4,
+    "Float32": 4,
+    "BFloat16": 2,
+    "Half": 2,
+    "Float16": 2,
+    "Double": 8,
+    "Long": 8,
+    "Int": 4,
+    "Int32": 4,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+    "Float8_e4m3fnuz": 1,
+    "Float8_e5m2fnuz": 1,
+    "ComplexFloat": 8,
+}
+
+
+def _per_category(values: pd.Categorical, fn, dtype) -> np.ndarray:
+    """Apply `fn` once per distinct category and broadcast through the codes."""
+    lookup = np.array([fn(c) for c in values.categories] + [fn(None)], dtype=dtype)
+    codes = values.codes.copy()
+    codes[codes < 0] = len(values.categories)
+    return lookup[codes]
+
+
+def event_kinds(events: pd.DataFrame) -> np.ndarray:
+    """The `kind` of every event, from its category and (for kernels) its name."""
+    cat_kind = _per_category(
+        events["cat"].array,
+        lambda c: (
+            -1 if c is None else (-2 if c.lower() == "kernel" else _CATEGORY_KIND.get(c, OTHER))
+        ),
+        np.int8,
+    )
+    is_comm_name = _per_category(
+        events["name"].array, lambda n: bool(n and COMM_KERNEL.match(n)), bool
+    )
+    kinds = np.where(cat_kind == -2, np.where(is_comm_name, COMM, COMPUTE), cat_kind)
+    return np.where(kinds < 0, OTHER, kinds).astype(np.int8)
+
+
+def collective_from_name(name: str | None) -> str | None:
+    if not name:
+        return None
+    if name in _GLOO_COLLECTIVES:
+        return _GLOO_COLLECTIVES[name]
+    for label, pattern in _NAME_COLLECTIVES:
+        if pattern.search(name):
+            return label
+    return None
+
+
+def collective_from_arg(arg: str | None) -> str | None:
+    if not arg:
+        return None
+    for label, pattern in _ARG_COLLECTIVES:
+        if pattern.search(arg):
+            return label
+    return None
+
+
+def collective_types(events: pd.DataFrame) -> np.ndarray:
+    """Collective type per event: the `Collective name` arg first (it is what torch asked
+    for; `ncclDevKernel_Generic` names none), else the kernel name; 'Unknown' otherwise."""
+    from_name = _per_category(events["name"].array, collective_from_name, object)
+    if "collective_name" in events:
+        from_arg = _per_category(events["collective_name"].array, collective_from_arg, object)
+        result = np.where(pd.isna(from_arg), from_name, from_arg)
+    else:
+        result = from_name
+    return np.where(pd.isna(result), "Unknown", result).astype(object)
+
+
+def dtype_bytes(dtypes: pd.Series) -> np.ndarray:
+    """Bytes per element of the NCCL `dtype` argument (0 when absent or unknown)."""
+    return _per_category(dtypes.array, lambda d: DTYPE_BYTES.get(d, 0) if d else 0, np.int64)
+
+
+def bus_factor(collective: str, group_size: int) -> float:
+    """nccl-tests' algbw → busbw factor; NaN where it does not apply."""
+    if group_size is None or group_size < 1 or collective not in BUS_FACTOR:
+        return float("nan")
+    return BUS_FACTOR[collective](group_size)

@@ -1,0 +1,205 @@
+"""Traces with no GPU kernels (CPU + gloo runs): report the CPU-side collectives.
+
+gloo runs each collective on its own thread as a `gloo:<op>` annotation; the issuing
+`c10d::` op sits on the training thread inside the FSDP2 labels. The k-th issuing op of a
+type pairs with the k-th gloo annotation of that type. There is no GPU compute to overlap
+with, so overlap figures are left empty and a notice says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analyze import classify
+from fsdp_trace.analyze import intervals as iv
+from fsdp_trace.analyze import steps as steps_mod
+from fsdp_trace.analyze.loader import MISSING, Trace
+from fsdp_trace.analyze.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
+
+
+def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str) -> RankAnalysis:
+    from fsdp_trace.analyze.rank import (
+        BACKWARD_LABELS,
+        C10D_COLLECTIVES,
+        FORWARD_LABELS,
+        ISSUER_LABELS,
+        _blocks,
+        _Cpu,
+        _empty,
+        _phase_table,
+    )
+
+    events = trace.events
+    names = events["name"].astype(str)
+    notices = ["no GPU kernels: a CPU (gloo) trace; reporting CPU-side collectives, no overlap"]
+    cpu_mask = np.isin(kinds, (classify.CPU_OP, classify.ANNOTATION, classify.LAUNCH))
+    cpu = events[cpu_mask]
+    cpu_steps = steps_mod.cpu_steps(events, kinds)
+
+    gloo_mask = names.str.startswith("gloo:").to_numpy()
+    issue_type = names.map(C10D_COLLECTIVES).to_numpy()
+    issue_mask = pd.notna(issue_type)
+    ts_all = events["ts"].to_numpy()
+    gloo_rows = np.flatnonzero(gloo_mask)
+    gloo_names = names.to_numpy()[gloo_rows]
+    issue_rows = np.flatnonzero(issue_mask)
+    # Which gloo op runs each issued type; gloo implements reduce-scatter as an all-reduce.
+    has_rs = "gloo:reduce_scatter" in set(gloo_names)
+    target = {"AllGather": "gloo:all_gather", "AllReduce": "gloo:all_reduce",
+              "ReduceScatter": "gloo:reduce_scatter" if has_rs else "gloo:all_reduce",
+              "Broadcast": "gloo:broadcast"}  # fmt: skip
+    issue_target = np.array([target.get(t) for t in issue_type[issue_rows]], dtype=object)
+    pairs = []
+    for gloo_name in sorted({t for t in issue_target if t}):
+        ops = issue_rows[issue_target == gloo_name]
+        runs = gloo_rows[gloo_names == gloo_name]
+        ops = ops[np.argsort(ts_all[ops], kind="stable")]
+        runs = runs[np.argsort(ts_all[runs], kind="stable")]
+        m = min(ops.size, runs.size)
+        pairs += [(o, r, issue_type[o]) for o, r in zip(ops[:m], runs[:m], strict=True)]
+        if ops.size != runs.size:
+            notices.append(
+                f"{gloo_name}: {ops.size} issued vs {runs.size} run; paired {m} in order"
+            )
+    if not pairs:
+        if not cpu_steps.empty or len(cpu):
+            notices.append("no collectives found: a single-process trace")
+        empty = _empty(COLLECTIVE_COLUMNS)
+        return RankAnalysis(
+            rank=trace.rank,
+            path=trace.path,
+            source=source,
+            device="cpu",
+            steps=_cpu_steps_frame(trace, cpu_steps, [], source),
+            collectives=empty,
+            blocks=_blocks(empty, pd.DataFrame(), 0, expectations, trace.rank, source),
+            kernels=pd.DataFrame(),
+            exposed=pd.DataFrame(columns=["start_us", "end_us", "step"]),
+            compute_phases=_phase_table(pd.Series(dtype=float), trace.rank, source),
+            notices=notices,
+            meta={"world_size": trace.world_size},
+        )
+    issue = np.array([p[0] for p in pairs])
+    run = np.array([p[1] for p in pairs])
+    ctype = np.array([p[2] for p in pairs], dtype=object)
+
+    ctx = _Cpu.build(cpu)
+    thread = ctx.keys.code(events["pid"].to_numpy()[issue], events["tid"].to_numpy()[issue])
+    t = events["ts"].to_numpy()[issue]
+    chain = ctx.labels.chain(ctx.labels.innermost(ctx.keys, thread, t))
+    ag = ctx.labels.first_of(chain, {"all_gather"})
+    rs = ctx.labels.first_of(chain, {"post_backward_reduce"})
+    hooks = ctx.labels.first_of(chain, FORWARD_LABELS | BACKWARD_LABELS)
+    block = np.where(ctype == "AllGather", ctx.labels.fqn_at(ag), ctx.labels.fqn_at(rs))
+    block = np.where(pd.isna(block), ctx.labels.fqn_at(hooks), block)
+    hook_kind = ctx.labels.kind_at(hooks)
+    in_autograd = ctx.autograd.contains(thread, t)
+    phase = np.where(np.isin(hook_kind, list(BACKWARD_LABELS)) | in_autograd, "backward", "forward")
+    issuer = ctx.labels.fqn_at(ctx.labels.first_of(chain, ISSUER_LABELS))
+    start = events["ts"].to_numpy()[run]
+    end = events["end"].to_numpy()[run]
+    dur = end - start
+    nbytes = (
+        events["cpu_coll_bytes"].to_numpy()[run].astype(np.float64)
+        if "cpu_coll_bytes" in events
+        else np.full(run.size, np.nan)
+    )
+    nbytes = np.where(nbytes == MISSING, np.nan, nbytes)
+    if trace.world_size:
+        # gloo's recorded input is this rank's shard for all-gather; the message is n× that.
+        nbytes = np.where(ctype == "AllGather", nbytes * trace.world_size, nbytes)
+    group = float(trace.world_size) if trace.world_size else np.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(dur > 0, nbytes / (dur * 1e-6) / 1e9, np.nan)
+    factor = np.array(
+        [classify.bus_factor(c, int(group)) if not np.isnan(group) else np.nan for c in ctype]
+    )
+    step = (
+        steps_mod.step_of_time(cpu_steps, t)
+        if not cpu_steps.empty
+        else np.zeros(t.size, dtype=np.int64)
+    )
+    frame = pd.DataFrame(
+        {
+            "rank": trace.rank,
+            "source": source,
+            "step": step,
+            "collective": ctype,
+            "block": pd.Series(block).fillna("unattributed").to_numpy(),
+            "phase": phase,
+            "issued_by": np.where(pd.isna(issuer), block, issuer),
+            "prefetched": ctx.labels.first_of(chain, {"forward_prefetch", "backward_prefetch"})
+            >= 0,
+            "start_us": start,
+            "end_us": end,
+            "dur_us": dur,
+            "exposed_us": np.nan,
+            "bytes": nbytes,
+            "group_size": group,
+            "algbw_gbps": algbw,
+            "busbw_gbps": algbw * factor,
+            "dtype": None,
+            "pg_name": None,
+            "seq": MISSING,
+            "stream": events["tid"].to_numpy()[run],
+            "correlation": MISSING,
+            "kernel": names.to_numpy()[run],
+        }
+    )
+    frame = frame[frame["step"] >= 0].reset_index(drop=True)[COLLECTIVE_COLUMNS]
+    n_steps = max(len(cpu_steps), 1)
+    blocks = _blocks(frame, pd.DataFrame(columns=["block", "phase", "ts", "end"]), n_steps,
+                     expectations, trace.rank, source)  # fmt: skip
+    blocks["exposed_us_per_step"] = np.nan
+    return RankAnalysis(
+        rank=trace.rank,
+        path=trace.path,
+        source=source,
+        device="cpu",
+        steps=_cpu_steps_frame(trace, cpu_steps, [(frame["start_us"], frame["end_us"])], source),
+        collectives=frame,
+        blocks=blocks,
+        kernels=pd.DataFrame(),
+        exposed=pd.DataFrame(columns=["start_us", "end_us", "step"]),
+        compute_phases=_phase_table(pd.Series(dtype=float), trace.rank, source),
+        streams={},
+        notices=notices,
+        meta={"world_size": trace.world_size, "distributed": trace.distributed},
+    )
+
+
+def _cpu_steps_frame(trace: Trace, cpu_steps: pd.DataFrame, comm, source: str) -> pd.DataFrame:
+    """Per step: CPU step time and the union of collective time; overlap columns are NaN."""
+    if cpu_steps.empty:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    starts = cpu_steps["cpu_start"].to_numpy()
+    ends = cpu_steps["cpu_end"].to_numpy()
+    if comm:
+        u = iv.union(*comm[0])
+        comm_us = iv.covered_up_to(u, ends) - iv.covered_up_to(u, starts)
+    else:
+        comm_us = np.zeros(starts.size)
+    nan = np.full(starts.size, np.nan)
+    return pd.DataFrame(
+        {
+            "rank": trace.rank,
+            "source": source,
+            "step": cpu_steps["step"].to_numpy(),
+            "start_us": starts,
+            "end_us": ends,
+            "step_us": ends - starts,
+            "compute_us": nan,
+            "comm_us": comm_us,
+            "overlap_us": nan,
+            "exposed_us": nan,
+            "exposed_pct": nan,
+            "idle_us": nan,
+            "idle_pct": nan,
+            "overlap_pct": nan,
+            "ag_us": nan,
+            "rs_us": nan,
+            "n_comm_kernels": 0,
+            "n_compute_kernels": 0,
+        }
+    )[STEP_COLUMNS]

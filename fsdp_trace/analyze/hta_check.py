@@ -1,0 +1,103 @@
+"""Cross-check against Holistic Trace Analysis' `get_comm_comp_overlap` on the same trace.
+
+HTA 0.5.0's figure is |U(comm) ∩ U(compute)| / |U(comm)| over one window per rank: kernels
+whose launch starts before the last `ProfilerStep` (the last step is dropped; nothing is
+clipped to step boundaries), comm/compute told apart by kernel name, and, when timestamps
+carry ns fractions, every event rounded inward to whole µs. `overlap_with_hta_rules` applies
+that window to our own kernel classes with exact timestamps, so it must equal HTA run with
+`HTA_DISABLE_NS_ROUNDING=1` wherever the kernel classes coincide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analyze import classify
+from fsdp_trace.analyze import intervals as iv
+from fsdp_trace.analyze.loader import Trace, load_trace
+from fsdp_trace.analyze.results import RankAnalysis
+
+
+def overlap_with_hta_rules(trace: Trace) -> float:
+    """Our overlap % over HTA's kernel window (exact timestamps, our kernel classes)."""
+    events = trace.events
+    kinds = classify.event_kinds(events)
+    names = events["name"].astype(str)
+    is_gpu = np.isin(kinds, classify.GPU_KINDS)
+    correlation = events["correlation"].to_numpy()
+    is_profiler_step = names.str.contains("ProfilerStep", regex=False).to_numpy()
+    keep = is_gpu.copy()
+    if names[is_profiler_step].nunique() >= 2:
+        # HTA treats every non-kernel row as a CPU op, GPU-side ProfilerStep annotations too.
+        cpu = ~is_gpu
+        cutoff = events["ts"].to_numpy()[cpu & is_profiler_step].max()
+        launched = np.unique(
+            correlation[cpu & (events["ts"].to_numpy() < cutoff) & (correlation >= 0)]
+        )
+        keep &= np.isin(correlation, launched)
+    ts, end = events["ts"].to_numpy(), events["end"].to_numpy()
+    comm = keep & (kinds == classify.COMM)
+    compute = keep & (kinds == classify.COMPUTE)
+    comm_u = iv.union(ts[comm], end[comm])
+    total = iv.length(comm_u)
+    if total == 0:
+        return float("nan")
+    return 100.0 * iv.length(iv.intersect(comm_u, iv.union(ts[compute], end[compute]))) / total
+
+
+def hta_overlap(path: str | Path, rank: int, rounding: bool = True) -> float:
+    """HTA's own figure for one trace file (holistictraceanalysis must be installed)."""
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    from hta.trace_analysis import TraceAnalysis
+
+    previous = os.environ.get("HTA_DISABLE_NS_ROUNDING")
+    os.environ["HTA_DISABLE_NS_ROUNDING"] = "0" if rounding else "1"
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            analysis = TraceAnalysis(trace_files={rank: str(Path(path).resolve())})
+            frame = analysis.get_comm_comp_overlap(visualize=False)
+    finally:
+        if previous is None:
+            os.environ.pop("HTA_DISABLE_NS_ROUNDING", None)
+        else:
+            os.environ["HTA_DISABLE_NS_ROUNDING"] = previous
+    return float(frame.loc[frame["rank"] == rank, "comp_comm_overlap_pctg"].iloc[0])
+
+
+def cross_check(ranks: list[RankAnalysis]) -> tuple[pd.DataFrame, list[str]]:
+    """HTA's figure beside ours for each GPU rank; notices for what could not run."""
+    rows, notices = [], []
+    try:
+        import hta  # noqa: F401
+    except ImportError:
+        return pd.DataFrame(), ["--hta: holistictraceanalysis is not installed (pip install "
+                                "holistictraceanalysis)"]  # fmt: skip
+    for r in ranks:
+        if r.device != "gpu" or r.collectives.empty:
+            continue
+        rank = r.rank if r.rank is not None else 0
+        steps = r.steps
+        comm = steps["comm_us"].sum()
+        ours_steps = 100.0 * steps["overlap_us"].sum() / comm if comm else float("nan")
+        try:
+            hta_pct = hta_overlap(r.path, rank)
+        except Exception as exc:  # HTA is a peer tool: its failure is a notice, not ours
+            notices.append(f"--hta: HTA failed on {r.path}: {type(exc).__name__}: {exc}")
+            continue
+        rows.append(
+            {
+                "rank": rank,
+                "path": r.path,
+                "hta_pct": hta_pct,
+                "ours_hta_rules_pct": overlap_with_hta_rules(load_trace(r.path)),
+                "ours_steps_pct": ours_steps,
+            }
+        )
+    return pd.DataFrame(rows), notices

@@ -1,0 +1,528 @@
+"""One trace in, one RankAnalysis out: step windows, overlap per step, and every collective
+attributed to its FSDP2 unit and phase. Pure: no printing, no files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analyze import classify, context
+from fsdp_trace.analyze import intervals as iv
+from fsdp_trace.analyze import steps as steps_mod
+from fsdp_trace.analyze.loader import MISSING, Trace
+from fsdp_trace.analyze.results import (
+    BLOCK_COLUMNS,
+    COLLECTIVE_COLUMNS,
+    STEP_COLUMNS,
+    RankAnalysis,
+)
+
+FORWARD_LABELS = {"pre_forward", "forward_prefetch", "post_forward", "root_pre_forward",
+                  "all_gather_copy_out", "cast_forward_inputs", "cast_forward_outputs"}  # fmt: skip
+BACKWARD_LABELS = {"pre_backward", "backward_prefetch", "post_backward_accumulate",
+                   "post_backward_reshard", "post_backward_reduce", "post_backward_rs_wait",
+                   "root_post_backward_callback", "finalize_backward"}  # fmt: skip
+ISSUER_LABELS = {"pre_forward", "pre_backward", "post_forward", "post_backward_reduce",
+                 "root_pre_forward", "root_post_backward_callback"}  # fmt: skip
+AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"
+OPTIMIZER_PREFIX = "Optimizer.step#"
+C10D_COLLECTIVES = {
+    "c10d::_allgather_base_": "AllGather",
+    "c10d::allgather_": "AllGather",
+    "c10d::_reduce_scatter_base_": "ReduceScatter",
+    "c10d::reduce_scatter_": "ReduceScatter",
+    "c10d::allreduce_": "AllReduce",
+    "c10d::broadcast_": "Broadcast",
+}
+
+
+@dataclass
+class Expectations:
+    """How many collectives per unit and step the configuration implies (from run.json)."""
+
+    ag_per_step: dict[str, int] = field(default_factory=dict)
+    default_ag: int = 2  # fully_shard's default reshard_after_forward=True
+    rs_per_step: int = 1
+    micro_batches: int = 1
+
+    @classmethod
+    def from_run(cls, run: dict | None) -> Expectations:
+        if not run:
+            return cls()
+        parallel = run.get("parallel", {})
+        micro = int(parallel.get("grad_accum", 1) or 1)
+        rs = 1 if parallel.get("accum_no_sync") else micro
+        ag: dict[str, int] = {}
+        for unit, setting in parallel.get("reshard_after_forward", {}).items():
+            if unit == "root":
+                ag[unit] = 1 * micro  # the root keeps its parameters after forward (torch>=2.8)
+            else:
+                ag[unit] = (1 if setting is False else 2) * micro
+        return cls(ag_per_step=ag, default_ag=2 * micro, rs_per_step=rs, micro_batches=micro)
+
+    def expected(self, block: str, collective: str) -> float:
+        if collective == "AllGather":
+            return float(self.ag_per_step.get(block, self.default_ag))
+        if collective == "ReduceScatter":
+            return float(self.rs_per_step)
+        return float("nan")
+
+
+@dataclass
+class _Cpu:
+    """The CPU-side context of a trace, built once and queried for every launch."""
+
+    keys: context.ThreadKeys
+    labels: context.Forest
+    windows: context.Forest
+    autograd: context.ThreadUnion
+    recompute: context.ThreadUnion
+    optimizer: context.ThreadUnion
+
+    @classmethod
+    def build(cls, cpu: pd.DataFrame) -> _Cpu:
+        keys = context.ThreadKeys(
+            cpu["pid"].to_numpy(), cpu["tid"].to_numpy(), cpu["ts"].to_numpy()
+        )
+        code = keys.codes
+        fsdp = context.fsdp_labels(cpu)
+        labels = context.Forest.build(
+            keys,
+            keys.code(fsdp["pid"], fsdp["tid"]),
+            fsdp["ts"],
+            fsdp["end"],
+            fsdp["kind"],
+            fsdp["fqn"],
+        )
+        win = context.block_windows(fsdp)
+        windows = context.Forest.build(
+            keys,
+            keys.code(win["pid"], win["tid"]),
+            win["w_start"],
+            win["w_end"],
+            win["phase"],
+            win["fqn"],
+        )
+        names = cpu["name"].astype(str)
+        ts, end = cpu["ts"].to_numpy(), cpu["end"].to_numpy()
+        is_autograd = names.str.startswith(AUTOGRAD_PREFIX).to_numpy()
+        autograd = context.ThreadUnion(keys, code[is_autograd], ts[is_autograd], end[is_autograd])
+        # Recompute = forward ops (they carry an autograd sequence number) run inside backward.
+        candidate = (
+            (cpu["sequence_number"].to_numpy() != MISSING)
+            & ~names.str.contains("Backward", regex=False).to_numpy()
+            & ~is_autograd
+        )
+        inside = np.zeros(len(cpu), dtype=bool)
+        inside[candidate] = autograd.contains(code[candidate], ts[candidate])
+        recompute = context.ThreadUnion(keys, code[inside], ts[inside], end[inside])
+        is_opt = names.str.startswith(OPTIMIZER_PREFIX).to_numpy()
+        optimizer = context.ThreadUnion(keys, code[is_opt], ts[is_opt], end[is_opt])
+        return cls(keys, labels, windows, autograd, recompute, optimizer)
+
+
+def _empty(columns: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+
+
+def _link_launches(events: pd.DataFrame, kinds: np.ndarray, gpu_idx: np.ndarray) -> np.ndarray:
+    """Row of the launch event (same `correlation`) of each GPU event, or -1."""
+    launch_rows = np.flatnonzero(
+        (kinds == classify.LAUNCH) & (events["correlation"].to_numpy() >= 0)
+    )
+    launch_corr = events["correlation"].to_numpy()[launch_rows]
+    order = np.argsort(launch_corr, kind="stable")
+    sorted_corr = launch_corr[order]
+    corr = events["correlation"].to_numpy()[gpu_idx]
+    pos = np.searchsorted(sorted_corr, corr)
+    safe = np.minimum(pos, max(sorted_corr.size - 1, 0))
+    found = (sorted_corr.size > 0) & (pos < sorted_corr.size) & (corr >= 0)
+    found &= sorted_corr[safe] == corr
+    return np.where(found, launch_rows[order][safe], -1)
+
+
+def _windowed_lengths(u: iv.Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    return iv.covered_up_to(u, ends) - iv.covered_up_to(u, starts)
+
+
+def analyze_trace(
+    trace: Trace, expectations: Expectations | None = None, source: str = "trace"
+) -> RankAnalysis:
+    """Everything per step, per collective and per block for one rank's trace."""
+    expectations = expectations or Expectations()
+    events = trace.events
+    kinds = classify.event_kinds(events)
+    notices: list[str] = []
+    gpu_idx = np.flatnonzero(np.isin(kinds, (classify.COMM, classify.COMPUTE,
+                                            classify.MEMCPY, classify.MEMSET)))  # fmt: skip
+    if gpu_idx.size == 0:
+        from fsdp_trace.analyze.cpu_collectives import analyze_cpu_trace
+
+        return analyze_cpu_trace(trace, kinds, expectations, source)
+
+    cpu_mask = np.isin(kinds, (classify.CPU_OP, classify.ANNOTATION, classify.LAUNCH))
+    cpu = events[cpu_mask]
+    cpu_steps = steps_mod.cpu_steps(events, kinds)
+    launch_row = _link_launches(events, kinds, gpu_idx)
+    linked = launch_row >= 0
+    launch_ts = np.where(linked, events["ts"].to_numpy()[np.maximum(launch_row, 0)], np.nan)
+    if cpu_steps.empty:
+        notices.append("no ProfilerStep annotations: one window over the whole trace")
+        keep = linked if linked.any() else np.ones(gpu_idx.size, dtype=bool)
+        step_of = np.where(keep, 0, -1)
+    else:
+        step_of = steps_mod.step_of_time(cpu_steps, np.nan_to_num(launch_ts, nan=-np.inf))
+        step_of = np.where(linked, step_of, -1)
+        keep = step_of >= 0
+    dropped = int((~keep).sum())
+    if dropped:
+        notices.append(
+            f"{dropped} GPU events launched outside the profiled steps (or with no launch "
+            "in the trace) were left out"
+        )
+    kidx = gpu_idx[keep]
+    k = pd.DataFrame(
+        {
+            "ts": events["ts"].to_numpy()[kidx],
+            "end": events["end"].to_numpy()[kidx],
+            "dur": events["dur"].to_numpy()[kidx],
+            "device": events["pid"].to_numpy()[kidx],
+            "stream": events["tid"].to_numpy()[kidx],
+            "kind": kinds[kidx],
+            "name": events["name"].array[kidx],
+            "step": step_of[keep],
+            "correlation": events["correlation"].to_numpy()[kidx],
+            "launch_row": launch_row[keep],
+        }
+    )
+    if cpu_steps.empty:
+        windows = pd.DataFrame({"step": [0], "start": [k["ts"].min()], "end": [k["end"].max()]})
+    else:
+        windows = steps_mod.gpu_windows(
+            cpu_steps, k["step"].to_numpy(), k["ts"].to_numpy(), k["end"].to_numpy()
+        )
+
+    is_comm = (k["kind"] == classify.COMM).to_numpy()
+    is_compute = (k["kind"] == classify.COMPUTE).to_numpy()
+    comm_u = iv.union(k["ts"][is_comm], k["end"][is_comm])
+    compute_u = iv.union(k["ts"][is_compute], k["end"][is_compute])
+    exposed_u = iv.subtract(comm_u, compute_u)
+    busy_u = iv.union(
+        np.concatenate([comm_u[0], compute_u[0]]), np.concatenate([comm_u[1], compute_u[1]])
+    )
+
+    # Context of every kept GPU event's launch: block, phase.
+    cpu_ctx = _Cpu.build(cpu)
+    rows = k["launch_row"].to_numpy()
+    has_launch = rows >= 0
+    l_thread = np.full(len(k), -1, dtype=np.int64)
+    l_time = np.full(len(k), np.nan)
+    l_thread[has_launch] = cpu_ctx.keys.code(
+        events["pid"].to_numpy()[rows[has_launch]], events["tid"].to_numpy()[rows[has_launch]]
+    )
+    l_time[has_launch] = events["ts"].to_numpy()[rows[has_launch]]
+    t_safe = np.nan_to_num(l_time, nan=-1.0)
+    in_recompute = cpu_ctx.recompute.contains(l_thread, t_safe) & has_launch
+    in_autograd = cpu_ctx.autograd.contains(l_thread, t_safe) & has_launch
+    in_optimizer = cpu_ctx.optimizer.contains(l_thread, t_safe) & has_launch
+    label_chain = cpu_ctx.labels.chain(cpu_ctx.labels.innermost(cpu_ctx.keys, l_thread, t_safe))
+    window_idx = cpu_ctx.windows.innermost(cpu_ctx.keys, l_thread, t_safe)
+    window_phase = cpu_ctx.windows.kind_at(window_idx)
+    k["block"] = cpu_ctx.windows.fqn_at(window_idx)
+    phase_label = cpu_ctx.labels.first_of(label_chain, FORWARD_LABELS | BACKWARD_LABELS)
+    label_kind = cpu_ctx.labels.kind_at(phase_label)
+    phase = np.where(
+        in_recompute,
+        "recompute",
+        np.where(
+            np.isin(label_kind, list(BACKWARD_LABELS)) | in_autograd | (window_phase == "backward"),
+            "backward",
+            np.where(in_optimizer, "optimizer", "forward"),
+        ),
+    )
+    k["phase"] = phase
+
+    # Steps.
+    starts = windows["start"].to_numpy(dtype=np.float64)
+    ends = windows["end"].to_numpy(dtype=np.float64)
+    step_us = ends - starts
+    comm_us = _windowed_lengths(comm_u, starts, ends)
+    compute_us = _windowed_lengths(compute_u, starts, ends)
+    exposed_us = _windowed_lengths(exposed_u, starts, ends)
+    busy_us = _windowed_lengths(busy_u, starts, ends)
+    coll = (
+        classify.collective_types(events.iloc[kidx[is_comm]])
+        if is_comm.any()
+        else np.array([], dtype=object)
+    )
+    ag_u = iv.union(k["ts"][is_comm][coll == "AllGather"], k["end"][is_comm][coll == "AllGather"])
+    rs_u = iv.union(
+        k["ts"][is_comm][coll == "ReduceScatter"], k["end"][is_comm][coll == "ReduceScatter"]
+    )
+    per_step_counts = k.groupby(["step", "kind"]).size().unstack(fill_value=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        step_frame = pd.DataFrame(
+            {
+                "rank": trace.rank,
+                "source": source,
+                "step": windows["step"].to_numpy(),
+                "start_us": starts,
+                "end_us": ends,
+                "step_us": step_us,
+                "compute_us": compute_us,
+                "comm_us": comm_us,
+                "overlap_us": comm_us - exposed_us,
+                "exposed_us": exposed_us,
+                "exposed_pct": 100.0 * exposed_us / step_us,
+                "idle_us": step_us - busy_us,
+                "idle_pct": 100.0 * (step_us - busy_us) / step_us,
+                "overlap_pct": np.where(
+                    comm_us > 0, 100.0 * (comm_us - exposed_us) / comm_us, np.nan
+                ),
+                "ag_us": _windowed_lengths(ag_u, starts, ends),
+                "rs_us": _windowed_lengths(rs_u, starts, ends),
+                "n_comm_kernels": per_step_counts.reindex(windows["step"])
+                .get(classify.COMM, pd.Series(0, index=windows["step"]))
+                .fillna(0)
+                .to_numpy(dtype=np.int64),
+                "n_compute_kernels": per_step_counts.reindex(windows["step"])
+                .get(classify.COMPUTE, pd.Series(0, index=windows["step"]))
+                .fillna(0)
+                .to_numpy(dtype=np.int64),
+            }
+        )[STEP_COLUMNS]
+    if not is_comm.any():
+        notices.append(
+            "no NCCL kernels: a single-GPU (or non-distributed) trace, nothing to overlap"
+        )
+
+    collectives = _collectives(trace, events, kidx[is_comm], k[is_comm], coll, cpu_ctx,
+                               label_chain[is_comm], compute_u, source)  # fmt: skip
+    k_compute = k[is_compute]
+    blocks = _blocks(collectives, k_compute, len(windows), expectations, trace.rank, source)
+    compute_phases = k_compute.assign(step=k_compute["step"]).pipe(
+        lambda f: iv.grouped_union_length(
+            f["step"].astype(str) + "|" + f["phase"], f["ts"], f["end"]
+        )
+    )
+    phases_frame = _phase_table(compute_phases, trace.rank, source)
+    exposed = pd.DataFrame({"start_us": exposed_u[0], "end_us": exposed_u[1]})
+    exposed["step"] = steps_mod.step_of_time(
+        windows, exposed["start_us"].to_numpy(), "start", "end"
+    )
+    kernels = k.drop(columns=["launch_row"]).assign(
+        kind=lambda f: f["kind"].map(classify.KIND_NAMES)
+    )
+    return RankAnalysis(
+        rank=trace.rank,
+        path=trace.path,
+        source=source,
+        device="gpu",
+        steps=step_frame,
+        collectives=collectives,
+        blocks=blocks,
+        kernels=kernels,
+        exposed=exposed,
+        compute_phases=phases_frame,
+        streams=_stream_roles(kernels, collectives),
+        notices=notices,
+        meta={"world_size": trace.world_size, "distributed": trace.distributed},
+    )
+
+
+def _collectives(
+    trace: Trace,
+    events: pd.DataFrame,
+    rows: np.ndarray,
+    comm: pd.DataFrame,
+    coll: np.ndarray,
+    cpu_ctx: _Cpu,
+    chain: np.ndarray,
+    compute_u: iv.Intervals,
+    source: str,
+) -> pd.DataFrame:
+    """One row per communication kernel: unit, phase, bytes, bandwidth, exposed share."""
+    if rows.size == 0:
+        return _empty(COLLECTIVE_COLUMNS)
+    labels = cpu_ctx.labels
+    ag = labels.first_of(chain, {"all_gather"})
+    rs = labels.first_of(chain, {"post_backward_reduce"})
+    hooks = labels.first_of(chain, FORWARD_LABELS | BACKWARD_LABELS)
+    block = np.where(
+        coll == "AllGather",
+        labels.fqn_at(ag),
+        np.where(coll == "ReduceScatter", labels.fqn_at(rs), None),
+    )
+    block = np.where(pd.isna(block), labels.fqn_at(hooks), block)  # torch 2.4: no all_gather label
+    prefetch = labels.first_of(chain, {"forward_prefetch", "backward_prefetch"})
+    issuer = labels.first_of(chain, ISSUER_LABELS)
+    issued_by = labels.fqn_at(issuer)
+    issued_by = np.where(pd.isna(issued_by), block, issued_by)
+
+    sub = events.iloc[rows]
+    n = rows.size
+
+    def col(name: str, default):
+        return sub[name].to_numpy() if name in sub else np.full(n, default)
+
+    in_n = col("in_nelems", MISSING).astype(np.float64)
+    out_n = col("out_nelems", MISSING).astype(np.float64)
+    elem = classify.dtype_bytes(sub["dtype"]) if "dtype" in sub else np.zeros(n, dtype=np.int64)
+    nelems = np.maximum(in_n, out_n)
+    nbytes = np.where((nelems >= 0) & (elem > 0), nelems * elem, np.nan)
+    group = col("group_size", MISSING).astype(np.float64)
+    group = np.where(group > 0, group, float(trace.world_size) if trace.world_size else np.nan)
+    dur = comm["dur"].to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(dur > 0, nbytes / (dur * 1e-6) / 1e9, np.nan)
+    factor = np.array(
+        [
+            classify.bus_factor(c, int(g)) if not np.isnan(g) else np.nan
+            for c, g in zip(coll, group, strict=True)
+        ]
+    )
+    phase = comm["phase"].to_numpy().copy()
+    hook_kind = labels.kind_at(hooks)
+    phase = np.where(
+        np.isin(hook_kind, list(FORWARD_LABELS)) & (phase != "recompute"), "forward", phase
+    )
+    phase = np.where(
+        np.isin(hook_kind, list(BACKWARD_LABELS)) & (phase != "recompute"), "backward", phase
+    )
+    frame = pd.DataFrame(
+        {
+            "rank": trace.rank,
+            "source": source,
+            "step": comm["step"].to_numpy(),
+            "collective": coll,
+            "block": block,
+            "phase": phase,
+            "issued_by": issued_by,
+            "prefetched": prefetch >= 0,
+            "start_us": comm["ts"].to_numpy(),
+            "end_us": comm["end"].to_numpy(),
+            "dur_us": dur,
+            "exposed_us": iv.split_uncovered(
+                comm["ts"].to_numpy(), comm["end"].to_numpy(), compute_u
+            ),
+            "bytes": nbytes,
+            "group_size": group,
+            "algbw_gbps": algbw,
+            "busbw_gbps": algbw * factor,
+            "dtype": col("dtype", None),
+            "pg_name": col("pg_name", None),
+            "seq": col("seq", MISSING),
+            "stream": comm["stream"].to_numpy(),
+            "correlation": comm["correlation"].to_numpy(),
+            "kernel": comm["name"].astype(str).to_numpy(),
+        }
+    )
+    frame["block"] = frame["block"].fillna("unattributed")
+    return frame[COLLECTIVE_COLUMNS].reset_index(drop=True)
+
+
+def _blocks(
+    collectives: pd.DataFrame,
+    compute: pd.DataFrame,
+    n_steps: int,
+    expectations: Expectations,
+    rank: int | None,
+    source: str,
+) -> pd.DataFrame:
+    """Per block × phase × collective, per step: counts vs expected, time, exposed, bandwidth."""
+    if collectives.empty or n_steps == 0:
+        return _empty(BLOCK_COLUMNS)
+    c = collectives.copy()
+    c["key"] = c["block"].astype(str) + "|" + c["phase"] + "|" + c["collective"]
+    grouped = c.groupby(["block", "phase", "collective"], sort=False)
+    agg = grouped.agg(
+        count=("dur_us", "size"),
+        exposed=("exposed_us", "sum"),
+        bytes=("bytes", lambda s: s.sum(min_count=1)),
+        busy=("dur_us", "sum"),
+        busbw=("busbw_gbps", "mean"),
+    ).reset_index()
+    union = iv.grouped_union_length(c["key"], c["start_us"], c["end_us"])
+    agg["time"] = (agg["block"].astype(str) + "|" + agg["phase"] + "|" + agg["collective"]).map(
+        union
+    )
+    # Expectations are per unit and step, over both phases (e.g. 2 AG with reshard).
+    per_unit = c.groupby(["block", "collective"]).size() / n_steps
+    pairs = list(zip(agg["block"], agg["collective"], strict=True))
+    unit_count = np.array([per_unit.get(p, 0.0) for p in pairs])
+    expected = np.array([expectations.expected(b, col) for b, col in pairs])
+    block_compute = iv.grouped_union_length(
+        compute["block"].fillna("").astype(str) + "|" + compute["phase"],
+        compute["ts"],
+        compute["end"],
+    )
+    factor = agg["bytes"] / agg["busy"].where(agg["busy"] > 0)
+    out = pd.DataFrame(
+        {
+            "rank": rank,
+            "source": source,
+            "block": agg["block"],
+            "phase": agg["phase"],
+            "collective": agg["collective"],
+            "count_per_step": agg["count"] / n_steps,
+            "unit_count_per_step": unit_count,
+            "expected_per_step": expected,
+            "excess": unit_count - expected,
+            "time_us_per_step": agg["time"] / n_steps,
+            "exposed_us_per_step": agg["exposed"] / n_steps,
+            "bytes_per_step": agg["bytes"] / n_steps,
+            "algbw_gbps": factor * 1e6 / 1e9,
+            "busbw_gbps": agg["busbw"],
+            "compute_us_per_step": [
+                block_compute.get(f"{b}|{p}", np.nan) / n_steps
+                for b, p in zip(agg["block"], agg["phase"], strict=True)
+            ],
+        }
+    )
+    return out.sort_values("exposed_us_per_step", ascending=False, kind="stable").reset_index(
+        drop=True
+    )[BLOCK_COLUMNS]
+
+
+def _phase_table(lengths: pd.Series, rank: int | None, source: str) -> pd.DataFrame:
+    if lengths.empty:
+        return pd.DataFrame(columns=["rank", "source", "step", "phase", "compute_us"])
+    keys = lengths.index.to_series().str.split("|", n=1, expand=True)
+    return (
+        pd.DataFrame(
+            {
+                "rank": rank,
+                "source": source,
+                "step": keys[0].astype(np.int64).to_numpy(),
+                "phase": keys[1].to_numpy(),
+                "compute_us": lengths.to_numpy(),
+            }
+        )
+        .sort_values(["step", "phase"])
+        .reset_index(drop=True)
+    )
+
+
+def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int, str]:
+    """Name each stream by what runs on it (stream ids are not stable across runs)."""
+    roles: dict[int, str] = {}
+    if kernels.empty:
+        return roles
+    by_stream = kernels.groupby("stream")
+    for stream, group in by_stream:
+        kinds = group["kind"].value_counts()
+        if kinds.get("comm", 0) > 0:
+            types = collectives.loc[collectives["stream"] == stream, "collective"].value_counts()
+            roles[int(stream)] = f"{types.index[0]} (NCCL)" if len(types) else "communication"
+        elif kinds.get("compute", 0) >= kinds.sum() / 2:
+            roles[int(stream)] = "compute"
+        else:
+            roles[int(stream)] = "copy"
+    compute_streams = [s for s, r in roles.items() if r == "compute"]
+    if len(compute_streams) > 1:
+        busiest = kernels[kernels["kind"] == "compute"].groupby("stream")["dur"].sum().idxmax()
+        for s in compute_streams:
+            roles[s] = "compute" if s == busiest else "compute (side)"
+    return roles

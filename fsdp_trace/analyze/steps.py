@@ -1,0 +1,62 @@
+"""Step windows. The GPU-side `ProfilerStep#N` annotation covers only part of a step on real
+traces, so windows are built from the kernels launched inside the CPU-side `ProfilerStep#N`:
+step N runs from the start of its first kernel to the start of the first kernel of step N+1
+(the last step: to the end of its last kernel)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analyze import classify
+
+PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def cpu_steps(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
+    """CPU `ProfilerStep#N` annotations: step number, start and end (µs), sorted by start."""
+    is_annotation = (kinds == classify.ANNOTATION) | (kinds == classify.CPU_OP)
+    names = events["name"].astype(str)
+    numbers = names.str.extract(PROFILER_STEP, expand=False)
+    mask = is_annotation & numbers.notna().to_numpy()
+    steps = pd.DataFrame(
+        {
+            "step": numbers[mask].astype(np.int64).to_numpy(),
+            "cpu_start": events["ts"].to_numpy()[mask],
+            "cpu_end": events["end"].to_numpy()[mask],
+        }
+    )
+    return steps.sort_values("cpu_start", kind="stable").reset_index(drop=True)
+
+
+def step_of_time(
+    steps: pd.DataFrame, times: np.ndarray, start: str = "cpu_start", end: str = "cpu_end"
+) -> np.ndarray:
+    """The step whose window (CPU by default) holds each time; -1 outside every step.
+    By time, not nesting: backward runs on another thread than `ProfilerStep#N`."""
+    if steps.empty:
+        return np.full(len(times), -1, dtype=np.int64)
+    starts = steps[start].to_numpy(dtype=np.float64)
+    idx = np.searchsorted(starts, times, side="right") - 1
+    safe = np.maximum(idx, 0)
+    inside = (idx >= 0) & (times <= steps[end].to_numpy(dtype=np.float64)[safe])
+    return np.where(inside, steps["step"].to_numpy()[safe], -1)
+
+
+def gpu_windows(
+    steps: pd.DataFrame, gpu_step: np.ndarray, ts: np.ndarray, end: np.ndarray
+) -> pd.DataFrame:
+    """GPU window per CPU step from the GPU events launched in it (those with gpu_step ≥ 0)."""
+    frame = pd.DataFrame({"step": gpu_step, "ts": ts, "end": end})
+    frame = frame[frame["step"] >= 0]
+    if frame.empty:
+        return pd.DataFrame(columns=["step", "start", "end", "cpu_start", "cpu_end"])
+    per = (
+        frame.groupby("step").agg(start=("ts", "min"), last_end=("end", "max")).sort_values("start")
+    )
+    per["end"] = per["start"].shift(-1)
+    per.loc[per.index[-1], "end"] = per["last_end"].iloc[-1]
+    per = per.drop(columns="last_end").reset_index()
+    return per.merge(steps, on="step", how="left")

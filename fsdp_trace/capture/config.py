@@ -1,0 +1,137 @@
+"""The knobs of one capture run: parsed once, recorded in run.json, and replayed to every rank."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdp_trace.errors import UserError
+
+DTYPES = ("bf16", "fp16", "fp32")
+AC_MODES = ("non-reentrant", "reentrant")
+
+
+def parse_reshard(value: str | bool | int) -> bool | int:
+    """`--reshard-after-forward` takes true / false / an int (reshard to a smaller group)."""
+    if isinstance(value, bool | int):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on"):
+        return True
+    if text in ("false", "no", "off"):
+        return False
+    try:
+        size = int(text)
+    except ValueError:
+        raise UserError(
+            f"--reshard-after-forward must be true, false or an integer group size, not {value!r}"
+        ) from None
+    if size < 2:
+        raise UserError("--reshard-after-forward as an integer must be a group size of at least 2")
+    return size
+
+
+@dataclass
+class CaptureConfig:
+    """Everything that shapes the measured step. Field names are the run.json keys."""
+
+    model: str = "tiny"
+    out: str = "fsdp-trace-run"
+    overwrite: bool = False
+    device: str = "auto"  # auto | cuda | cpu
+    batch_size: int | None = None  # None: the preset's
+    seq_len: int | None = None  # None: the preset's
+    dtype: str = "bf16"
+    reduce_dtype: str = "fp32"
+    reshard_after_forward: bool | int = True
+    keep_last_unsharded: bool = False
+    shard_embeddings: bool = False
+    prefetch_forward: int = 0
+    prefetch_backward: int = 0
+    ac_coverage: float = 0.0
+    ac_mode: str = "non-reentrant"
+    compile: bool = False
+    grad_accum: int = 1
+    accum_no_sync: bool = False
+    warmup_steps: int = 3
+    timing_steps: int = 5
+    timed_steps: int = 10
+    seed: int = 0
+    lr: float = 1e-4
+    timeout_s: int = 300
+    baseline: str | None = None
+    straggler_rank: int | None = None
+    straggler_delay_ms: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> CaptureConfig:
+        if self.dtype not in DTYPES:
+            raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.reduce_dtype not in DTYPES:
+            raise UserError(
+                f"--reduce-dtype must be one of {', '.join(DTYPES)}, not {self.reduce_dtype!r}"
+            )
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise UserError(f"--device must be auto, cuda or cpu, not {self.device!r}")
+        if not 0.0 <= self.ac_coverage <= 1.0:
+            raise UserError(f"--ac-coverage must be a fraction in [0, 1], not {self.ac_coverage}")
+        if self.ac_mode not in AC_MODES:
+            raise UserError(f"--ac-mode must be one of {', '.join(AC_MODES)}, not {self.ac_mode!r}")
+        for name in ("prefetch_forward", "prefetch_backward", "warmup_steps", "timed_steps"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 0")
+        if self.grad_accum < 1:
+            raise UserError("--grad-accum must be >= 1")
+        if self.timing_steps < 1:
+            raise UserError("--timing-steps must be >= 1")
+        for name in ("batch_size", "seq_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.straggler_delay_ms < 0:
+            raise UserError("--straggler-delay-ms must be >= 0")
+        self.reshard_after_forward = parse_reshard(self.reshard_after_forward)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_cli_args(self) -> list[str]:
+        """The `capture` arguments that rebuild this config on every rank under torchrun."""
+        args = ["--model", self.model, "--out", self.out, "--device", self.device]
+        if self.overwrite:
+            args.append("--overwrite")
+        for name in ("batch_size", "seq_len"):
+            if getattr(self, name) is not None:
+                args += [f"--{name.replace('_', '-')}", str(getattr(self, name))]
+        reshard = self.reshard_after_forward
+        reshard_text = str(reshard).lower() if isinstance(reshard, bool) else str(reshard)
+        args += [
+            "--dtype", self.dtype,
+            "--reduce-dtype", self.reduce_dtype,
+            "--reshard-after-forward", reshard_text,
+            "--prefetch-forward", str(self.prefetch_forward),
+            "--prefetch-backward", str(self.prefetch_backward),
+            "--ac-coverage", repr(self.ac_coverage),
+            "--ac-mode", self.ac_mode,
+            "--warmup-steps", str(self.warmup_steps),
+            "--timing-steps", str(self.timing_steps),
+            "--timed-steps", str(self.timed_steps),
+            "--grad-accum", str(self.grad_accum),
+            "--seed", str(self.seed),
+            "--lr", repr(self.lr),
+            "--timeout-s", str(self.timeout_s),
+        ]  # fmt: skip
+        args.append("--keep-last-unsharded" if self.keep_last_unsharded else "--reshard-last")
+        args.append("--shard-embeddings" if self.shard_embeddings else "--no-shard-embeddings")
+        args.append("--compile" if self.compile else "--no-compile")
+        args.append("--accum-no-sync" if self.accum_no_sync else "--accum-sync")
+        if self.baseline:
+            args += ["--baseline", self.baseline]
+        if self.straggler_rank is not None:
+            args += [
+                "--straggler-rank", str(self.straggler_rank),
+                "--straggler-delay-ms", repr(self.straggler_delay_ms),
+            ]  # fmt: skip
+        return args

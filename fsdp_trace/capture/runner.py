@@ -1,0 +1,451 @@
+"""One rank of `fsdp-trace capture`: build, shard, warm up, profile twice, time, record.
+
+Run under torchrun (RANK/WORLD_SIZE/LOCAL_RANK set). Every rank writes its two traces; rank 0
+writes run.json last, so a run directory with run.json is a complete run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fsdp_trace import __version__
+from fsdp_trace.capture import environment, parallelize, schedule, train
+from fsdp_trace.capture.config import CaptureConfig
+from fsdp_trace.capture.models import build_model, count_parameters
+from fsdp_trace.errors import UserError
+
+RUN_FILE = "run.json"
+ERROR_DIR_ENV = "FSDP_TRACE_ERROR_DIR"
+
+
+def trace_name(rank: int, phase: str) -> str:
+    return f"rank{rank}.{phase}.json.gz"
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError("--device cuda asked for, but no CUDA GPU is visible")
+    if local_rank >= torch.cuda.device_count():
+        raise UserError(
+            f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible; "
+            "lower --nproc-per-node"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def out_dir_problem(out: Path, overwrite: bool) -> str | None:
+    """Why the output directory cannot be used, or None."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} exists and is not a directory"
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        return f"--out {out} already exists and is not empty: pass --overwrite or choose another"
+    return None
+
+
+_outputs_started = False  # set once this run may have written into --out
+
+
+def prepare_out_dir(out: Path, rank: int) -> None:
+    """Rank 0 empties (under --overwrite) and creates the directory; the others wait."""
+    global _outputs_started
+    _outputs_started = True
+    if rank == 0:
+        if out.is_dir():
+            for child in out.iterdir():
+                if child.is_file() and (child.name == RUN_FILE or child.name.startswith("rank")):
+                    child.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+
+
+def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class Progress:
+    """Rich progress on rank 0 only; a no-op elsewhere."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self._progress = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._progress = RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            self._task = self._progress.add_task("setting up", total=total)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Progress]:
+        if self._progress is None:
+            yield self
+            return
+        with self._progress:
+            yield self
+
+    def phase(self, description: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=description)
+
+    def advance(self) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task)
+
+
+def oom_message(cfg: CaptureConfig, spec_batch: int, spec_seq: int, device: torch.device) -> str:
+    where = f"{torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU"
+    return (
+        f"out of memory on {where} with batch {spec_batch} x seq {spec_seq}: lower --batch-size "
+        f"or --seq-len, raise --ac-coverage (now {cfg.ac_coverage:g}), keep "
+        "--reshard-after-forward true, or shard over more GPUs"
+    )
+
+
+def gather(payload: Any, world_size: int) -> list[Any]:
+    result: list[Any] = [None] * world_size
+    dist.all_gather_object(result, payload)
+    return result
+
+
+def run_worker(cfg: CaptureConfig, command: str) -> None:
+    """The body of one rank. Raises UserError for problems the user can fix."""
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(cfg.device, local_rank)
+    out = Path(cfg.out)
+    problem = out_dir_problem(out, cfg.overwrite)  # every rank checks before anyone writes
+
+    timeout = dt.timedelta(seconds=cfg.timeout_s)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    try:
+        if problem:
+            raise UserError(problem)
+        _run_initialized(cfg, command, rank, world_size, device, out)
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _run_initialized(
+    cfg: CaptureConfig, command: str, rank: int, world_size: int, device: torch.device, out: Path
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # Weights are initialised per shard; DTensor's CPU RNG caveat does not matter for profiling.
+    warnings.filterwarnings("ignore", message="DTensor random operators")
+    # One cycle per session is exactly the schedule here (see schedule.py).
+    warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+    torch.manual_seed(cfg.seed)
+    mesh = init_device_mesh(device.type, (world_size,))
+    spec = build_model(
+        cfg.model,
+        cfg.batch_size,
+        cfg.seq_len,
+        device,
+        seed=cfg.seed,
+        rank=rank,
+        world_size=world_size,
+    )
+    model = spec.model
+    params = count_parameters(model)
+    block_paths = parallelize.module_paths(model, spec.blocks)
+    ac_indices = parallelize.select_ac_blocks(len(block_paths), cfg.ac_coverage)
+    ac_blocks = parallelize.apply_activation_checkpointing(
+        model, block_paths, ac_indices, cfg.ac_mode
+    )
+    if cfg.compile:
+        parallelize.apply_compile(model, block_paths)
+    units = parallelize.plan_units(block_paths, spec.embedding_units, cfg.shard_embeddings)
+    plan = parallelize.apply_fsdp(
+        model,
+        mesh,
+        units,
+        param_dtype=cfg.dtype,
+        reduce_dtype=cfg.reduce_dtype,
+        reshard=cfg.reshard_after_forward,
+        keep_last_unsharded=cfg.keep_last_unsharded,
+        forward_prefetch=cfg.prefetch_forward,
+        backward_prefetch=cfg.prefetch_backward,
+    )
+    if any(p.is_meta for p in model.parameters()):
+        model.to_empty(device=device)
+        if spec.init_weights is None:
+            raise UserError("the model was built on the meta device but gives no init_weights")
+        spec.init_weights()
+    optimizer = train.build_optimizer(model, cfg.lr, device)
+    delay = cfg.straggler_delay_ms / 1e3 if cfg.straggler_rank == rank else 0.0
+    step = train.make_train_step(model, spec, optimizer, delay, cfg.grad_accum, cfg.accum_no_sync)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+
+    total_steps = (
+        cfg.warmup_steps
+        + 2 * schedule.PROFILER_WARMUP_STEPS
+        + 1
+        + cfg.timing_steps
+        + cfg.timed_steps
+    )
+    progress = Progress(rank == 0 and os.environ.get("FSDP_TRACE_QUIET") != "1", total_steps)
+    index = 0
+    try:
+        with progress.running():
+            prepare_out_dir(out, rank)
+            progress.phase("warmup")
+            for _ in range(cfg.warmup_steps):
+                step(index)
+                index += 1
+                progress.advance()
+            sync()
+            progress.phase("detailed profile")
+            detailed_path = out / trace_name(rank, "detailed")
+            index += schedule.profile_phase(
+                step, index, 1, detailed_path, device, detailed=True, on_step=progress.advance
+            )
+            sync()
+            progress.phase("timing profile")
+            timing_path = out / trace_name(rank, "timing")
+            index += schedule.profile_phase(
+                step,
+                index,
+                cfg.timing_steps,
+                timing_path,
+                device,
+                detailed=False,
+                on_step=progress.advance,
+            )
+            sync()
+            progress.phase("timed steps")
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            step_ms = train.time_steps(step, index, cfg.timed_steps, device)
+            for _ in step_ms:
+                progress.advance()
+            memory = train.memory_figures(device)
+    except torch.OutOfMemoryError:
+        raise UserError(oom_message(cfg, spec.batch_size, spec.seq_len, device)) from None
+
+    per_rank = gather({"rank": rank, "step_ms": step_ms, "memory": memory}, world_size)
+    if rank == 0:
+        record = build_record(
+            cfg, command, world_size, device, spec, params, block_paths, ac_blocks, plan, per_rank
+        )
+        write_json_atomically(out / RUN_FILE, record)
+    dist.barrier()
+
+
+def step_time_per_step(per_rank: list[dict[str, Any]]) -> list[float]:
+    """The slowest rank sets the pace: per step, the maximum over ranks."""
+    columns = zip(*(r["step_ms"] for r in per_rank), strict=True)
+    return [max(values) for values in columns]
+
+
+def build_record(
+    cfg: CaptureConfig,
+    command: str,
+    world_size: int,
+    device: torch.device,
+    spec: Any,
+    params: dict[str, int],
+    block_paths: list[str],
+    ac_blocks: list[str],
+    plan: parallelize.ShardPlan,
+    per_rank: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """run.json: knobs, model, world, measured figures and environment."""
+    env = environment.collect(device)
+    figures: dict[str, Any] = {"notices": []}
+    tokens_per_step = spec.batch_size * spec.seq_len * cfg.grad_accum
+    if cfg.timed_steps:
+        pace = step_time_per_step(per_rank)
+        stats = train.summarize(pace)
+        figures["step_time_ms"] = stats
+        figures["tokens_per_step_per_gpu"] = tokens_per_step
+        figures["tokens_per_s_per_gpu"] = tokens_per_step / (stats["median"] / 1e3)
+        flops = spec.flops_per_token
+        if flops is None:
+            flops = 6.0 * params["non_embedding"]
+            figures["notices"].append("FLOPs per token estimated as 6*N: attention term unknown")
+        figures["flops_per_token"] = flops
+        peak = env.get("dense_bf16_peak_tflops")
+        if device.type != "cuda":
+            figures["mfu"] = None
+            figures["notices"].append("MFU omitted: not a GPU run")
+        elif cfg.dtype == "fp32":
+            figures["mfu"] = None
+            figures["notices"].append("MFU omitted: fp32 params have no bf16 tensor-core peak")
+        elif peak is None:
+            figures["mfu"] = None
+            figures["notices"].append(
+                f"MFU omitted: no dense bf16 peak known for {env.get('gpu_name')!r}"
+            )
+        else:
+            achieved = figures["tokens_per_s_per_gpu"] * flops
+            figures["achieved_tflops_per_gpu"] = achieved / 1e12
+            figures["mfu"] = achieved / (peak * 1e12)
+        if cfg.baseline:
+            figures.update(scaling_against(cfg.baseline, figures["tokens_per_s_per_gpu"]))
+    figures["per_rank"] = [
+        {
+            "rank": r["rank"],
+            "step_time_ms": train.summarize(r["step_ms"]) if r["step_ms"] else None,
+            **r["memory"],
+        }
+        for r in per_rank
+    ]
+    memory_keys = ("peak_allocated_gib", "peak_reserved_gib", "peak_rss_gib")
+    for key in memory_keys:
+        values = [r["memory"][key] for r in per_rank if key in r["memory"]]
+        if values:
+            figures[key] = max(values)
+    if any("num_alloc_retries" in r["memory"] for r in per_rank):
+        figures["num_alloc_retries"] = sum(
+            r["memory"].get("num_alloc_retries", 0) for r in per_rank
+        )
+
+    return {
+        "tool": "fsdp-trace",
+        "version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "config": cfg.to_dict(),
+        "model": {
+            **spec.description,
+            "batch_size": spec.batch_size,
+            "seq_len": spec.seq_len,
+            "params_total": params["total"],
+            "params_non_embedding": params["non_embedding"],
+            "flops_per_token": figures.get("flops_per_token"),
+            "flops_note": spec.flops_note,
+            "blocks": block_paths,
+            "n_blocks": len(block_paths),
+        },
+        "parallel": {
+            **plan.to_dict(),
+            "ac_blocks": ac_blocks,
+            "ac_coverage_effective": len(ac_blocks) / len(block_paths) if block_paths else 0.0,
+            "ac_mode": cfg.ac_mode,
+            "compile": cfg.compile,
+            "grad_accum": cfg.grad_accum,
+            "accum_no_sync": cfg.accum_no_sync,
+        },
+        "world": {
+            "world_size": world_size,
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+            "nnodes": world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))),
+            "backend": dist.get_backend(),
+            "device": device.type,
+        },
+        "steps": {
+            "warmup": cfg.warmup_steps,
+            "profiler_warmup_per_phase": schedule.PROFILER_WARMUP_STEPS,
+            "detailed": 1,
+            "timing": cfg.timing_steps,
+            "timed": cfg.timed_steps,
+        },
+        "figures": figures,
+        "environment": env,
+        "files": {
+            "detailed": [trace_name(r, "detailed") for r in range(world_size)],
+            "timing": [trace_name(r, "timing") for r in range(world_size)],
+        },
+    }
+
+
+def scaling_against(baseline_dir: str, tokens_per_s_per_gpu: float) -> dict[str, Any]:
+    """Scaling efficiency against a 1-GPU baseline run (same local batch)."""
+    path = Path(baseline_dir) / RUN_FILE
+    try:
+        base = json.loads(path.read_text())
+        base_tps = base["figures"]["tokens_per_s_per_gpu"]
+    except (OSError, ValueError, KeyError) as exc:
+        return {"scaling_efficiency": None, "baseline_error": f"{path}: {exc}"}
+    return {
+        "baseline_dir": str(baseline_dir),
+        "baseline_tokens_per_s": base_tps,
+        "scaling_efficiency": tokens_per_s_per_gpu / base_tps,
+    }
+
+
+def write_error_file(folder: str, rank: int, message: str, code: int) -> None:
+    """Leave this rank's one-line error for the standalone launcher to report."""
+    payload = {"rank": rank, "time": time.time(), "message": message, "code": code}
+    with contextlib.suppress(OSError):
+        Path(folder, f"rank{rank}.json").write_text(json.dumps(payload))
+
+
+def remove_rank_outputs(out: Path, rank: int) -> None:
+    """A failed rank leaves no traces behind: a run without run.json has no outputs."""
+    for path in out.glob(f"rank{rank}.*.json.gz"):
+        path.unlink(missing_ok=True)
+    for path in out.glob(f".rank{rank}.*.tmp-*"):
+        path.unlink(missing_ok=True)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def worker_main(cfg: CaptureConfig, command: str) -> int:
+    """Run one rank and turn any failure into one line on stderr and an exit code."""
+    import signal
+
+    rank = int(os.environ.get("RANK", "0"))
+    out = Path(cfg.out)
+    # torchrun ends the other ranks with SIGTERM when one fails: clean up on the way out.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        run_worker(cfg, command)
+    except SystemExit:
+        if _outputs_started and not (out / RUN_FILE).exists():
+            remove_rank_outputs(out, rank)
+        raise
+    except UserError as exc:
+        message = exc.message
+        code = exc.exit_code
+    except torch.OutOfMemoryError:
+        message = oom_message(cfg, cfg.batch_size or 0, cfg.seq_len or 0, torch.device("cuda"))
+        code = 1
+    except Exception as exc:  # a rank's failure must end the job with its own message
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        message = f"{type(exc).__name__}: {first_line}"[:500]
+        code = 1
+    else:
+        return 0
+    if _outputs_started and not (out / RUN_FILE).exists():
+        remove_rank_outputs(out, rank)
+    folder = os.environ.get(ERROR_DIR_ENV)
+    if folder:  # the standalone launcher reports the first failure once
+        write_error_file(folder, rank, message, code)
+    else:
+        print(f"fsdp-trace capture: rank {rank}: {message}", file=sys.stderr, flush=True)
+    return code

@@ -1,0 +1,364 @@
+"""The `fsdp-trace` command line. Heavy libraries are imported inside each command, so that
+`capture` needs only torch + typer + rich and `analyze` never imports torch."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fsdp_trace import __version__
+from fsdp_trace.errors import UserError
+
+app = typer.Typer(
+    name="fsdp-trace",
+    help="Where FSDP2 communication is not hidden behind compute, block by block, "
+    "and what to change.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(command: str, message: str, code: int = 2) -> typer.Exit:
+    """Print the one-line error every bad input gets, and the exit to raise."""
+    print(f"fsdp-trace {command}: error: {message}", file=sys.stderr, flush=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def user_errors(command: str) -> Iterator[None]:
+    """Turn a UserError into one line on stderr and exit code 2, never a traceback."""
+    try:
+        yield
+    except UserError as exc:
+        raise fail(command, exc.message, exc.exit_code) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"fsdp-trace {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """fsdp-trace: capture FSDP2 training steps and analyze their communication overlap."""
+
+
+def config_from_params(params: dict):
+    """A validated CaptureConfig from the capture command's parameters (by field name)."""
+    import dataclasses
+
+    from fsdp_trace.capture.config import CaptureConfig
+
+    names = {f.name for f in dataclasses.fields(CaptureConfig)}
+    return CaptureConfig(**{k: v for k, v in params.items() if k in names}).validate()
+
+
+def rendezvous_from_params(params: dict):
+    import dataclasses
+
+    from fsdp_trace.capture.launcher import Rendezvous
+
+    names = {f.name for f in dataclasses.fields(Rendezvous)}
+    return Rendezvous(**{k: v for k, v in params.items() if k in names})
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or (
+        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+    )
+
+
+@app.command()
+def capture(
+    model: Annotated[
+        str,
+        typer.Option(
+            help="A preset (tiny, gpt-small, gpt-1.3b) or your own package.module:factory."
+        ),
+    ] = "tiny",
+    out: Annotated[str, typer.Option(help="Run directory to write traces and run.json into.")] = (
+        "fsdp-trace-run"
+    ),
+    overwrite: Annotated[
+        bool, typer.Option(help="Reuse a non-empty --out (its old traces are deleted).")
+    ] = False,
+    nproc_per_node: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes on this node when not run under torchrun (default: GPUs, or 1)."
+        ),
+    ] = None,
+    nnodes: Annotated[
+        str, typer.Option(help="torchrun --nnodes (multi-node: also give the rendezvous options).")
+    ] = "1",
+    node_rank: Annotated[int | None, typer.Option(help="torchrun --node-rank.")] = None,
+    rdzv_backend: Annotated[str | None, typer.Option(help="torchrun --rdzv-backend.")] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option(help="torchrun --rdzv-endpoint.")] = None,
+    rdzv_id: Annotated[str | None, typer.Option(help="torchrun --rdzv-id.")] = None,
+    master_addr: Annotated[str | None, typer.Option(help="torchrun --master-addr.")] = None,
+    master_port: Annotated[int | None, typer.Option(help="torchrun --master-port.")] = None,
+    device: Annotated[
+        str, typer.Option(help="auto (CUDA+NCCL if GPUs, else CPU+gloo), cuda or cpu.")
+    ] = "auto",
+    batch_size: Annotated[
+        int | None, typer.Option(help="Local batch per GPU (default: the preset's).")
+    ] = None,
+    seq_len: Annotated[
+        int | None, typer.Option(help="Sequence length (default: the preset's).")
+    ] = (None),
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Parameter/compute dtype of the mixed-precision policy: bf16, fp16, fp32."
+        ),
+    ] = "bf16",
+    reduce_dtype: Annotated[
+        str, typer.Option(help="Gradient reduce-scatter dtype: fp32, bf16, fp16.")
+    ] = "fp32",
+    reshard_after_forward: Annotated[
+        str,
+        typer.Option(help="fully_shard's reshard_after_forward: true, false, or a group size."),
+    ] = "true",
+    keep_last_unsharded: Annotated[
+        bool,
+        typer.Option(
+            "--keep-last-unsharded/--reshard-last",
+            help="Do not reshard the last unit after forward (backward needs it at once).",
+        ),
+    ] = False,
+    shard_embeddings: Annotated[
+        bool,
+        typer.Option(help="Shard the embeddings and the norm+output head as their own units."),
+    ] = False,
+    prefetch_forward: Annotated[
+        int, typer.Option(help="Explicit forward prefetch depth (0: FSDP2's default).")
+    ] = 0,
+    prefetch_backward: Annotated[
+        int, typer.Option(help="Explicit backward prefetch depth (0: FSDP2's default of 1).")
+    ] = 0,
+    ac_coverage: Annotated[
+        float,
+        typer.Option(help="Fraction of blocks under activation checkpointing, spread evenly."),
+    ] = 0.0,
+    ac_mode: Annotated[
+        str, typer.Option(help="Checkpoint implementation: non-reentrant or reentrant.")
+    ] = "non-reentrant",
+    compile: Annotated[bool, typer.Option(help="torch.compile each block.")] = False,
+    grad_accum: Annotated[
+        int, typer.Option(help="Micro-batches per optimizer step (gradient accumulation).")
+    ] = 1,
+    accum_no_sync: Annotated[
+        bool,
+        typer.Option(
+            "--accum-no-sync/--accum-sync",
+            help="Skip the reduce-scatter on non-final micro-batches.",
+        ),
+    ] = False,
+    warmup_steps: Annotated[int, typer.Option(help="Untimed steps before profiling.")] = 3,
+    timing_steps: Annotated[int, typer.Option(help="Steps in the lean timing trace.")] = 5,
+    timed_steps: Annotated[
+        int, typer.Option(help="Un-profiled steps timed for tokens/s, MFU and memory.")
+    ] = 10,
+    seed: Annotated[int, typer.Option(help="Seed for weights and synthetic tokens.")] = 0,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-4,
+    timeout_s: Annotated[
+        int, typer.Option(help="Process-group timeout: a stuck collective fails, never hangs.")
+    ] = 300,
+    baseline: Annotated[
+        str | None,
+        typer.Option(help="A 1-GPU run directory: record scaling efficiency against it."),
+    ] = None,
+    straggler_rank: Annotated[
+        int | None, typer.Option(help="Diagnostics: delay this rank's steps (a slow data loader).")
+    ] = None,
+    straggler_delay_ms: Annotated[
+        float, typer.Option(help="Diagnostics: host delay per step on --straggler-rank.")
+    ] = 0.0,
+) -> None:
+    """Profile an FSDP2 training step: one detailed step and several lean timing steps per
+    rank, then time un-profiled steps for tokens/s/GPU, MFU and memory.
+
+    Under torchrun: `torchrun --nproc_per_node=N -m fsdp_trace capture ...`.
+    Standalone: `fsdp-trace capture --nproc-per-node N ...` starts torchrun's machinery itself.
+    """
+    with user_errors("capture"):
+        cfg = config_from_params(locals())
+    if under_torchrun():
+        from fsdp_trace.capture.runner import worker_main
+
+        command = os.environ.get("FSDP_TRACE_COMMAND") or shlex.join(
+            [
+                "torchrun",
+                f"--nproc-per-node={os.environ.get('LOCAL_WORLD_SIZE', '?')}",
+                "-m",
+                "fsdp_trace",
+                *sys.argv[1:],
+            ]
+        )
+        code = worker_main(cfg, command)
+        raise typer.Exit(code)
+
+    from fsdp_trace.capture.launcher import CaptureFailed, launch
+
+    rendezvous = rendezvous_from_params(locals())
+    with user_errors("capture"):
+        try:
+            launch(cfg, nproc_per_node, rendezvous)
+        except CaptureFailed as exc:
+            raise fail("capture", exc.message, exc.exit_code) from None
+    print(f"fsdp-trace capture: wrote {cfg.out}", file=sys.stderr)
+
+
+@app.command()
+def analyze(
+    paths: Annotated[
+        list[str],
+        typer.Argument(
+            help="Trace files (.json/.json.gz), capture run directories, or directories of "
+            "per-rank traces.",
+            show_default=False,
+        ),
+    ],
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="Write every number as JSON to this file.")
+    ] = None,
+    csv_out: Annotated[
+        str | None,
+        typer.Option("--csv", help="Write steps.csv, blocks.csv, collectives.csv to this folder."),
+    ] = None,
+    hta: Annotated[
+        bool,
+        typer.Option(help="Cross-check with holistictraceanalysis' get_comm_comp_overlap."),
+    ] = False,
+    detailed: Annotated[
+        bool,
+        typer.Option(help="Also analyze a run's detailed traces (profiler distortion)."),
+    ] = True,
+    jobs: Annotated[int, typer.Option(help="Analyze this many traces in parallel.")] = 1,
+    top: Annotated[int, typer.Option(help="Rows of the per-block table in the terminal.")] = 15,
+) -> None:
+    """Attribute every AllGather / ReduceScatter to its FSDP2 block and phase, and measure how
+    much communication compute hides, per rank and step."""
+    with user_errors("analyze"):
+        from fsdp_trace.analyze.api import analyze as run_analysis
+        from fsdp_trace.render import export, terminal
+
+        result = run_analysis(paths, jobs=jobs, detailed=detailed)
+        if hta:
+            from fsdp_trace.analyze.hta_check import cross_check
+
+            result.hta, hta_notices = cross_check(result.ranks)
+            result.notices.extend(hta_notices)
+        terminal.render(result, top=top)
+        if json_out:
+            export.write_json(result, Path(json_out))
+        if csv_out:
+            export.write_csv(result, Path(csv_out))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sweep(
+    ctx: typer.Context,
+    ac_coverage: Annotated[
+        str, typer.Option(help="Comma-separated AC coverage points, fractions of blocks.")
+    ] = "0,0.25,0.5,0.75,1",
+    nproc_per_node: Annotated[int, typer.Option(help="GPUs per point (the baseline uses 1).")] = 2,
+    out: Annotated[str, typer.Option(help="Folder for the runs and efficiency.html.")] = (
+        "fsdp-trace-sweep"
+    ),
+    baseline: Annotated[
+        bool, typer.Option(help="Also capture the 1-GPU baseline at each point.")
+    ] = True,
+    overwrite: Annotated[bool, typer.Option(help="Reuse a non-empty --out.")] = False,
+) -> None:
+    """Capture at each AC coverage point (and its 1-GPU baseline), then plot scaling
+    efficiency, tokens/s/GPU, exposed communication, recompute and memory against coverage.
+
+    Any other option is passed to every capture, e.g.
+    `fsdp-trace sweep --ac-coverage 0,0.5,1 --model gpt-1.3b --batch-size 1`.
+    """
+    from fsdp_trace import sweep as sweeping
+    from fsdp_trace.capture.launcher import CaptureFailed
+    from fsdp_trace.capture.runner import out_dir_problem
+
+    with user_errors("sweep"):
+        points = sweeping.parse_points(ac_coverage)
+        command = typer.main.get_command(app).commands["capture"]
+        extra = list(ctx.args)
+        for reserved in ("--out", "--ac-coverage", "--nproc-per-node", "--baseline"):
+            if reserved in extra:
+                raise UserError(f"{reserved} is set by the sweep itself; remove it")
+        try:
+            parsed = command.make_context("capture", extra).params
+        except Exception as exc:  # click's UsageError, vendored by typer
+            message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+            raise UserError(f"capture option: {message}") from None
+        parsed["overwrite"] = overwrite
+        base = config_from_params(parsed)
+        folder = Path(out)
+        problem = out_dir_problem(folder, overwrite)
+        if problem:
+            raise UserError(problem.replace("--out", "sweep --out"))
+        try:
+            runs = sweeping.run_sweep(
+                base, points, nproc_per_node, folder, rendezvous_from_params(parsed), baseline
+            )
+        except CaptureFailed as exc:
+            raise fail("sweep", exc.message, exc.exit_code) from None
+        write_efficiency(runs, folder / "efficiency.html", with_traces=True)
+
+
+def write_efficiency(runs: list[Path], html: Path, with_traces: bool) -> None:
+    """The efficiency table as CSV and, where plotly is installed, efficiency.html."""
+    from fsdp_trace import sweep as sweeping
+    from fsdp_trace.render.export import write_text_atomically
+
+    table = sweeping.run_table(runs, with_traces=with_traces)
+    write_text_atomically(html.with_suffix(".csv"), table.to_csv(index=False))
+    try:
+        from fsdp_trace.render.efficiency import sweep_title, write_efficiency_html
+
+        write_efficiency_html(table, html, sweep_title(table))
+    except ImportError:
+        print(f"fsdp-trace: plotly is not installed: run `fsdp-trace plot` on {html.parent} "
+              "where it is", file=sys.stderr)  # fmt: skip
+        return
+    print(f"fsdp-trace: wrote {html}", file=sys.stderr)
+
+
+@app.command()
+def plot(
+    runs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Run directories, or folders holding them (a sweep's --out).", show_default=False
+        ),
+    ],
+    out: Annotated[str, typer.Option(help="The HTML file to write.")] = "efficiency.html",
+    traces: Annotated[
+        bool, typer.Option(help="Read the timing traces for exposed % and recompute %.")
+    ] = True,
+) -> None:
+    """The efficiency-vs-AC-coverage plot from existing run directories."""
+    from fsdp_trace import sweep as sweeping
+
+    with user_errors("plot"):
+        write_efficiency(sweeping.find_runs(runs), Path(out), with_traces=traces)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,1 @@
+"""Rendering of analysis results (terminal, files, HTML, Perfetto): apart from computing."""

@@ -1,0 +1,183 @@
+"""The rich terminal summary of an analysis: per rank, then per block (worst first)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from fsdp_trace.analyze.results import Analysis
+
+
+def _ms(us: float | None) -> str:
+    return "—" if us is None or (isinstance(us, float) and math.isnan(us)) else f"{us / 1e3:.2f}"
+
+
+def _pct(value: float | None) -> str:
+    return (
+        "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.1f}"
+    )
+
+
+def _spread(stat: dict[str, float] | None, fmt) -> str:
+    if not stat:
+        return "—"
+    if stat["min"] == stat["max"]:
+        return fmt(stat["median"])
+    return f"{fmt(stat['median'])} [dim]({fmt(stat['min'])}–{fmt(stat['max'])})[/]"
+
+
+def run_figures(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """The capture's own measurements (un-profiled steps), for the header."""
+    figures = run.get("figures", {})
+    items: list[tuple[str, str]] = []
+    step = figures.get("step_time_ms")
+    if step:
+        items.append(("step (un-profiled)", f"{step['median']:.2f} ms"))
+    if figures.get("tokens_per_s_per_gpu"):
+        items.append(("tokens/s/GPU", f"{figures['tokens_per_s_per_gpu']:,.0f}"))
+    if figures.get("mfu") is not None:
+        items.append(("MFU", f"{100 * figures['mfu']:.1f} %"))
+    if figures.get("scaling_efficiency") is not None:
+        items.append(("scaling efficiency", f"{100 * figures['scaling_efficiency']:.1f} %"))
+    if figures.get("peak_allocated_gib") is not None:
+        items.append(("peak memory", f"{figures['peak_allocated_gib']:.1f} GiB allocated"))
+    return items
+
+
+def make_console() -> Console:
+    """Wide enough for the block table when output is piped (rich assumes 80 columns)."""
+    import sys
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def render(analysis: Analysis, console: Console | None = None, top: int = 15) -> None:
+    console = console or make_console()
+    run = analysis.run
+    title = ", ".join(analysis.inputs)
+    console.print(f"[bold]fsdp-trace analyze[/] {title}")
+    if run:
+        model = run.get("model", {})
+        world = run.get("world", {})
+        parallel = run.get("parallel", {})
+        name = model.get("preset") or model.get("factory", "?")
+        console.print(
+            f"model {name} ({model.get('params_total', 0) / 1e6:.0f}M params), "
+            f"batch {model.get('batch_size')} x seq {model.get('seq_len')}, "
+            f"{world.get('world_size')} x {world.get('device')}, "
+            f"AC {len(parallel.get('ac_blocks', []))}/{model.get('n_blocks')} blocks"
+        )
+        figures = run_figures(run)
+        if figures:
+            console.print("  ".join(f"{k}: [bold]{v}[/]" for k, v in figures))
+    notices = list(dict.fromkeys(analysis.notices + [n for r in analysis.ranks for n in r.notices]))
+    for notice in notices:
+        console.print(f"[yellow]notice:[/] {notice}")
+
+    table = Table(
+        title="Per rank (median and min–max over the profiled steps)", title_justify="left"
+    )
+    for header in ("rank", "steps", "step ms", "exposed comm %", "overlap %", "comm ms",
+                   "compute ms", "idle %"):  # fmt: skip
+        table.add_column(header, justify="right")
+    for r in analysis.ranks:
+        s = r.summary()
+        table.add_row(
+            str(r.rank),
+            str(s["n_steps"]),
+            _spread(s["step_us"], lambda v: f"{v / 1e3:.2f}"),
+            _spread(s["exposed_pct"], lambda v: f"{v:.1f}"),
+            _spread(s["overlap_pct"], lambda v: f"{v:.1f}"),
+            _spread(s["comm_us"], lambda v: f"{v / 1e3:.2f}"),
+            _spread(s["compute_us"], lambda v: f"{v / 1e3:.2f}"),
+            _spread(s["idle_pct"], lambda v: f"{v:.1f}"),
+        )
+    console.print(table)
+
+    for item in analysis.distortion():
+        console.print(
+            f"rank {item['rank']}: the detailed step (record_shapes + with_stack) took "
+            f"{_ms(item['detailed_step_us'])} ms vs {_ms(item['timing_median_step_us'])} ms "
+            f"timing median ({item['slowdown_pct']:+.0f} %: profiler distortion)"
+        )
+
+    blocks = analysis.blocks
+    blocks = blocks[blocks["source"] != "detailed"] if len(blocks) else blocks
+    if len(blocks):
+        console.print(block_table(blocks, top))
+    if analysis.hta is not None and len(analysis.hta):
+        hta = Table(
+            title="Cross-check with HTA get_comm_comp_overlap (same trace)", title_justify="left"
+        )
+        for header in (
+            "rank",
+            "HTA overlap %",
+            "fsdp-trace, HTA's rules %",
+            "fsdp-trace, its steps %",
+        ):
+            hta.add_column(header, justify="right")
+        for row in analysis.hta.itertuples():
+            hta.add_row(
+                str(row.rank),
+                _pct(row.hta_pct),
+                _pct(row.ours_hta_rules_pct),
+                _pct(row.ours_steps_pct),
+            )
+        console.print(hta)
+
+
+def block_table(blocks: pd.DataFrame, top: int) -> Table:
+    """Per block × phase × collective, averaged over ranks, worst exposed first."""
+    grouped = (
+        blocks.groupby(["block", "phase", "collective"], sort=False)
+        .agg(
+            count=("count_per_step", "mean"),
+            unit=("unit_count_per_step", "mean"),
+            expected=("expected_per_step", "first"),
+            excess=("excess", "max"),
+            time=("time_us_per_step", "mean"),
+            exposed=("exposed_us_per_step", "mean"),
+            nbytes=("bytes_per_step", "mean"),
+            busbw=("busbw_gbps", "mean"),
+            compute=("compute_us_per_step", "mean"),
+            ranks=("rank", "nunique"),
+        )
+        .reset_index()
+        .sort_values(["exposed", "time"], ascending=False, na_position="last")
+    )
+    shown = grouped.head(top)
+    rank_note = (
+        f", mean of {int(grouped['ranks'].max())} ranks" if grouped["ranks"].max() > 1 else ""
+    )
+    table = Table(
+        title=f"Per block and phase, per step (worst exposed first{rank_note}; "
+        f"{len(shown)} of {len(grouped)} rows)",
+        title_justify="left",
+    )
+    for header in ("block", "phase", "collective", "count (unit/expected)", "comm ms", "exposed ms",
+                   "MB", "busbw GB/s", "block compute ms"):  # fmt: skip
+        table.add_column(
+            header, justify="right" if header not in ("block", "phase", "collective") else "left"
+        )
+    for row in shown.itertuples():
+        count = f"{row.count:g}"
+        if not math.isnan(row.expected):
+            count += f" ({row.unit:g}/{row.expected:g})"
+        if row.excess > 0:
+            count = f"[red]{count}[/]"
+        table.add_row(
+            str(row.block),
+            row.phase,
+            row.collective,
+            count,
+            _ms(row.time),
+            _ms(row.exposed),
+            "—" if math.isnan(row.nbytes) else f"{row.nbytes / 1e6:.1f}",
+            "—" if math.isnan(row.busbw) else f"{row.busbw:.0f}",
+            _ms(row.compute),
+        )
+    return table

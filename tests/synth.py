@@ -1,0 +1,138 @@
+"""Small synthetic Kineto traces built in tests: exact, hand-checkable edge cases."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+CPU_PID, MAIN, AUTOGRAD = 100, 100, 101
+
+
+class TraceBuilder:
+    """Append CPU ops, labels, launches and kernels; `write` produces a Kineto-style file."""
+
+    def __init__(self, rank: int | None = 0, world_size: int = 2) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.rank = rank
+        self.world_size = world_size
+        self._corr = 1000
+
+    def cpu(
+        self, name: str, ts: float, dur: float, tid: int = MAIN, cat: str = "cpu_op", **args: Any
+    ) -> None:
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": CPU_PID,
+                "tid": tid,
+                "ts": ts,
+                "dur": dur,
+                "args": args,
+            }
+        )
+
+    def label(self, name: str, ts: float, dur: float, tid: int = MAIN) -> None:
+        self.cpu(name, ts, dur, tid, cat="user_annotation")
+
+    def step(self, n: int, ts: float, dur: float) -> None:
+        self.label(f"ProfilerStep#{n}", ts, dur)
+
+    def kernel(
+        self,
+        name: str,
+        ts: float,
+        dur: float,
+        launch_ts: float | None,
+        stream: int = 7,
+        launch_tid: int = MAIN,
+        cat: str = "kernel",
+        **args: Any,
+    ) -> int:
+        """A GPU event; with launch_ts, also its cudaLaunchKernel (linked by correlation)."""
+        self._corr += 1
+        corr = self._corr
+        if launch_ts is not None:
+            self.events.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": CPU_PID,
+                    "tid": launch_tid,
+                    "ts": launch_ts,
+                    "dur": 1.0,
+                    "args": {"correlation": corr},
+                }
+            )
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": 0,
+                "tid": stream,
+                "ts": ts,
+                "dur": dur,
+                "args": {"correlation": corr, "stream": stream, "device": 0, **args},
+            }
+        )
+        return corr
+
+    def nccl(
+        self,
+        collective: str,
+        ts: float,
+        dur: float,
+        launch_ts: float | None,
+        stream: int = 20,
+        launch_tid: int = MAIN,
+        nelems: int = 1_000_000,
+        dtype: str = "BFloat16",
+    ) -> int:
+        name = {
+            "AllGather": "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "ReduceScatter": "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgs)",
+            "AllReduce": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgs)",
+        }[collective]
+        coll_name = {
+            "AllGather": "_allgather_base",
+            "ReduceScatter": "_reduce_scatter_base",
+            "AllReduce": "allreduce",
+        }[collective]
+        in_n = nelems // self.world_size if collective == "AllGather" else nelems
+        out_n = nelems if collective == "AllGather" else nelems // self.world_size
+        return self.kernel(
+            name,
+            ts,
+            dur,
+            launch_ts,
+            stream,
+            launch_tid,
+            **{
+                "Collective name": coll_name,
+                "dtype": dtype,
+                "In msg nelems": in_n,
+                "Out msg nelems": out_n,
+                "Group size": self.world_size,
+                "Process Group Name": "0",
+            },
+        )
+
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"schemaVersion": 1, "traceEvents": self.events}
+        if self.rank is not None:
+            doc["distributedInfo"] = {
+                "backend": "nccl",
+                "rank": self.rank,
+                "world_size": self.world_size,
+            }
+        return doc
+
+    def write(self, path: Path) -> Path:
+        data = json.dumps(self.document()).encode()
+        path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+        return path

@@ -1,0 +1,174 @@
+"""`fsdp-trace capture` end to end on CPU/gloo (2 processes), its knobs, and its failures."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+BLOCKS = [f"layers.{i}" for i in range(4)]
+
+
+def load(path: Path) -> dict:
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def names(doc: dict) -> set[str]:
+    return {e.get("name", "") for e in doc["traceEvents"]}
+
+
+def test_both_traces_per_rank_exist_and_parse(cpu_run):
+    for rank in (0, 1):
+        detailed = load(cpu_run / f"rank{rank}.detailed.json.gz")
+        timing = load(cpu_run / f"rank{rank}.timing.json.gz")
+        assert detailed["distributedInfo"]["rank"] == rank
+        assert detailed["distributedInfo"]["backend"] == "gloo"
+        steps_d = sorted(n for n in names(detailed) if n.startswith("ProfilerStep#"))
+        steps_t = sorted(n for n in names(timing) if n.startswith("ProfilerStep#"))
+        assert steps_d == ["ProfilerStep#1"]  # one detailed step after the profiler warmup
+        assert steps_t == [f"ProfilerStep#{i}" for i in range(1, 6)]  # five lean steps
+        # Detailed = record_shapes + with_stack; timing = neither.
+        cats_d = {e.get("cat") for e in detailed["traceEvents"]}
+        cats_t = {e.get("cat") for e in timing["traceEvents"]}
+        assert "python_function" in cats_d and "python_function" not in cats_t
+        assert any("Input Dims" in e.get("args", {}) for e in detailed["traceEvents"])
+        assert not any("Input Dims" in e.get("args", {}) for e in timing["traceEvents"])
+
+
+def test_traces_carry_the_fsdp2_labels_of_every_block(cpu_run):
+    timing = names(load(cpu_run / "rank0.timing.json.gz"))
+    for block in BLOCKS:
+        for label in ("pre_forward", "post_forward", "all_gather", "pre_backward",
+                      "post_backward_reduce"):  # fmt: skip
+            assert f"FSDP::{label} ({block})" in timing
+    assert "FSDP::all_gather" in timing  # the root unit carries no path
+    assert "c10d::_allgather_base_" in timing and "c10d::_reduce_scatter_base_" in timing
+
+
+def test_run_json_holds_the_knobs_and_figures(cpu_run):
+    run = json.loads((cpu_run / "run.json").read_text())
+    assert run["config"]["ac_coverage"] == 0.5
+    assert run["config"]["prefetch_forward"] == 1
+    assert run["parallel"]["ac_blocks"] == ["layers.1", "layers.3"]
+    assert run["parallel"]["units"] == BLOCKS
+    assert run["parallel"]["forward_prefetch"] == {
+        "layers.0": ["layers.1"], "layers.1": ["layers.2"], "layers.2": ["layers.3"]
+    }  # fmt: skip
+    assert run["parallel"]["backward_prefetch"]["layers.3"] == ["layers.2", "layers.1"]
+    assert run["parallel"]["reshard_after_forward"]["layers.0"] is True
+    assert run["parallel"]["mixed_precision"] == {"param_dtype": "bf16", "reduce_dtype": "fp32"}
+    assert run["world"] == {"world_size": 2, "local_world_size": 2, "nnodes": 1,
+                            "backend": "gloo", "device": "cpu"}  # fmt: skip
+    assert run["model"]["n_blocks"] == 4 and run["model"]["params_total"] > 0
+    figures = run["figures"]
+    assert figures["step_time_ms"]["n"] == 3 and figures["step_time_ms"]["median"] > 0
+    tokens = run["model"]["batch_size"] * run["model"]["seq_len"]
+    assert figures["tokens_per_s_per_gpu"] == pytest.approx(
+        tokens / (figures["step_time_ms"]["median"] / 1e3)
+    )
+    assert figures["mfu"] is None and any("MFU omitted" in n for n in figures["notices"])
+    assert run["environment"]["torch"]
+    assert run["files"]["timing"] == ["rank0.timing.json.gz", "rank1.timing.json.gz"]
+    assert run["command"].startswith("fsdp-trace capture --model tiny")
+
+
+def test_under_torchrun_too(tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
+         "-m", "fsdp_trace", "capture", "--model", "tiny", "--out", str(out),
+         "--warmup-steps", "0", "--timed-steps", "1", "--timing-steps", "1",
+         "--reshard-after-forward", "false"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["parallel"]["reshard_after_forward"]["layers.0"] is False
+    assert run["command"].startswith("torchrun --nproc-per-node=2 -m fsdp_trace capture")
+    # reshard_after_forward=False: one all-gather per block and step (none in backward).
+    timing = [e for e in load(out / "rank0.timing.json.gz")["traceEvents"]
+              if e.get("name") == "FSDP::all_gather (layers.0)"]  # fmt: skip
+    assert len(timing) == 1
+
+
+def test_a_user_model_factory(tmp_path):
+    out = tmp_path / "run"
+    done = run_cli("capture", "--model", "tests.models_for_tests:two_layer_spec",
+                   "--nproc-per-node", "2", "--out", str(out), "--batch-size", "4",
+                   "--warmup-steps", "0", "--timed-steps", "1", "--timing-steps", "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["parallel"]["units"] == ["blocks.0", "blocks.1"]
+    assert run["model"]["flops_per_token"] == 1234.0
+    assert "FSDP::all_gather (blocks.1)" in names(load(out / "rank1.timing.json.gz"))
+
+
+def test_existing_output_directory_is_refused(tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    done = run_cli("capture", "--out", str(out), "--nproc-per-node", "1")
+    assert done.returncode == 2
+    assert "already exists" in done.stderr and "--overwrite" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
+    out = tmp_path / "run"
+    start = time.monotonic()
+    done = run_cli("capture", "--model", "tests.models_for_tests:fails_on_rank_1",
+                   "--nproc-per-node", "2", "--out", str(out), "--timeout-s", "60",
+                   "--warmup-steps", "1")  # fmt: skip
+    assert time.monotonic() - start < 120  # no hang waiting for the dead rank
+    assert done.returncode == 1
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("fsdp-trace")]
+    assert lines == [
+        "fsdp-trace capture: error: rank 1: RuntimeError: data loader crashed on purpose"
+    ]
+    assert "Traceback" not in done.stderr
+    assert not out.exists()  # no half-written output
+
+
+def test_out_of_memory_names_the_knobs_to_lower(tmp_path):
+    out = tmp_path / "run"
+    done = run_cli("capture", "--model", "tests.models_for_tests:runs_out_of_memory",
+                   "--nproc-per-node", "1", "--out", str(out))  # fmt: skip
+    assert done.returncode == 2
+    assert "out of memory" in done.stderr
+    for knob in ("--batch-size", "--seq-len", "--ac-coverage"):
+        assert knob in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "nosuchpreset"], "neither a preset"),
+        (["--model", "tests.models_for_tests:not_a_spec"], "must return a ModelSpec"),
+        (["--ac-coverage", "1.5"], "--ac-coverage must be a fraction"),
+        (["--reshard-after-forward", "maybe"], "--reshard-after-forward must be"),
+        (["--dtype", "fp8"], "--dtype must be one of"),
+    ],
+)
+def test_bad_knobs_get_one_line(tmp_path, args, message):
+    done = run_cli("capture", "--out", str(tmp_path / "run"), "--nproc-per-node", "1", *args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_version():
+    done = run_cli("--version")
+    assert done.returncode == 0 and done.stdout.startswith("fsdp-trace ")
