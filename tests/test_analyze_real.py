@@ -89,10 +89,16 @@ def independent_steps(path: Path) -> list[dict]:
 def independent_blocks(path: Path) -> dict[int, str]:
     """correlation → unit of every NCCL kernel, by scanning the labels around its launch."""
     events = raw_events(path)
-    labels = [e for e in events if e.get("cat") == "user_annotation"
-              and e.get("name", "").startswith(("FSDP::all_gather", "FSDP::post_backward_reduce"))]  # fmt: skip
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}  # fmt: skip
+    prefixes = ("FSDP::all_gather", "FSDP::post_backward_reduce")
+    labels = [
+        e for e in events
+        if e.get("cat") == "user_annotation" and e.get("name", "").startswith(prefixes)
+    ]  # fmt: skip
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
     units = {}
     for e in events:
         if e.get("cat") != "kernel" or not e["name"].startswith("nccl"):

@@ -79,7 +79,7 @@ def figure(table: pd.DataFrame, title: str):
                         "size": 16,
                         "color": "gold",
                         "line": {"color": "black", "width": 1},
-                    },  # fmt: skip
+                    },
                     name="best tokens/s/GPU",
                     showlegend=index == 1,
                     hovertemplate=f"best point: {best['label']}<extra></extra>",
