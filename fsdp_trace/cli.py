@@ -137,7 +137,8 @@ def capture(
         bool,
         typer.Option(
             "--keep-last-unsharded/--reshard-last",
-            help="Do not reshard the last unit after forward (backward needs it at once).",
+            help="Do not reshard the last block (and the head unit) after forward: backward "
+            "needs them at once.",
         ),
     ] = False,
     shard_embeddings: Annotated[
@@ -240,6 +241,16 @@ def analyze(
         str | None,
         typer.Option("--csv", help="Write steps.csv, blocks.csv, collectives.csv to this folder."),
     ] = None,
+    report: Annotated[
+        str, typer.Option(help="The self-contained HTML report (opens offline from disk).")
+    ] = "report.html",
+    no_report: Annotated[bool, typer.Option("--no-report", help="Do not write the report.")] = (
+        False
+    ),
+    perfetto: Annotated[
+        str | None,
+        typer.Option(help="Write an annotated Perfetto trace (.pftrace) to this file."),
+    ] = None,
     hta: Annotated[
         bool,
         typer.Option(help="Cross-check with holistictraceanalysis' get_comm_comp_overlap."),
@@ -248,26 +259,66 @@ def analyze(
         bool,
         typer.Option(help="Also analyze a run's detailed traces (profiler distortion)."),
     ] = True,
-    jobs: Annotated[int, typer.Option(help="Analyze this many traces in parallel.")] = 1,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            help="Traces analyzed at once, one per process (each holds one trace's events); "
+            "results identical to --jobs 1."
+        ),
+    ] = 1,
+    no_cache: Annotated[
+        bool,
+        typer.Option("--no-cache", help="Neither read nor write the parsed-trace cache."),
+    ] = False,
     top: Annotated[int, typer.Option(help="Rows of the per-block table in the terminal.")] = 15,
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="CI gate, repeatable: exit 1 when a condition holds, e.g. 'exposed_pct>5', "
+            "'mfu<0.4', 'findings>0'.",
+        ),
+    ] = None,
 ) -> None:
     """Attribute every AllGather / ReduceScatter to its FSDP2 block and phase, and measure how
     much communication compute hides, per rank and step."""
     with user_errors("analyze"):
         from fsdp_trace.analyze.api import analyze as run_analysis
+        from fsdp_trace.diagnose import diagnose, gate
         from fsdp_trace.render import export, terminal
 
-        result = run_analysis(paths, jobs=jobs, detailed=detailed)
+        conditions = [gate.parse(text) for text in fail_on or []]
+        result = run_analysis(paths, jobs=jobs, detailed=detailed, cache=not no_cache)
+        result.findings, result.crossrank = diagnose(result)
+        result.notices.extend(result.crossrank.notices)
         if hta:
             from fsdp_trace.analyze.hta_check import cross_check
 
-            result.hta, hta_notices = cross_check(result.ranks)
+            result.hta, hta_notices = cross_check(result.ranks, cache=not no_cache)
             result.notices.extend(hta_notices)
         terminal.render(result, top=top)
         if json_out:
             export.write_json(result, Path(json_out))
         if csv_out:
             export.write_csv(result, Path(csv_out))
+        if not no_report:
+            from fsdp_trace.render.report import write_report
+
+            write_report(result, Path(report))
+            print(f"fsdp-trace: wrote {report}", file=sys.stderr)
+        if perfetto:
+            from fsdp_trace.render.perfetto import write_perfetto
+
+            counts = write_perfetto(result, Path(perfetto))
+            print(
+                f"fsdp-trace: wrote {perfetto} ({sum(counts['slices'].values()):,} slices, "
+                f"{counts['flows']} flows); open it with `fsdp-trace view {perfetto}`",
+                file=sys.stderr,
+            )
+        violated = gate.violations(conditions, result, len(result.findings))
+    for line in violated:
+        print(f"fsdp-trace analyze: fail-on: {line}", file=sys.stderr)
+    if violated:
+        raise typer.Exit(1)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -298,12 +349,8 @@ def sweep(
     with user_errors("sweep"):
         points = sweeping.parse_points(ac_coverage)
         command = typer.main.get_command(app).commands["capture"]
-        extra = list(ctx.args)
-        for reserved in ("--out", "--ac-coverage", "--nproc-per-node", "--baseline"):
-            if reserved in extra:
-                raise UserError(f"{reserved} is set by the sweep itself; remove it")
-        try:
-            parsed = command.make_context("capture", extra).params
+        try:  # the sweep's own options (--out, --ac-coverage, ...) never reach ctx.args
+            parsed = command.make_context("capture", list(ctx.args)).params
         except Exception as exc:  # click's UsageError, vendored by typer
             message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
             raise UserError(f"capture option: {message}") from None
@@ -334,8 +381,11 @@ def write_efficiency(runs: list[Path], html: Path, with_traces: bool) -> None:
 
         write_efficiency_html(table, html, sweep_title(table))
     except ImportError:
-        print(f"fsdp-trace: plotly is not installed: run `fsdp-trace plot` on {html.parent} "
-              "where it is", file=sys.stderr)  # fmt: skip
+        print(
+            f"fsdp-trace: plotly is not installed: run `fsdp-trace plot` on {html.parent} "
+            "where it is",
+            file=sys.stderr,
+        )
         return
     print(f"fsdp-trace: wrote {html}", file=sys.stderr)
 
@@ -358,6 +408,61 @@ def plot(
 
     with user_errors("plot"):
         write_efficiency(sweeping.find_runs(runs), Path(out), with_traces=traces)
+
+
+@app.command()
+def compare(
+    runs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Capture run directories, in the order to compare.", show_default=False
+        ),
+    ],
+    html: Annotated[
+        str | None, typer.Option(help="Also write the comparison as self-contained HTML.")
+    ] = "compare.html",
+    traces: Annotated[
+        bool, typer.Option(help="Read the timing traces for exposed communication %.")
+    ] = True,
+) -> None:
+    """The table users write by hand: 1 GPU, N GPUs, then each tuning step, with
+    tokens/s/GPU, scaling efficiency, exposed %, memory and what each change bought."""
+    from fsdp_trace import sweep as sweeping
+    from fsdp_trace.render import terminal
+
+    with user_errors("compare"):
+        table = sweeping.compare_table(sweeping.find_runs(runs), with_traces=traces)
+        terminal.compare_view(table)
+        if html:
+            try:
+                from fsdp_trace.render.compare import write_compare_html
+            except ImportError:
+                raise UserError(
+                    "--html needs plotly: pip install plotly, or pass --html ''"
+                ) from None
+            write_compare_html(table, Path(html))
+            print(f"fsdp-trace: wrote {html}", file=sys.stderr)
+
+
+@app.command()
+def view(
+    file: Annotated[
+        str, typer.Argument(help="A .pftrace (or any trace) file to open.", show_default=False)
+    ],
+    port: Annotated[int, typer.Option(help="Local port; ui.perfetto.dev loads only from 9001.")] = (
+        9001
+    ),
+    browser: Annotated[bool, typer.Option(help="Open the link in a browser if one exists.")] = True,
+    keep_serving: Annotated[
+        bool, typer.Option(help="Keep serving after the first download (Ctrl-C stops).")
+    ] = False,
+) -> None:
+    """Serve FILE on 127.0.0.1 with the headers the Perfetto UI needs, and print (and open)
+    the ui.perfetto.dev link that loads it. Remote machine: ssh -L 9001:127.0.0.1:9001 HOST."""
+    from fsdp_trace.view import serve
+
+    with user_errors("view"):
+        serve(Path(file), port=port, open_browser=browser, once=not keep_serving)
 
 
 def main() -> None:

@@ -15,10 +15,22 @@ from fsdp_trace.errors import UserError
 
 RUN_FILE = "run.json"
 TABLE_COLUMNS = [
-    "run", "label", "model", "batch_size", "seq_len", "world_size", "ac_coverage", "compile",
-    "step_ms", "tokens_per_s_per_gpu", "scaling_efficiency", "mfu", "exposed_pct",
-    "recompute_pct", "peak_allocated_gib",
-]  # fmt: skip
+    "run",
+    "label",
+    "model",
+    "batch_size",
+    "seq_len",
+    "world_size",
+    "ac_coverage",
+    "compile",
+    "step_ms",
+    "tokens_per_s_per_gpu",
+    "scaling_efficiency",
+    "mfu",
+    "exposed_pct",
+    "recompute_pct",
+    "peak_allocated_gib",
+]
 
 
 def parse_points(text: str) -> list[float]:
@@ -179,4 +191,47 @@ def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
         else:
             efficiency.append(row.scaling_efficiency)
     table["scaling_efficiency"] = pd.to_numeric(pd.Series(efficiency), errors="coerce")
+    return table
+
+
+IGNORED_KNOBS = {
+    "out",
+    "overwrite",
+    "baseline",
+    "extra",
+    "timed_steps",
+    "timing_steps",
+    "warmup_steps",
+    "timeout_s",
+}
+
+
+def knob_changes(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """'compile: False → True, ac_coverage: 0 → 0.5' between two runs' configs."""
+    changes = []
+    for key in after:
+        if key in IGNORED_KNOBS or before.get(key) == after.get(key):
+            continue
+        changes.append(f"{key}: {before.get(key)} → {after.get(key)}")
+    return ", ".join(changes)
+
+
+def compare_table(runs: list[Path], with_traces: bool = True) -> pd.DataFrame:
+    """`fsdp-trace compare`: the runs in the order given, each with what changed from the
+    previous one (GPUs and knobs) and what that bought in tokens/s/GPU."""
+    table = run_table(runs, with_traces=with_traces)
+    configs = [_read(path) for path in runs]
+    changes, gains = [""], [float("nan")]
+    for i in range(1, len(configs)):
+        prev, cur = configs[i - 1], configs[i]
+        change = knob_changes(prev.get("config", {}), cur.get("config", {}))
+        if prev["world"]["world_size"] != cur["world"]["world_size"]:
+            gpus = f"GPUs: {prev['world']['world_size']} → {cur['world']['world_size']}"
+            change = f"{gpus}, {change}" if change else gpus
+        changes.append(change or "(same knobs)")
+        before = table["tokens_per_s_per_gpu"].iloc[i - 1]
+        after = table["tokens_per_s_per_gpu"].iloc[i]
+        gains.append(100.0 * (after / before - 1.0) if before else float("nan"))
+    table["change"] = changes
+    table["tokens_per_s_per_gpu_change_pct"] = gains
     return table

@@ -33,9 +33,23 @@ def cpu_run(tmp_path_factory) -> Path:
     """A 2-process CPU/gloo capture of the tiny preset with AC and explicit prefetch."""
     out = tmp_path_factory.mktemp("capture") / "run"
     done = run_cli(
-        "capture", "--model", "tiny", "--nproc-per-node", "2", "--out", str(out),
-        "--ac-coverage", "0.5", "--prefetch-forward", "1", "--prefetch-backward", "2",
-        "--warmup-steps", "1", "--timed-steps", "3",
-    )  # fmt: skip
+        "capture",
+        "--model",
+        "tiny",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(out),
+        "--ac-coverage",
+        "0.5",
+        "--prefetch-forward",
+        "1",
+        "--prefetch-backward",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--timed-steps",
+        "3",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return out

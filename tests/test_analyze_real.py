@@ -69,10 +69,20 @@ def independent_steps(path: Path) -> list[dict]:
         starts[step] = min(starts.get(step, float("inf")), e["ts"])
         last_end[step] = max(last_end.get(step, 0.0), e["ts"] + e["dur"])
     order = sorted(starts, key=starts.get)
-    comm = merge([(e["ts"], e["ts"] + e["dur"]) for _, e in kept
-                  if e["cat"] == "kernel" and e["name"].startswith("nccl")])  # fmt: skip
-    compute = merge([(e["ts"], e["ts"] + e["dur"]) for _, e in kept
-                     if e["cat"] == "kernel" and not e["name"].startswith("nccl")])  # fmt: skip
+    comm = merge(
+        [
+            (e["ts"], e["ts"] + e["dur"])
+            for _, e in kept
+            if e["cat"] == "kernel" and e["name"].startswith("nccl")
+        ]
+    )
+    compute = merge(
+        [
+            (e["ts"], e["ts"] + e["dur"])
+            for _, e in kept
+            if e["cat"] == "kernel" and not e["name"].startswith("nccl")
+        ]
+    )
     result = []
     for i, step in enumerate(order):
         lo = starts[step]
@@ -80,9 +90,17 @@ def independent_steps(path: Path) -> list[dict]:
         c, k = clip(comm, lo, hi), clip(compute, lo, hi)
         busy = total(merge(c + k))
         overlap = total(c) + total(k) - busy
-        result.append({"step": step, "step_us": hi - lo, "comm_us": total(c),
-                       "compute_us": total(k), "overlap_us": overlap,
-                       "exposed_us": total(c) - overlap, "idle_us": hi - lo - busy})  # fmt: skip
+        result.append(
+            {
+                "step": step,
+                "step_us": hi - lo,
+                "comm_us": total(c),
+                "compute_us": total(k),
+                "overlap_us": overlap,
+                "exposed_us": total(c) - overlap,
+                "idle_us": hi - lo - busy,
+            }
+        )
     return result
 
 
@@ -91,9 +109,10 @@ def independent_blocks(path: Path) -> dict[int, str]:
     events = raw_events(path)
     prefixes = ("FSDP::all_gather", "FSDP::post_backward_reduce")
     labels = [
-        e for e in events
+        e
+        for e in events
         if e.get("cat") == "user_annotation" and e.get("name", "").startswith(prefixes)
-    ]  # fmt: skip
+    ]
     launches = {
         e["args"]["correlation"]: e
         for e in events
@@ -106,8 +125,11 @@ def independent_blocks(path: Path) -> dict[int, str]:
         launch = launches.get(e["args"]["correlation"])
         if launch is None:
             continue
-        around = [lb for lb in labels if lb["tid"] == launch["tid"]
-                  and lb["ts"] <= launch["ts"] <= lb["ts"] + lb["dur"]]  # fmt: skip
+        around = [
+            lb
+            for lb in labels
+            if lb["tid"] == launch["tid"] and lb["ts"] <= launch["ts"] <= lb["ts"] + lb["dur"]
+        ]
         if not around:
             continue
         innermost = max(around, key=lambda lb: lb["ts"])

@@ -148,8 +148,11 @@ def test_recompute_kernels_are_told_apart_from_backward(tmp_path):
     b.kernel("gemm_forward", 300, 100, launch_ts=50)
     r = one_rank(tmp_path, b)
     phases = dict(zip(r.kernels["name"].astype(str), r.kernels["phase"], strict=True))
-    assert phases == {"gemm_recompute": "recompute", "gemm_backward": "backward",
-                      "gemm_forward": "forward"}  # fmt: skip
+    assert phases == {
+        "gemm_recompute": "recompute",
+        "gemm_backward": "backward",
+        "gemm_forward": "forward",
+    }
     by_phase = r.compute_phases.set_index("phase")["compute_us"]
     assert by_phase.to_dict() == {"backward": 100.0, "forward": 100.0, "recompute": 100.0}
 

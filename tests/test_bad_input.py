@@ -45,7 +45,17 @@ def test_bad_trace_gets_one_line_and_exit_2(tmp_path, case):
         path.write_bytes(content)
     out_json = tmp_path / "out.json"
     out_csv = tmp_path / "csv"
-    done = run_cli("analyze", str(path), "--json", str(out_json), "--csv", str(out_csv))
+    report = tmp_path / "report.html"
+    done = run_cli(
+        "analyze",
+        str(path),
+        "--json",
+        str(out_json),
+        "--csv",
+        str(out_csv),
+        "--report",
+        str(report),
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -53,6 +63,7 @@ def test_bad_trace_gets_one_line_and_exit_2(tmp_path, case):
     assert message in lines[0]
     assert "Traceback" not in done.stderr + done.stdout
     assert not out_json.exists() and not out_csv.exists()  # nothing half-written
+    assert not report.exists()
 
 
 def test_directory_without_traces(tmp_path):
@@ -76,7 +87,7 @@ def test_cpu_trace_is_a_notice_not_an_error(tmp_path):
     b.label("gloo:all_gather", 30, 200, tid=999)
     path = b.write(tmp_path / "rank0.json")
     out_json = tmp_path / "out.json"
-    done = run_cli("analyze", str(path), "--json", str(out_json))
+    done = run_cli("analyze", str(path), "--json", str(out_json), "--no-report")
     assert done.returncode == 0, done.stderr
     assert "no GPU kernels: a CPU (gloo) trace" in done.stdout
     payload = json.loads(out_json.read_text())
@@ -88,6 +99,6 @@ def test_single_gpu_trace_is_a_notice(tmp_path):
     path = TraceBuilder(world_size=1)
     path.step(1, 0, 1000)
     path.kernel("gemm", 100, 100, launch_ts=5)
-    done = run_cli("analyze", str(path.write(tmp_path / "t.json")))
+    done = run_cli("analyze", str(path.write(tmp_path / "t.json")), "--no-report")
     assert done.returncode == 0
     assert "no NCCL kernels" in done.stdout

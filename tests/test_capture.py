@@ -46,8 +46,13 @@ def test_both_traces_per_rank_exist_and_parse(cpu_run):
 def test_traces_carry_the_fsdp2_labels_of_every_block(cpu_run):
     timing = names(load(cpu_run / "rank0.timing.json.gz"))
     for block in BLOCKS:
-        for label in ("pre_forward", "post_forward", "all_gather", "pre_backward",
-                      "post_backward_reduce"):  # fmt: skip
+        for label in (
+            "pre_forward",
+            "post_forward",
+            "all_gather",
+            "pre_backward",
+            "post_backward_reduce",
+        ):
             assert f"FSDP::{label} ({block})" in timing
     assert "FSDP::all_gather" in timing  # the root unit carries no path
     assert "c10d::_allgather_base_" in timing and "c10d::_reduce_scatter_base_" in timing
@@ -60,13 +65,20 @@ def test_run_json_holds_the_knobs_and_figures(cpu_run):
     assert run["parallel"]["ac_blocks"] == ["layers.1", "layers.3"]
     assert run["parallel"]["units"] == BLOCKS
     assert run["parallel"]["forward_prefetch"] == {
-        "layers.0": ["layers.1"], "layers.1": ["layers.2"], "layers.2": ["layers.3"]
-    }  # fmt: skip
+        "layers.0": ["layers.1"],
+        "layers.1": ["layers.2"],
+        "layers.2": ["layers.3"],
+    }
     assert run["parallel"]["backward_prefetch"]["layers.3"] == ["layers.2", "layers.1"]
     assert run["parallel"]["reshard_after_forward"]["layers.0"] is True
     assert run["parallel"]["mixed_precision"] == {"param_dtype": "bf16", "reduce_dtype": "fp32"}
-    assert run["world"] == {"world_size": 2, "local_world_size": 2, "nnodes": 1,
-                            "backend": "gloo", "device": "cpu"}  # fmt: skip
+    assert run["world"] == {
+        "world_size": 2,
+        "local_world_size": 2,
+        "nnodes": 1,
+        "backend": "gloo",
+        "device": "cpu",
+    }
     assert run["model"]["n_blocks"] == 4 and run["model"]["params_total"] > 0
     figures = run["figures"]
     assert figures["step_time_ms"]["n"] == 3 and figures["step_time_ms"]["median"] > 0
@@ -83,28 +95,66 @@ def test_run_json_holds_the_knobs_and_figures(cpu_run):
 def test_under_torchrun_too(tmp_path):
     out = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
-         "-m", "fsdp_trace", "capture", "--model", "tiny", "--out", str(out),
-         "--warmup-steps", "0", "--timed-steps", "1", "--timing-steps", "1",
-         "--reshard-after-forward", "false"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--standalone",
+            "-m",
+            "fsdp_trace",
+            "capture",
+            "--model",
+            "tiny",
+            "--out",
+            str(out),
+            "--warmup-steps",
+            "0",
+            "--timed-steps",
+            "1",
+            "--timing-steps",
+            "1",
+            "--reshard-after-forward",
+            "false",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "FSDP_TRACE_QUIET": "1"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     run = json.loads((out / "run.json").read_text())
     assert run["parallel"]["reshard_after_forward"]["layers.0"] is False
     assert run["command"].startswith("torchrun --nproc-per-node=2 -m fsdp_trace capture")
     # reshard_after_forward=False: one all-gather per block and step (none in backward).
-    timing = [e for e in load(out / "rank0.timing.json.gz")["traceEvents"]
-              if e.get("name") == "FSDP::all_gather (layers.0)"]  # fmt: skip
+    timing = [
+        e
+        for e in load(out / "rank0.timing.json.gz")["traceEvents"]
+        if e.get("name") == "FSDP::all_gather (layers.0)"
+    ]
     assert len(timing) == 1
 
 
 def test_a_user_model_factory(tmp_path):
     out = tmp_path / "run"
-    done = run_cli("capture", "--model", "tests.models_for_tests:two_layer_spec",
-                   "--nproc-per-node", "2", "--out", str(out), "--batch-size", "4",
-                   "--warmup-steps", "0", "--timed-steps", "1", "--timing-steps", "1")  # fmt: skip
+    done = run_cli(
+        "capture",
+        "--model",
+        "tests.models_for_tests:two_layer_spec",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(out),
+        "--batch-size",
+        "4",
+        "--warmup-steps",
+        "0",
+        "--timed-steps",
+        "1",
+        "--timing-steps",
+        "1",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     run = json.loads((out / "run.json").read_text())
     assert run["parallel"]["units"] == ["blocks.0", "blocks.1"]
@@ -126,9 +176,19 @@ def test_existing_output_directory_is_refused(tmp_path):
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     out = tmp_path / "run"
     start = time.monotonic()
-    done = run_cli("capture", "--model", "tests.models_for_tests:fails_on_rank_1",
-                   "--nproc-per-node", "2", "--out", str(out), "--timeout-s", "60",
-                   "--warmup-steps", "1")  # fmt: skip
+    done = run_cli(
+        "capture",
+        "--model",
+        "tests.models_for_tests:fails_on_rank_1",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(out),
+        "--timeout-s",
+        "60",
+        "--warmup-steps",
+        "1",
+    )
     assert time.monotonic() - start < 120  # no hang waiting for the dead rank
     assert done.returncode == 1
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("fsdp-trace")]
@@ -141,8 +201,15 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
 
 def test_out_of_memory_names_the_knobs_to_lower(tmp_path):
     out = tmp_path / "run"
-    done = run_cli("capture", "--model", "tests.models_for_tests:runs_out_of_memory",
-                   "--nproc-per-node", "1", "--out", str(out))  # fmt: skip
+    done = run_cli(
+        "capture",
+        "--model",
+        "tests.models_for_tests:runs_out_of_memory",
+        "--nproc-per-node",
+        "1",
+        "--out",
+        str(out),
+    )
     assert done.returncode == 2
     assert "out of memory" in done.stderr
     for knob in ("--batch-size", "--seq-len", "--ac-coverage"):

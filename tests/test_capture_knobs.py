@@ -63,13 +63,24 @@ def test_prefetch_lists():
     assert parallelize.prefetch_lists(units, 0, 0) == ({}, {})
 
 
+def test_keep_last_unsharded_keeps_the_last_block_and_the_head():
+    from fsdp_trace.capture.parallelize import reshard_setting
+
+    # units: embeddings, layers.0..2, norm+output: the last block is unit 3
+    assert [reshard_setting(i, 3, True, True) for i in range(5)] == [True, True, True, False, False]
+    assert [reshard_setting(i, 3, True, False) for i in range(5)] == [True] * 5
+
+
 def test_units_with_and_without_separate_embeddings():
     blocks = ["layers.0", "layers.1"]
     emb = [("tok_embeddings", "pos_embeddings"), ("norm", "output")]
     assert parallelize.plan_units(blocks, emb, False) == [["layers.0"], ["layers.1"]]
     assert parallelize.plan_units(blocks, emb, True) == [
-        ["tok_embeddings", "pos_embeddings"], ["layers.0"], ["layers.1"], ["norm", "output"]
-    ]  # fmt: skip
+        ["tok_embeddings", "pos_embeddings"],
+        ["layers.0"],
+        ["layers.1"],
+        ["norm", "output"],
+    ]
 
 
 def _state(module):
@@ -81,14 +92,26 @@ def test_reshard_and_prefetch_reach_fully_shard(mesh):
         model = GPT(PRESETS["tiny"])
     units = [[f"layers.{i}"] for i in range(4)]
     plan = parallelize.apply_fsdp(
-        model, mesh, units, param_dtype="bf16", reduce_dtype="fp32", reshard=True,
-        keep_last_unsharded=True, forward_prefetch=1, backward_prefetch=2,
-    )  # fmt: skip
+        model,
+        mesh,
+        units,
+        param_dtype="bf16",
+        reduce_dtype="fp32",
+        reshard=True,
+        keep_last_unsharded=True,
+        forward_prefetch=1,
+        backward_prefetch=2,
+    )
     groups = [_state(model.layers[i])._fsdp_param_group for i in range(4)]
     # reshard True keeps a post-forward mesh; the last unit kept unsharded has none.
     assert [g.post_forward_mesh_info is not None for g in groups] == [True, True, True, False]
-    assert plan.reshard_after_forward == {"layers.0": True, "layers.1": True, "layers.2": True,
-                                          "layers.3": False, "root": "default"}  # fmt: skip
+    assert plan.reshard_after_forward == {
+        "layers.0": True,
+        "layers.1": True,
+        "layers.2": True,
+        "layers.3": False,
+        "root": "default",
+    }
     forward = [s._fsdp_param_group for s in _state(model.layers[0])._states_to_forward_prefetch]
     assert forward == [groups[1]]
     backward = [s._fsdp_param_group for s in _state(model.layers[3])._states_to_backward_prefetch]
@@ -101,9 +124,16 @@ def test_reshard_false_reaches_fully_shard(mesh):
     with torch.device("meta"):
         model = GPT(PRESETS["tiny"])
     parallelize.apply_fsdp(
-        model, mesh, [["layers.0"], ["layers.1"]], param_dtype="fp32", reduce_dtype="fp32",
-        reshard=False, keep_last_unsharded=False, forward_prefetch=0, backward_prefetch=0,
-    )  # fmt: skip
+        model,
+        mesh,
+        [["layers.0"], ["layers.1"]],
+        param_dtype="fp32",
+        reduce_dtype="fp32",
+        reshard=False,
+        keep_last_unsharded=False,
+        forward_prefetch=0,
+        backward_prefetch=0,
+    )
     assert _state(model.layers[0])._fsdp_param_group.post_forward_mesh_info is None
 
 

@@ -44,6 +44,8 @@ def test_cross_check_table_and_cli():
     assert not notices and list(table["rank"]) == [0, 1]
     # HTA's default rounds ns timestamps to whole µs: off by under a point on these traces.
     assert (table["ours_hta_rules_pct"] - table["hta_pct"]).abs().max() < 1.0
-    done = run_cli("analyze", str(SAMPLES / "gpt-small-2gpu"), "--hta", "--no-detailed")
+    done = run_cli(
+        "analyze", str(SAMPLES / "gpt-small-2gpu"), "--hta", "--no-detailed", "--no-report"
+    )
     assert done.returncode == 0, done.stderr
     assert "Cross-check with HTA" in done.stdout

@@ -86,9 +86,21 @@ def resolve(path: str | Path) -> ResolvedInput:
     return ResolvedInput([TraceInput(p, "trace") for p in candidates], None, None)
 
 
-def analyze_file(path: str | Path, run: dict | None = None, source: str = "trace") -> RankAnalysis:
-    """Load and analyze one trace file (used per rank, also by parallel workers)."""
-    trace = load_trace(path)
+def analyze_file(
+    path: str | Path,
+    run: dict | None = None,
+    source: str = "trace",
+    *,
+    cache: bool = True,
+    progress: bool | None = None,
+    parallel: bool | None = None,
+) -> RankAnalysis:
+    """Load and analyze one trace file (used per rank, also by parallel workers).
+
+    `cache`: reuse the parsed columns of an unchanged file (see `fsdp_trace.analyze.cache`);
+    `progress`: a loading bar on stderr (None: for large files when stderr is a terminal);
+    `parallel`: decode a large file with two processes (None: when it is large)."""
+    trace = load_trace(path, cache=cache, progress=progress, parallel=parallel)
     return analyze_trace(trace, Expectations.from_run(run), source)
 
 
@@ -97,8 +109,13 @@ def analyze(
     *,
     jobs: int = 1,
     detailed: bool = True,
+    cache: bool = True,
 ) -> Analysis:
-    """Analyze every trace behind `paths` (files, run directories, trace directories)."""
+    """Analyze every trace behind `paths` (files, run directories, trace directories).
+
+    `jobs`: traces analyzed at once, each in its own process holding one trace's events at a
+    time (results are identical to `jobs=1`). `cache`: False re-parses every file and writes
+    no cache entry (the CLI's `--no-cache`)."""
     if isinstance(paths, str | Path):
         paths = [paths]
     resolved = [resolve(p) for p in paths]
@@ -110,7 +127,7 @@ def analyze(
             if trace.source == "detailed" and not detailed:
                 continue
             work.append((trace, item.run))
-    results = _run_all(work, jobs)
+    results = _run_all(work, jobs, cache)
     ranks = [r for r in results if r.source != "detailed"]
     details = [r for r in results if r.source == "detailed"]
     notices = []
@@ -126,11 +143,79 @@ def analyze(
     )
 
 
-def _run_all(work: list[tuple[TraceInput, dict | None]], jobs: int) -> list[RankAnalysis]:
-    if jobs <= 1 or len(work) <= 1:
-        return [analyze_file(t.path, run, t.source) for t, run in work]
-    from concurrent.futures import ProcessPoolExecutor
+def _run_all(
+    work: list[tuple[TraceInput, dict | None]], jobs: int, cache: bool = True
+) -> list[RankAnalysis]:
+    """Every trace's analysis, in the order of `work`.
 
+    In parallel, each worker process loads and analyzes one trace at a time (decoding it
+    alone), so memory holds at most `jobs` traces' parsed events; results come back in
+    submission order. With one job, a large file is decoded by two processes instead."""
+    jobs = max(1, min(jobs, len(work)))
+    if jobs == 1:
+        return [analyze_file(t.path, run, t.source, cache=cache) for t, run in work]
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    results: list[RankAnalysis | None] = [None] * len(work)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(analyze_file, t.path, run, t.source) for t, run in work]
-        return [f.result() for f in futures]
+        futures = {
+            pool.submit(
+                analyze_file, t.path, run, t.source, cache=cache, progress=False, parallel=False
+            ): i
+            for i, (t, run) in enumerate(work)
+        }  # workers are forked here, before the progress bar starts its thread
+        progress = _Progress(sum(_size(t.path) for t, _ in work), "traces")
+        with progress:
+            for future in as_completed(futures):
+                i = futures[future]
+                results[i] = future.result()
+                progress.advance(_size(work[i][0].path))
+    return results  # type: ignore[return-value]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+class _Progress:
+    """Bytes of traces analyzed so far, on stderr, for large inputs on a terminal."""
+
+    def __init__(self, total: int, what: str) -> None:
+        import os
+        import sys
+
+        from fsdp_trace.analyze.loader import PROGRESS_MIN_BYTES
+
+        self.bar = None
+        if (
+            total > PROGRESS_MIN_BYTES
+            and sys.stderr.isatty()
+            and not os.environ.get("FSDP_TRACE_QUIET")
+        ):
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+            self.bar = Progress(
+                TextColumn(f"analyzing {what}"),
+                BarColumn(),
+                DownloadColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.task = self.bar.add_task(what, total=total)
+
+    def __enter__(self) -> _Progress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def advance(self, amount: int) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task, amount)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()

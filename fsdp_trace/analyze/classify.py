@@ -112,9 +112,17 @@ DTYPE_BYTES = {
 def _per_category(values: pd.Categorical, fn, dtype) -> np.ndarray:
     """Apply `fn` once per distinct category and broadcast through the codes."""
     lookup = np.array([fn(c) for c in values.categories] + [fn(None)], dtype=dtype)
-    codes = values.codes.copy()
-    codes[codes < 0] = len(values.categories)
-    return lookup[codes]
+    return lookup[values.codes]  # code -1 (missing) reads the last entry: fn(None)
+
+
+per_category = _per_category
+
+
+def kind_mask(kinds: np.ndarray, *wanted: int) -> np.ndarray:
+    """`np.isin(kinds, wanted)` for the small-int `kind` column, by table lookup."""
+    table = np.zeros(len(KIND_NAMES), dtype=bool)
+    table[list(wanted)] = True
+    return table[kinds]
 
 
 def event_kinds(events: pd.DataFrame) -> np.ndarray:
@@ -122,7 +130,9 @@ def event_kinds(events: pd.DataFrame) -> np.ndarray:
     cat_kind = _per_category(
         events["cat"].array,
         lambda c: (
-            -1 if c is None else (-2 if c.lower() == "kernel" else _CATEGORY_KIND.get(c, OTHER))
+            -1
+            if c is None
+            else (-2 if c.lower() == "kernel" else _CATEGORY_KIND.get(c.lower(), OTHER))
         ),
         np.int8,
     )

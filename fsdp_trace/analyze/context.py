@@ -114,8 +114,7 @@ class Forest:
         """Per row, the innermost chain entry whose kind is in `kinds` (-1: none)."""
         if chain.size == 0 or self.kind.size == 0:
             return np.full(chain.shape[0], -1, dtype=np.int64)
-        kind_at = _take(self.kind, chain)
-        hit = np.isin(kind_at, list(kinds)) & (chain >= 0)
+        hit = self.kind_in(kinds, chain)
         first = np.argmax(hit, axis=1)
         found = hit[np.arange(chain.shape[0]), first]
         return np.where(found, chain[np.arange(chain.shape[0]), first], -1)
@@ -126,12 +125,19 @@ class Forest:
     def kind_at(self, idx: np.ndarray) -> np.ndarray:
         return _take(self.kind, idx)
 
+    def kind_in(self, kinds: set[str], idx: np.ndarray) -> np.ndarray:
+        """Whether the interval at each index (-1: none, never) has a kind in `kinds`; the
+        same as `np.isin(self.kind_at(idx), list(kinds))`, tested once per interval."""
+        node = np.zeros(self.kind.size + 1, dtype=bool)
+        node[:-1] = np.isin(self.kind, list(kinds))
+        return node[idx]  # idx -1 reads the trailing False
+
 
 def _take(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """values[idx] with None where idx is -1 (and for an empty forest)."""
-    if values.size == 0:
-        return np.full(idx.shape, None, dtype=object)
-    return np.where(idx >= 0, values[np.maximum(idx, 0)], None)
+    padded = np.empty(values.size + 1, dtype=object)  # a trailing None for idx -1
+    padded[:-1] = values
+    return padded[idx]
 
 
 class ThreadUnion:
@@ -148,8 +154,7 @@ class ThreadUnion:
 
 def fsdp_labels(cpu: pd.DataFrame) -> pd.DataFrame:
     """FSDP2 record-function labels with their kind and unit path, one row per label."""
-    names = cpu["name"].astype(str)
-    is_fsdp = names.str.startswith("FSDP::").to_numpy()
+    is_fsdp = name_mask(cpu["name"], lambda n: n.startswith("FSDP::"))
     labels = cpu.loc[is_fsdp, ["pid", "tid", "ts", "end", "name"]].copy()
     distinct = {n: parse_fsdp_label(n) for n in labels["name"].astype(str).unique()}
     parsed = labels["name"].astype(str).map(distinct)
@@ -160,6 +165,15 @@ def fsdp_labels(cpu: pd.DataFrame) -> pd.DataFrame:
     return labels.reset_index(drop=True)
 
 
+def name_mask(names: pd.Series, fn) -> np.ndarray:
+    """`fn(name)` per row, once per distinct name when the column is categorical."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        values = names.array
+        lookup = np.array([bool(fn(str(c))) for c in values.categories] + [fn("nan")], bool)
+        return lookup[values.codes]
+    return names.astype(str).map(fn).to_numpy(dtype=bool)
+
+
 def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
     """Where each unit's own compute is launched: forward between the end of
     `pre_forward (X)` and the start of `post_forward (X)`; backward between the end of
@@ -167,10 +181,18 @@ def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
     pieces = []
     for phase, opener, closers in (
         ("forward", {"pre_forward"}, {"post_forward"}),
-        ("backward", {"pre_backward"}, {"post_backward_accumulate", "post_backward_reshard",
-                                       "post_backward_reduce", "post_backward_rs_wait",
-                                       "finalize_backward"}),
-    ):  # fmt: skip
+        (
+            "backward",
+            {"pre_backward"},
+            {
+                "post_backward_accumulate",
+                "post_backward_reshard",
+                "post_backward_reduce",
+                "post_backward_rs_wait",
+                "finalize_backward",
+            },
+        ),
+    ):
         open_ = labels[labels["kind"].isin(opener)][["pid", "tid", "fqn", "end"]]
         close = labels[labels["kind"].isin(closers)][["pid", "tid", "fqn", "ts"]]
         if open_.empty or close.empty:
@@ -178,9 +200,13 @@ def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
         open_ = open_.rename(columns={"end": "w_start"}).sort_values("w_start")
         close = close.rename(columns={"ts": "w_end"}).sort_values("w_end")
         paired = pd.merge_asof(
-            open_, close, left_on="w_start", right_on="w_end", by=["pid", "tid", "fqn"],
+            open_,
+            close,
+            left_on="w_start",
+            right_on="w_end",
+            by=["pid", "tid", "fqn"],
             direction="forward",
-        )  # fmt: skip
+        )
         paired = paired.dropna(subset=["w_end"])
         paired["phase"] = phase
         pieces.append(paired)

@@ -14,6 +14,7 @@ import pandas as pd
 from fsdp_trace.analyze import classify
 from fsdp_trace.analyze import intervals as iv
 from fsdp_trace.analyze import steps as steps_mod
+from fsdp_trace.analyze.context import name_mask
 from fsdp_trace.analyze.loader import MISSING, Trace
 from fsdp_trace.analyze.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
 
@@ -31,24 +32,27 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
     )
 
     events = trace.events
-    names = events["name"].astype(str)
+    names = events["name"]  # categorical: string tests run once per distinct name
     notices = ["no GPU kernels: a CPU (gloo) trace; reporting CPU-side collectives, no overlap"]
     cpu_mask = np.isin(kinds, (classify.CPU_OP, classify.ANNOTATION, classify.LAUNCH))
     cpu = events[cpu_mask]
     cpu_steps = steps_mod.cpu_steps(events, kinds)
 
-    gloo_mask = names.str.startswith("gloo:").to_numpy()
-    issue_type = names.map(C10D_COLLECTIVES).to_numpy()
+    gloo_mask = name_mask(names, lambda n: n.startswith("gloo:"))
+    issue_type = names.map(C10D_COLLECTIVES).astype(object).to_numpy()
     issue_mask = pd.notna(issue_type)
     ts_all = events["ts"].to_numpy()
     gloo_rows = np.flatnonzero(gloo_mask)
-    gloo_names = names.to_numpy()[gloo_rows]
+    gloo_names = np.asarray(names.array[gloo_rows], dtype=object)
     issue_rows = np.flatnonzero(issue_mask)
     # Which gloo op runs each issued type; gloo implements reduce-scatter as an all-reduce.
     has_rs = "gloo:reduce_scatter" in set(gloo_names)
-    target = {"AllGather": "gloo:all_gather", "AllReduce": "gloo:all_reduce",
-              "ReduceScatter": "gloo:reduce_scatter" if has_rs else "gloo:all_reduce",
-              "Broadcast": "gloo:broadcast"}  # fmt: skip
+    target = {
+        "AllGather": "gloo:all_gather",
+        "AllReduce": "gloo:all_reduce",
+        "ReduceScatter": "gloo:reduce_scatter" if has_rs else "gloo:all_reduce",
+        "Broadcast": "gloo:broadcast",
+    }
     issue_target = np.array([target.get(t) for t in issue_type[issue_rows]], dtype=object)
     pairs = []
     for gloo_name in sorted({t for t in issue_target if t}):
@@ -144,13 +148,19 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
             "seq": MISSING,
             "stream": events["tid"].to_numpy()[run],
             "correlation": MISSING,
-            "kernel": names.to_numpy()[run],
+            "kernel": np.asarray(names.array[run], dtype=object),
         }
     )
     frame = frame[frame["step"] >= 0].reset_index(drop=True)[COLLECTIVE_COLUMNS]
     n_steps = max(len(cpu_steps), 1)
-    blocks = _blocks(frame, pd.DataFrame(columns=["block", "phase", "ts", "end"]), n_steps,
-                     expectations, trace.rank, source)  # fmt: skip
+    blocks = _blocks(
+        frame,
+        pd.DataFrame(columns=["block", "phase", "ts", "end"]),
+        n_steps,
+        expectations,
+        trace.rank,
+        source,
+    )
     blocks["exposed_us_per_step"] = np.nan
     return RankAnalysis(
         rank=trace.rank,

@@ -21,6 +21,7 @@ import pandas as pd
 
 from fsdp_trace.analyze import classify
 from fsdp_trace.analyze import intervals as iv
+from fsdp_trace.analyze.context import name_mask
 from fsdp_trace.analyze.loader import Trace, load_trace
 from fsdp_trace.analyze.results import RankAnalysis
 
@@ -29,12 +30,11 @@ def overlap_with_hta_rules(trace: Trace) -> float:
     """Our overlap % over HTA's kernel window (exact timestamps, our kernel classes)."""
     events = trace.events
     kinds = classify.event_kinds(events)
-    names = events["name"].astype(str)
     is_gpu = np.isin(kinds, classify.GPU_KINDS)
     correlation = events["correlation"].to_numpy()
-    is_profiler_step = names.str.contains("ProfilerStep", regex=False).to_numpy()
+    is_profiler_step = name_mask(events["name"], lambda n: "ProfilerStep" in n)
     keep = is_gpu.copy()
-    if names[is_profiler_step].nunique() >= 2:
+    if events["name"][is_profiler_step].astype(str).nunique() >= 2:
         # HTA treats every non-kernel row as a CPU op, GPU-side ProfilerStep annotations too.
         cpu = ~is_gpu
         cutoff = events["ts"].to_numpy()[cpu & is_profiler_step].max()
@@ -71,14 +71,15 @@ def hta_overlap(path: str | Path, rank: int, rounding: bool = True) -> float:
     return float(frame.loc[frame["rank"] == rank, "comp_comm_overlap_pctg"].iloc[0])
 
 
-def cross_check(ranks: list[RankAnalysis]) -> tuple[pd.DataFrame, list[str]]:
+def cross_check(ranks: list[RankAnalysis], cache: bool = True) -> tuple[pd.DataFrame, list[str]]:
     """HTA's figure beside ours for each GPU rank; notices for what could not run."""
     rows, notices = [], []
     try:
         import hta  # noqa: F401
     except ImportError:
-        return pd.DataFrame(), ["--hta: holistictraceanalysis is not installed (pip install "
-                                "holistictraceanalysis)"]  # fmt: skip
+        return pd.DataFrame(), [
+            "--hta: holistictraceanalysis is not installed (pip install holistictraceanalysis)"
+        ]
     for r in ranks:
         if r.device != "gpu" or r.collectives.empty:
             continue
@@ -96,7 +97,7 @@ def cross_check(ranks: list[RankAnalysis]) -> tuple[pd.DataFrame, list[str]]:
                 "rank": rank,
                 "path": r.path,
                 "hta_pct": hta_pct,
-                "ours_hta_rules_pct": overlap_with_hta_rules(load_trace(r.path)),
+                "ours_hta_rules_pct": overlap_with_hta_rules(load_trace(r.path, cache=cache)),
                 "ours_steps_pct": ours_steps,
             }
         )

@@ -142,3 +142,24 @@ def grouped_union_length(groups, starts, ends) -> pd.Series:
     run = new.cumsum()
     merged = frame.groupby(run, sort=False).agg(g=("g", "first"), s=("s", "min"), e=("e", "max"))
     return (merged["e"] - merged["s"]).groupby(merged["g"]).sum()
+
+
+def overlapping(a_starts, a_ends, b_starts, b_ends) -> list[list[int]]:
+    """For each interval of a (sorted, disjoint: union form), the indices of the intervals of b
+    that overlap it (start < a_end and end > a_start), by b's start. One heap sweep."""
+    import heapq
+
+    a_s, a_e = as_arrays(a_starts, a_ends)
+    b_s, b_e = as_arrays(b_starts, b_ends)
+    order = np.argsort(b_s, kind="stable").tolist()
+    out: list[list[int]] = []
+    active: list[tuple[float, int]] = []
+    j = 0
+    for lo, hi in zip(a_s.tolist(), a_e.tolist(), strict=True):
+        while j < len(order) and b_s[order[j]] < hi:
+            heapq.heappush(active, (float(b_e[order[j]]), order[j]))
+            j += 1
+        while active and active[0][0] <= lo:
+            heapq.heappop(active)
+        out.append(sorted((i for _, i in active), key=lambda i: (b_s[i], i)))
+    return out

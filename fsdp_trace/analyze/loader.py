@@ -1,17 +1,38 @@
 """The one trace loader: Kineto Chrome JSON (.json / .json.gz) into columnar arrays.
 
-msgspec decodes straight into typed structs holding only the fields the analysis reads, and
-the structs become numpy/pandas columns at once; Python-stack events (with_stack traces hold
-~9 of them per operator) and flows are dropped on the way. Timestamps stay exact floats
-(µs with ns fractions).
+The file is streamed: blocks are read (and gunzipped on a helper thread, which runs beside the
+decoder since zlib releases the GIL), the `traceEvents` array is cut at event boundaries into
+small pieces, and msgspec decodes each piece into typed structs holding only the fields the
+analysis reads. Each piece's structs become compact C arrays at once (C-level `map` over
+attribute getters, no per-event Python code) and are freed before the next piece, so decoded
+structs never all live at once and they stay in the CPU cache while they are read. Strings
+become categorical codes as they arrive; Python-stack events (with_stack traces hold ~9 of them
+per operator), flows and other non-complete events are dropped on the way. Timestamps stay exact
+floats (µs with ns fractions).
+
+Large files (64 MB, or 8 MB of gzip) are decoded by two processes: a forked helper takes
+2 MB batches of events whenever it is free, the main process decodes the rest, and the
+batches are merged in file order into exactly the columns one process would build (any batch
+that does not decode sends the file down the one-process path, which reports the real error).
+
+Parsed columns are cached by file content (`fsdp_trace.analyze.cache`): a second analysis of the
+same bytes reads them back instead of parsing.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
+import queue
 import re
+import sys
+import threading
 import zlib
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +43,21 @@ import pandas as pd
 from fsdp_trace.errors import UserError
 
 MISSING = -1  # integer columns use -1 for "absent"
+# Bump when the parsed columns change (names, dtypes, meaning): cached entries of another
+# version are ignored.
+FORMAT_VERSION = 1
+PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar for files larger than this
+
+_BLOCK = 8 << 20  # bytes read (or gunzipped) at a time
+_PIECE = 256 << 10  # bytes of events decoded at a time: the structs of a piece stay in cache
+_HEADER_LIMIT = 64 << 20  # no `"traceEvents": [` within this many bytes: decode the file whole
+_BATCH = 2 << 20  # bytes of events handed to the helper process at a time
+PARALLEL_MIN_BYTES = 64 << 20  # files (gzip: an eighth of this) decoded by two processes
 
 
-class _Args(msgspec.Struct):
-    correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
+class _Args(msgspec.Struct, gc=False, frozen=True):
+    correlation: int | None = MISSING
+    external_id: int | None = msgspec.field(default=MISSING, name="External id")
     collective_name: str | None = msgspec.field(default=None, name="Collective name")
     dtype: str | None = None
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
@@ -35,15 +66,18 @@ class _Args(msgspec.Struct):
     pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
     pg_desc: str | None = msgspec.field(default=None, name="Process Group Description")
     seq: int | None = msgspec.field(default=None, name="Seq")
-    sequence_number: int | None = msgspec.field(default=None, name="Sequence number")
-    stream: int | None = None
+    sequence_number: int | None = msgspec.field(default=MISSING, name="Sequence number")
+    stream: int | None = MISSING
     name: str | None = None  # metadata events: thread / process names
     # Raw: left undecoded unless needed (only CPU collectives read them).
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
 
 
-class _Event(msgspec.Struct):
+_NO_ARGS = _Args()  # shared by every event without args (structs are never mutated)
+
+
+class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
@@ -51,7 +85,7 @@ class _Event(msgspec.Struct):
     tid: int | str = 0
     ts: float | None = None
     dur: float | None = None
-    args: _Args | None = None
+    args: _Args | None = _NO_ARGS
 
 
 class _TraceFile(msgspec.Struct):
@@ -66,7 +100,25 @@ class _TraceFile(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(_TraceFile)
 _LIST_DECODER = msgspec.json.Decoder(list[_Event])
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")  # between two events (checked by decoding the piece)
 DROPPED_CATEGORIES = frozenset({"python_function", "Trace"})
+
+# Collective arguments: on few events, kept sparse while loading (column, dtype kind).
+_RARE = (
+    ("collective_name", "cat"),
+    ("dtype", "cat"),
+    ("in_nelems", "int"),
+    ("out_nelems", "int"),
+    ("group_size", "int"),
+    ("pg_name", "cat"),
+    ("pg_desc", "cat"),
+    ("seq", "int"),
+)
+_DENSE_ARGS = ("correlation", "external_id", "sequence_number", "stream")
+_get = {name: attrgetter(name) for name in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+_get_arg = {name: attrgetter(name) for name in (*_DENSE_ARGS, *(r for r, _ in _RARE))}
+_get_rare = attrgetter(*(r for r, _ in _RARE))
 
 
 @dataclass
@@ -90,12 +142,20 @@ class Trace:
         return f"rank {self.rank}" if self.rank is not None else Path(self.path).name
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's JSON text, gunzipped when it is gzip (by magic bytes, whatever the suffix)."""
+def _check_path(path: Path) -> None:
     if not path.exists():
         raise UserError(f"{path}: no such file")
     if path.is_dir():
         raise UserError(f"{path}: is a directory, not a trace file")
+
+
+def _gzip_error(path: Path) -> UserError:
+    return UserError(f"{path}: truncated or corrupt gzip: re-copy or re-export the trace")
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's JSON text, gunzipped when it is gzip (by magic bytes, whatever the suffix)."""
+    _check_path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -104,9 +164,7 @@ def read_bytes(path: Path) -> bytes:
         try:
             return gzip.decompress(data)
         except (EOFError, OSError, zlib.error):
-            raise UserError(
-                f"{path}: truncated or corrupt gzip: re-copy or re-export the trace"
-            ) from None
+            raise _gzip_error(path) from None
     return data
 
 
@@ -142,120 +200,685 @@ class _IdMap:
             return self.ids.setdefault(value, -2 - len(self.ids))
 
 
-def _int_column(values: list[int | None]) -> np.ndarray:
-    return np.array([MISSING if v is None else v for v in values], dtype=np.int64)
+class _Codes(dict):
+    """String -> code in order of first appearance."""
 
+    def __init__(self, watch: str | None = None) -> None:
+        super().__init__()
+        self.watch = watch
+        self.watched: set[int] = set()  # codes of strings starting with `watch`
 
-def _columns(events: list[_Event], ids: _IdMap) -> pd.DataFrame:
-    """Complete events to a DataFrame; strings become categoricals (few distinct names)."""
-    n = len(events)
-    args = [e.args for e in events]
-    has = [a is not None for a in args]
+    def code(self, key: str) -> int:
+        code = self.get(key)
+        if code is None:
+            code = self[key] = len(self)
+            if self.watch is not None and key.startswith(self.watch):
+                self.watched.add(code)
+        return code
 
-    def arg(attr: str) -> list[Any]:
-        return [getattr(a, attr) if h else None for a, h in zip(args, has, strict=True)]
-
-    frame = pd.DataFrame(
-        {
-            "ts": np.fromiter((e.ts for e in events), dtype=np.float64, count=n),
-            "dur": np.fromiter((e.dur or 0.0 for e in events), dtype=np.float64, count=n),
-            "pid": np.fromiter((ids(e.pid) for e in events), dtype=np.int64, count=n),
-            "tid": np.fromiter((ids(e.tid) for e in events), dtype=np.int64, count=n),
-            "cat": pd.Categorical([e.cat for e in events]),
-            "name": pd.Categorical([e.name for e in events]),
-            "correlation": _int_column(arg("correlation")),
-            "external_id": _int_column(arg("external_id")),
-            "sequence_number": _int_column(arg("sequence_number")),
-            "stream": _int_column(arg("stream")),
-        }
-    )
-    frame["end"] = frame["ts"] + frame["dur"]
-    # Collective arguments exist on few events: keep them sparse-ish as nullable columns.
-    coll = arg("collective_name")
-    if any(v is not None for v in coll):
-        frame["collective_name"] = pd.Categorical(coll)
-        frame["dtype"] = pd.Categorical(arg("dtype"))
-        frame["in_nelems"] = _int_column(arg("in_nelems"))
-        frame["out_nelems"] = _int_column(arg("out_nelems"))
-        frame["group_size"] = _int_column(arg("group_size"))
-        frame["pg_name"] = pd.Categorical(arg("pg_name"))
-        frame["pg_desc"] = pd.Categorical(arg("pg_desc"))
-        frame["seq"] = _int_column(arg("seq"))
-    return frame
-
-
-def _gloo_payload(events: list[_Event], frame: pd.DataFrame) -> None:
-    """Bytes of CPU (gloo) collectives, from their recorded input shapes and types."""
-    mask = frame["name"].astype(str).str.startswith("gloo:").to_numpy()
-    if not mask.any():
-        return
-    nbytes = np.full(len(frame), MISSING, dtype=np.int64)
-    sizes = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4}
-    for i in np.flatnonzero(mask):
-        a = events[i].args
-        if a is None or not a.input_dims:
-            continue
+    def codes(self, keys: list[str]) -> array:
+        """The codes of `keys` (a C-level dict lookup each; new strings are added)."""
+        found = list(map(self.get, keys))
         try:
-            dims = msgspec.json.decode(a.input_dims)
-            types = msgspec.json.decode(a.input_type) if a.input_type else []
+            return array("i", found)
+        except TypeError:  # strings not seen before
+            return array(
+                "i", [self.code(k) if c is None else c for k, c in zip(keys, found, strict=True)]
+            )
+
+    def categorical(self, codes: np.ndarray) -> pd.Categorical:
+        """The codes (in first-appearance order, -1 for None) as a Categorical whose categories
+        are sorted, as `pd.Categorical(values)` makes them."""
+        names = [k for k in self if k is not None]
+        if not names:
+            empty = pd.Index([], dtype=str)
+            return pd.Categorical.from_codes(np.full(codes.size, -1, np.int8), categories=empty)
+        categories = pd.Index(names, dtype=str)
+        order = np.argsort(np.asarray(names, dtype=object), kind="stable")
+        remap = np.full(len(self) + 1, -1, dtype=np.int32)
+        first = [self[k] for k in names]
+        remap[np.asarray(first, dtype=np.int64)[order]] = np.arange(len(names), dtype=np.int32)
+        codes = remap[codes]  # code -1 (None) reads remap[-1] == -1
+        return pd.Categorical.from_codes(_narrow(codes), categories=categories[order])
+
+
+def _narrow(codes: np.ndarray) -> np.ndarray:
+    top = int(codes.max()) if codes.size else 0
+    for dtype in (np.int8, np.int16, np.int32):
+        if top < np.iinfo(dtype).max:
+            return codes.astype(dtype, copy=False)
+    return codes
+
+
+class _Columns:
+    """Columns of the complete events, filled piece by piece from decoded structs."""
+
+    def __init__(
+        self, defer_metadata: bool = False, tables: tuple[_Codes, _Codes] | None = None
+    ) -> None:
+        self.defer_metadata = defer_metadata  # a batch: ids are given when batches merge
+        self.metadata: list[tuple[str, int | str, int | str, str]] = []
+        self.ts = array("d")
+        self.dur = array("d")
+        self.pid = array("q")
+        self.tid = array("q")
+        self.dense = {name: array("q") for name in _DENSE_ARGS}
+        self.cats, self.names = tables or (_Codes(), _Codes(watch="gloo:"))
+        self.cat_codes = array("i")
+        self.name_codes = array("i")
+        self.rare_rows = array("q")
+        self.rare: dict[str, list[Any]] = {name: [] for name, _ in _RARE}
+        self.has_collective = False
+        self.gloo: list[tuple[int, bytes, bytes]] = []  # (row, Input Dims, Input type)
+        self.string_ids: list[tuple[int, str, str]] = []  # (row, "pid"/"tid", value)
+        self.ids = _IdMap()
+        self.thread_names: dict[tuple[int, int], str] = {}
+        self.process_names: dict[int, str] = {}
+        self.raw_count = 0
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def add(self, events: list[_Event]) -> None:
+        """Take one piece of decoded events (in file order)."""
+        self.raw_count += len(events)
+        complete = [e for e in events if e.ph == "X"]
+        if len(complete) != len(events):
+            metadata = [e for e in events if e.ph == "M"]
+            if metadata:
+                self._metadata(metadata)
+        events = complete
+        if not events:
+            return
+        cats = list(map(_get["cat"], events))
+        if "python_function" in cats or "Trace" in cats:  # DROPPED_CATEGORIES
+            keep = [c not in DROPPED_CATEGORIES for c in cats]
+            events = list(compress(events, keep))
+            cats = list(compress(cats, keep))
+        try:
+            ts = array("d", map(_get["ts"], events))
+        except TypeError:  # events without a timestamp are dropped
+            keep = [e.ts is not None for e in events]
+            events = list(compress(events, keep))
+            cats = list(compress(cats, keep))
+            ts = array("d", map(_get["ts"], events))
+        if not events:
+            return
+        row0 = len(self.ts)
+        self.ts += ts
+        try:
+            self.dur += array("d", map(_get["dur"], events))
+        except TypeError:
+            self.dur += array("d", [e.dur or 0.0 for e in events])
+        for attr, column in (("pid", self.pid), ("tid", self.tid)):
+            try:
+                column += array("q", map(_get[attr], events))
+            except TypeError:
+                column += array(
+                    "q",
+                    [
+                        self._thread_id(row0 + i, attr, getattr(e, attr))
+                        for i, e in enumerate(events)
+                    ],
+                )
+        self.cat_codes += self.cats.codes(cats)
+        name_codes = self.names.codes(list(map(_get["name"], events)))
+        self.name_codes += name_codes
+        args = list(map(_get["args"], events))
+        if None in args:
+            args = [_NO_ARGS if a is None else a for a in args]
+        for name in _DENSE_ARGS:
+            try:
+                self.dense[name] += array("q", map(_get_arg[name], args))
+            except TypeError:
+                values = map(_get_arg[name], args)
+                self.dense[name] += array("q", [MISSING if v is None else v for v in values])
+        self._rare(args, row0)
+        if self.names.watched and not self.names.watched.isdisjoint(name_codes):
+            for i, code in enumerate(name_codes):
+                if code in self.names.watched and args[i].input_dims:
+                    a = args[i]
+                    self.gloo.append((row0 + i, bytes(a.input_dims), bytes(a.input_type)))
+
+    def _rare(self, args: list[_Args], row0: int) -> None:
+        """Collective arguments of the events that carry a `Collective name` and of GPU events
+        (those with a stream), the only rows that read them; other rows keep them absent."""
+        n = len(args)
+        names = list(map(_get_arg["collective_name"], args))
+        named = names.count(None) != n
+        wanted = np.frombuffer(self.dense["stream"], dtype=np.int64)[row0 : row0 + n] >= 0
+        if named:
+            self.has_collective = True
+            wanted |= np.array(names, dtype=object) != None  # noqa: E711 (elementwise)
+        rows = np.flatnonzero(wanted)
+        if not rows.size:
+            return
+        self.rare_rows += array("q", (rows + row0).tolist())
+        picked = [_get_rare(args[i]) for i in rows.tolist()]
+        for j, (name, _) in enumerate(_RARE):
+            self.rare[name] += [p[j] for p in picked]
+
+    def _thread_id(self, row: int, attr: str, value: int | str) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            # Strings get negative ids after every metadata event's (as they always have).
+            self.string_ids.append((row, attr, value))
+            return 0
+
+    def _metadata(self, events: list[_Event]) -> None:
+        for event in events:
+            a = event.args
+            if a is None or a.name is None:
+                continue
+            if self.defer_metadata:
+                self.metadata.append((event.name, event.pid, event.tid, a.name))
+            else:
+                self._name_thread(event.name, event.pid, event.tid, a.name)
+
+    def _name_thread(self, kind: str, pid: int | str, tid: int | str, name: str) -> None:
+        if kind == "thread_name":
+            self.thread_names[(self.ids(pid), self.ids(tid))] = name
+        elif kind == "process_name":
+            self.process_names[self.ids(pid)] = name
+
+    @classmethod
+    def merge(cls, batches: list[_Columns]) -> _Columns:
+        """Batches (in file order) as one set of columns, exactly as if loaded in one go."""
+        out = cls()
+        for batch in batches:  # metadata first: its string ids come before the events'
+            for item in batch.metadata:
+                out._name_thread(*item)
+        offset = 0
+        parts: dict[str, list[np.ndarray]] = {}
+        rare_rows = []
+        remaps: dict[int, np.ndarray] = {}  # per string table (batches of a process share one)
+
+        def remap(local: list[str] | _Codes, codes: _Codes) -> np.ndarray:
+            if id(local) not in remaps:
+                remaps[id(local)] = np.array([codes.code(k) for k in local] + [-1], np.int32)
+            return remaps[id(local)]
+
+        for batch in batches:
+            n = len(batch)
+            out.raw_count += batch.raw_count
+            if not n:
+                continue
+            for attr, dtype in (
+                ("ts", np.float64),
+                ("dur", np.float64),
+                ("pid", np.int64),
+                ("tid", np.int64),
+            ):
+                parts.setdefault(attr, []).append(np.frombuffer(getattr(batch, attr), dtype))
+            for name in _DENSE_ARGS:
+                parts.setdefault(name, []).append(np.frombuffer(batch.dense[name], np.int64))
+            for attr, codes in (("cat_codes", out.cats), ("name_codes", out.names)):
+                local = getattr(batch, "cats" if attr == "cat_codes" else "names")
+                parts.setdefault(attr, []).append(
+                    remap(local, codes)[np.frombuffer(getattr(batch, attr), np.int32)]
+                )
+            rare_rows.append(np.frombuffer(batch.rare_rows, np.int64) + offset)
+            for name, _ in _RARE:
+                out.rare[name] += batch.rare[name]
+            out.has_collective |= batch.has_collective
+            out.gloo += [(row + offset, d, t) for row, d, t in batch.gloo]
+            out.string_ids += [(row + offset, a, v) for row, a, v in batch.string_ids]
+            offset += n
+        if offset:
+            out.ts, out.dur, out.pid, out.tid = (
+                np.concatenate(parts[a]) for a in ("ts", "dur", "pid", "tid")
+            )
+            out.dense = {name: np.concatenate(parts[name]) for name in _DENSE_ARGS}
+            out.cat_codes = np.concatenate(parts["cat_codes"])
+            out.name_codes = np.concatenate(parts["name_codes"])
+            out.rare_rows = np.concatenate(rare_rows)
+        return out
+
+    def frame(self) -> pd.DataFrame:
+        """The columns as a DataFrame; strings become categoricals (few distinct names)."""
+        pid = np.frombuffer(self.pid, dtype=np.int64)
+        tid = np.frombuffer(self.tid, dtype=np.int64)
+        for row, attr, value in self.string_ids:
+            (pid if attr == "pid" else tid)[row] = self.ids(value)
+        ts = np.frombuffer(self.ts, dtype=np.float64)
+        dur = np.frombuffer(self.dur, dtype=np.float64)
+        columns: dict[str, Any] = {
+            "ts": ts,
+            "dur": dur,
+            "pid": pid,
+            "tid": tid,
+            "cat": self.cats.categorical(np.frombuffer(self.cat_codes, dtype=np.int32)),
+            "name": self.names.categorical(np.frombuffer(self.name_codes, dtype=np.int32)),
+            **{name: np.frombuffer(self.dense[name], dtype=np.int64) for name in _DENSE_ARGS},
+            "end": ts + dur,
+        }
+        if self.has_collective:
+            rows = np.frombuffer(self.rare_rows, dtype=np.int64)
+            for name, kind in _RARE:
+                values = self.rare[name]
+                if kind == "int":
+                    column = np.full(len(ts), MISSING, dtype=np.int64)
+                    column[rows] = [MISSING if v is None else v for v in values]
+                    columns[name] = column
+                else:
+                    codes = _Codes()
+                    full = np.full(len(ts), -1, dtype=np.int32)
+                    full[rows] = [-1 if v is None else codes.code(v) for v in values]
+                    columns[name] = codes.categorical(full)
+        frame = pd.DataFrame(columns, copy=False)
+        if self.names.watched:
+            frame["cpu_coll_bytes"] = _gloo_payload(len(ts), self.gloo)
+        return frame
+
+
+_GLOO_SIZES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4}
+
+
+def _gloo_payload(n: int, rows: list[tuple[int, bytes, bytes]]) -> np.ndarray:
+    """Bytes of CPU (gloo) collectives, from their recorded input shapes and types."""
+    nbytes = np.full(n, MISSING, dtype=np.int64)
+    for row, raw_dims, raw_types in rows:
+        try:
+            dims = msgspec.json.decode(raw_dims)
+            types = msgspec.json.decode(raw_types) if raw_types else []
         except msgspec.DecodeError:
             continue
         if dims and isinstance(dims[0], list):
             numel = int(np.prod(dims[0])) if dims[0] else 1
-            size = sizes.get(types[0] if types else "float", 4)
-            nbytes[i] = numel * size
-    frame["cpu_coll_bytes"] = nbytes
+            size = _GLOO_SIZES.get(types[0] if types else "float", 4)
+            nbytes[row] = numel * size
+    return nbytes
 
 
-def load_trace(path: str | Path) -> Trace:
-    """Parse one Kineto trace. Bad input raises UserError with a one-line message."""
-    path = Path(path)
-    data = read_bytes(path)
-    parsed = _decode(path, data)
-    del data
+def _read_blocks(path: Path, on_progress: Callable[[int], None] | None) -> Iterator[bytes]:
+    """The file's (gunzipped) bytes in blocks, read ahead on a helper thread."""
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 (closed by the reader thread)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    is_gzip = raw.read(2) == b"\x1f\x8b"
+    raw.seek(0)
+    stream = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
+    blocks: queue.Queue = queue.Queue(maxsize=3)
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                block = stream.read(_BLOCK)
+                blocks.put((block, raw.tell()))
+                if not block:
+                    return
+        except (EOFError, zlib.error, gzip.BadGzipFile):
+            blocks.put(_gzip_error(path))
+        except OSError as exc:
+            blocks.put(UserError(f"{path}: cannot read ({exc.strerror or exc})"))
+        finally:
+            stream.close()
+            raw.close()
+
+    thread = threading.Thread(target=reader, name="fsdp-trace-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = blocks.get()
+            if isinstance(item, UserError):
+                raise item
+            block, offset = item
+            if on_progress is not None:
+                on_progress(offset)
+            if not block:
+                return
+            yield block
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                blocks.get_nowait()
+            except queue.Empty:
+                thread.join(0.01)
+
+
+def _parse(path: Path, progress: bool | None, parallel: bool | None = None) -> Trace:
+    if parallel is None:
+        parallel = _parallel_worth_it(path)
+    helper = _Helper() if parallel else None  # forked before the progress bar's thread starts
+    with _ProgressBar(path, progress) as on_progress:
+        done = _stream_parallel(path, on_progress, helper) if helper is not None else None
+        if done is None:
+            columns = _Columns()
+            parsed = _stream(path, columns, on_progress)
+        else:
+            parsed, columns = done
     if parsed.traceEvents is None:
         raise UserError(f"{path}: no 'traceEvents' key: not a Kineto trace (unknown layout)")
-    raw = parsed.traceEvents
-    if not raw:
+    if not columns.raw_count:
         raise UserError(f"{path}: 'traceEvents' is empty: the profiler recorded nothing")
-    ids = _IdMap()
-    thread_names: dict[tuple[int, int], str] = {}
-    process_names: dict[int, str] = {}
-    complete: list[_Event] = []
-    for event in raw:
-        if event.ph == "X":
-            if event.cat not in DROPPED_CATEGORIES and event.ts is not None:
-                complete.append(event)
-        elif event.ph == "M" and event.args is not None and event.args.name is not None:
-            if event.name == "thread_name":
-                thread_names[(ids(event.pid), ids(event.tid))] = event.args.name
-            elif event.name == "process_name":
-                process_names[ids(event.pid)] = event.args.name
-    raw_count = len(raw)
-    del raw
-    parsed.traceEvents = None
-    if not complete:
+    if not len(columns):
         raise UserError(f"{path}: no complete ('X') events: unknown or empty trace layout")
-    frame = _columns(complete, ids)
-    _gloo_payload(complete, frame)
-    del complete
-
+    frame = columns.frame()
     dist_info = parsed.distributedInfo or {}
-    rank = dist_info.get("rank")
-    if rank is None:
-        match = _RANK_IN_NAME.search(path.name)
-        rank = int(match.group(1)) if match else None
     device_props = parsed.deviceProperties if isinstance(parsed.deviceProperties, list) else []
     return Trace(
         path=str(path),
         events=frame,
-        rank=rank,
+        rank=dist_info.get("rank"),
         world_size=dist_info.get("world_size"),
         distributed=dist_info,
         device_properties=device_props,
         base_time_ns=parsed.baseTimeNanoseconds,
-        thread_names=thread_names,
-        process_names=process_names,
-        string_ids=ids.ids,
-        raw_event_count=raw_count,
+        thread_names=columns.thread_names,
+        process_names=columns.process_names,
+        string_ids=columns.ids.ids,
+        raw_event_count=columns.raw_count,
     )
+
+
+def _stream(path: Path, columns: _Columns, on_progress) -> _TraceFile:
+    """Decode the file piece by piece into `columns`; returns the top-level fields."""
+    blocks = _read_blocks(path, on_progress)
+    pieces = _Pieces(columns)
+    buf = b""
+    header: bytes | None = None
+    for block in blocks:
+        buf = buf + block if buf else block
+        if header is None:
+            match = _EVENTS_KEY.search(buf)
+            if match is None:
+                if len(buf) > _HEADER_LIMIT:
+                    break  # an unusual layout: decode it whole
+                continue
+            header, buf = buf[: match.end()], buf[match.end() :]
+        buf = pieces.decode(buf)
+        if pieces.size > _HEADER_LIMIT:
+            break  # pieces do not decode: decode the rest whole, for its real error
+    else:
+        if header is not None:
+            # The last events, the closing ']' and the keys after it, under the header's keys.
+            parsed = _decode(path, header + buf)
+            _add_all(columns, parsed.traceEvents or [])
+            parsed.traceEvents = []
+            return parsed
+    # No `"traceEvents": [` where expected (a bare list, an odd layout, an empty or broken
+    # file): decode the whole file at once, which also gives the right error message.
+    del buf, header
+    blocks.close()
+    columns.__init__()
+    data = read_bytes(path)
+    parsed = _decode(path, data)
+    del data
+    if parsed.traceEvents is not None:
+        _add_all(columns, parsed.traceEvents)
+        parsed.traceEvents = []
+    return parsed
+
+
+def _parallel_worth_it(path: Path) -> bool:
+    """Two processes decode large files (one is enough for small ones, or on one core)."""
+    if (os.cpu_count() or 1) < 2 or os.environ.get("FSDP_TRACE_LOAD_PROCESSES") == "1":
+        return False
+    try:
+        with open(path, "rb") as fh:
+            packed = fh.read(2) == b"\x1f\x8b"
+            size = os.fstat(fh.fileno()).st_size
+    except OSError:
+        return False
+    return size >= (PARALLEL_MIN_BYTES // 8 if packed else PARALLEL_MIN_BYTES)
+
+
+def _decode_batch(text: bytes, tables: tuple[_Codes, _Codes]) -> _Columns:
+    """One batch of whole events (no brackets) as columns; metadata ids are given later.
+    `tables`: this process's category and name codes, shared by its batches."""
+    columns = _Columns(defer_metadata=True, tables=tables)
+    rest = _Pieces(columns).decode(text)
+    if rest.strip():
+        columns.add(_LIST_DECODER.decode(b"[" + rest + b"]"))
+    return columns
+
+
+def _helper(tasks, results) -> None:
+    """The second decoding process: batches in, columns out (None: a batch failed); last,
+    its string tables (the codes of its batches), then None."""
+    tables = (_Codes(), _Codes(watch="gloo:"))
+    while True:
+        item = tasks.get()
+        if item is None:
+            results.put(("tables", list(tables[0]), list(tables[1])))
+            results.put(None)
+            return
+        index, text = item
+        try:
+            batch = _decode_batch(text, tables)
+            batch.cats = batch.names = None  # type: ignore[assignment]  (sent once, at the end)
+            results.put((index, batch))
+        except Exception:  # the main process falls back to decoding serially
+            results.put((index, None))
+
+
+class _Helper:
+    """The second decoding process and its queues, started at once (a fork is safest before
+    this process starts any thread)."""
+
+    def __init__(self) -> None:
+        import multiprocessing as mp
+
+        methods = mp.get_all_start_methods()
+        context = mp.get_context("fork" if "fork" in methods else methods[0])
+        self.tasks = context.Queue(maxsize=2)
+        self.results = context.Queue()
+        self.process = context.Process(target=_helper, args=(self.tasks, self.results))
+        self.process.daemon = True
+        self.process.start()
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join()
+        self.tasks.cancel_join_thread()  # batches left unsent (after an error) are dropped
+        self.tasks.close()
+        self.results.close()
+
+
+def _stream_parallel(
+    path: Path, on_progress, helper: _Helper | None = None
+) -> tuple[_TraceFile, _Columns] | None:
+    """Decode with a helper process taking batches whenever it is free (the main process
+    decodes the others); None when the file needs the serial path (odd layout, or a batch
+    that would not decode: the serial path then gives the exact error)."""
+    helper = helper or _Helper()
+    tasks, results = helper.tasks, helper.results
+    batches: dict[int, _Columns | None] = {}
+    helper_batches: set[int] = set()
+    helper_tables: list[list[str]] = [[], []]
+    tables = (_Codes(), _Codes(watch="gloo:"))  # this process's batches' string codes
+    helper_done = False
+
+    def collect(block: bool) -> None:
+        """Take the helper's finished batches (all of them, up to its end mark, if block)."""
+        nonlocal helper_done
+        while not helper_done:
+            try:
+                item = results.get(timeout=1.0) if block else results.get_nowait()
+            except queue.Empty:
+                if not block:
+                    return
+                if not helper.process.is_alive():
+                    raise RuntimeError("the decoding helper died") from None
+                continue
+            if item is None:
+                helper_done = True
+            elif item[0] == "tables":
+                helper_tables[:] = item[1:]
+            else:
+                batches[item[0]] = item[1]
+                helper_batches.add(item[0])
+
+    sent = 0
+    blocks = _read_blocks(path, on_progress)
+    buf = b""
+    header: bytes | None = None
+    try:
+        for block in blocks:
+            buf = buf + block if buf else block
+            if header is None:
+                match = _EVENTS_KEY.search(buf)
+                if match is None:
+                    if len(buf) > _HEADER_LIMIT:
+                        return None
+                    continue
+                header, buf = buf[: match.end()], buf[match.end() :]
+            pos = 0
+            while len(buf) - pos > _BATCH:
+                cut = _BOUNDARY.search(buf, pos + _BATCH)
+                if cut is None:
+                    break
+                text = buf[pos : cut.start() + 1]
+                pos = cut.end() - 1
+                index = sent
+                sent += 1
+                try:
+                    tasks.put_nowait((index, text))  # the helper is free: its batch
+                except queue.Full:  # the helper is busy: ours
+                    try:
+                        batches[index] = _decode_batch(text, tables)
+                    except msgspec.DecodeError:
+                        return None
+                    collect(block=False)
+            buf = buf[pos:]
+        if header is None:
+            return None
+        parsed = _decode(path, header + buf)
+        last = _Columns(defer_metadata=True, tables=tables)
+        _add_all(last, parsed.traceEvents or [])
+        parsed.traceEvents = []
+        batches[sent] = last
+        tasks.put(None)
+        collect(block=True)
+        if any(batches.get(i) is None for i in range(sent + 1)):
+            return None
+        mine = [list(tables[0]), list(tables[1])]
+        for i in range(sent + 1):  # each batch names its process's string tables
+            batch = batches[i]
+            strings = helper_tables if i in helper_batches else mine
+            batch.cats, batch.names = strings  # type: ignore[assignment,union-attr]
+        return parsed, _Columns.merge([batches[i] for i in range(sent + 1)])  # type: ignore[misc]
+    except RuntimeError:
+        return None
+    finally:
+        blocks.close()
+        helper.close()
+
+
+def _add_all(columns: _Columns, events: list[_Event]) -> None:
+    for i in range(0, len(events), 2048):
+        columns.add(events[i : i + 2048])
+
+
+class _Pieces:
+    """Cuts the `traceEvents` text into pieces at event boundaries and decodes them."""
+
+    def __init__(self, columns: _Columns) -> None:
+        self.columns = columns
+        self.size = _PIECE
+
+    def decode(self, buf: bytes) -> bytes:
+        """Decode every whole piece at the front of `buf`; returns the rest."""
+        pos = 0
+        while len(buf) - pos > self.size:
+            match = _BOUNDARY.search(buf, pos + self.size)
+            if match is None:
+                break
+            try:
+                events = _LIST_DECODER.decode(b"[" + buf[pos : match.start() + 1] + b"]")
+            except msgspec.DecodeError:  # ValidationError included
+                # The cut fell inside an event (a `},{` within its args): take a larger piece.
+                # A real error surfaces when the file is decoded whole (`_stream`).
+                self.size *= 2
+                if self.size > _HEADER_LIMIT:
+                    break
+                continue
+            self.columns.add(events)
+            del events
+            pos = match.end() - 1
+            self.size = _PIECE
+        return buf[pos:]
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr for large files when stderr is a terminal."""
+
+    def __init__(self, path: Path, enabled: bool | None) -> None:
+        self.progress = None
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        if enabled is None:
+            enabled = (
+                size > PROGRESS_MIN_BYTES
+                and sys.stderr.isatty()
+                and not os.environ.get("FSDP_TRACE_QUIET")
+            )
+        if enabled and size:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn("loading {task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.task = self.progress.add_task(path.name, total=size)
+
+    def __enter__(self) -> Callable[[int], None] | None:
+        if self.progress is None:
+            return None
+        self.progress.start()
+        return lambda done: self.progress.update(self.task, completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def load_trace(
+    path: str | Path,
+    cache: bool = True,
+    progress: bool | None = None,
+    parallel: bool | None = None,
+) -> Trace:
+    """Parse one Kineto trace. Bad input raises UserError with a one-line message.
+
+    `cache`: reuse (and store) the parsed columns keyed by the file's content, under
+    $FSDP_TRACE_CACHE_DIR or ~/.cache/fsdp-trace (see `fsdp_trace.analyze.cache`).
+    `progress`: a progress bar on stderr; None shows it for large files on a terminal.
+    `parallel`: decode with a second process; None does for large files on 2+ cores.
+    """
+    from fsdp_trace.analyze import cache as cache_mod
+
+    path = Path(path)
+    _check_path(path)
+    entry = cache_mod.Entry.for_file(path) if cache and cache_mod.enabled() else None
+    trace = entry.load(path) if entry is not None else None
+    if trace is None:
+        trace = _parse(path, progress, parallel)
+        if entry is not None:
+            entry.store(trace)
+    if trace.rank is None:
+        match = _RANK_IN_NAME.search(path.name)
+        trace.rank = int(match.group(1)) if match else None
+    return trace

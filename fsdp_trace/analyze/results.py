@@ -10,22 +10,68 @@ import pandas as pd
 
 # Per rank × step (µs unless the name says otherwise). Documented in README "Definitions".
 STEP_COLUMNS = [
-    "rank", "source", "step", "start_us", "end_us", "step_us", "compute_us", "comm_us",
-    "overlap_us", "exposed_us", "exposed_pct", "idle_us", "idle_pct", "overlap_pct",
-    "ag_us", "rs_us", "n_comm_kernels", "n_compute_kernels",
-]  # fmt: skip
+    "rank",
+    "source",
+    "step",
+    "start_us",
+    "end_us",
+    "step_us",
+    "compute_us",
+    "comm_us",
+    "overlap_us",
+    "exposed_us",
+    "exposed_pct",
+    "idle_us",
+    "idle_pct",
+    "overlap_pct",
+    "ag_us",
+    "rs_us",
+    "n_comm_kernels",
+    "n_compute_kernels",
+]
 # One row per communication kernel (or CPU collective on gloo traces).
 COLLECTIVE_COLUMNS = [
-    "rank", "source", "step", "collective", "block", "phase", "issued_by", "prefetched",
-    "start_us", "end_us", "dur_us", "exposed_us", "bytes", "group_size", "algbw_gbps",
-    "busbw_gbps", "dtype", "pg_name", "seq", "stream", "correlation", "kernel",
-]  # fmt: skip
+    "rank",
+    "source",
+    "step",
+    "collective",
+    "block",
+    "phase",
+    "issued_by",
+    "prefetched",
+    "start_us",
+    "end_us",
+    "dur_us",
+    "exposed_us",
+    "bytes",
+    "group_size",
+    "algbw_gbps",
+    "busbw_gbps",
+    "dtype",
+    "pg_name",
+    "seq",
+    "stream",
+    "correlation",
+    "kernel",
+]
 # Per block × phase × collective, averaged per step over the analyzed steps.
 BLOCK_COLUMNS = [
-    "rank", "source", "block", "phase", "collective", "count_per_step", "unit_count_per_step",
-    "expected_per_step", "excess", "time_us_per_step", "exposed_us_per_step", "bytes_per_step",
-    "algbw_gbps", "busbw_gbps", "compute_us_per_step",
-]  # fmt: skip
+    "rank",
+    "source",
+    "block",
+    "phase",
+    "collective",
+    "count_per_step",
+    "unit_count_per_step",
+    "expected_per_step",
+    "excess",
+    "time_us_per_step",
+    "exposed_us_per_step",
+    "bytes_per_step",
+    "algbw_gbps",
+    "busbw_gbps",
+    "compute_us_per_step",
+]
 
 
 @dataclass
@@ -46,11 +92,31 @@ class RankAnalysis:
     notices: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def exposed_collectives(self) -> list[list[int]]:
+        """For each exposed interval, the rows of `collectives` running during it."""
+        from fsdp_trace.analyze.intervals import overlapping
+
+        if self.exposed.empty or self.collectives.empty:
+            return [[] for _ in range(len(self.exposed))]
+        return overlapping(
+            self.exposed["start_us"],
+            self.exposed["end_us"],
+            self.collectives["start_us"],
+            self.collectives["end_us"],
+        )
+
     def summary(self) -> dict[str, Any]:
         """Median and min–max over this trace's steps of the headline figures."""
         out: dict[str, Any] = {"rank": self.rank, "source": self.source, "n_steps": len(self.steps)}
-        for column in ("step_us", "exposed_us", "exposed_pct", "overlap_pct", "idle_pct",
-                       "comm_us", "compute_us"):  # fmt: skip
+        for column in (
+            "step_us",
+            "exposed_us",
+            "exposed_pct",
+            "overlap_pct",
+            "idle_pct",
+            "comm_us",
+            "compute_us",
+        ):
             values = (
                 self.steps[column].to_numpy(dtype=np.float64) if len(self.steps) else np.empty(0)
             )
@@ -76,6 +142,8 @@ class Analysis:
     run: dict[str, Any] | None = None  # run.json, when the input is a capture run
     notices: list[str] = field(default_factory=list)
     hta: pd.DataFrame | None = None  # HTA cross-check, when asked for
+    findings: list[Any] = field(default_factory=list)  # fsdp_trace.diagnose.Finding
+    crossrank: Any = None  # fsdp_trace.diagnose.CrossRank, with two or more GPU ranks
 
     def _concat(self, attr: str, columns: list[str], include_detailed: bool = True) -> pd.DataFrame:
         items = self.ranks + (self.detailed if include_detailed else [])

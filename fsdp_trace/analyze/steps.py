@@ -15,15 +15,20 @@ from fsdp_trace.analyze import classify
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
+def _step_number(name: str | None) -> int:
+    """N of `ProfilerStep#N`, -1 for any other name (evaluated once per distinct name)."""
+    match = PROFILER_STEP.match(name) if name is not None else None
+    return int(match.group(1)) if match else -1
+
+
 def cpu_steps(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
     """CPU `ProfilerStep#N` annotations: step number, start and end (µs), sorted by start."""
     is_annotation = (kinds == classify.ANNOTATION) | (kinds == classify.CPU_OP)
-    names = events["name"].astype(str)
-    numbers = names.str.extract(PROFILER_STEP, expand=False)
-    mask = is_annotation & numbers.notna().to_numpy()
+    numbers = classify.per_category(events["name"].array, _step_number, np.int64)
+    mask = is_annotation & (numbers >= 0)
     steps = pd.DataFrame(
         {
-            "step": numbers[mask].astype(np.int64).to_numpy(),
+            "step": numbers[mask],
             "cpu_start": events["ts"].to_numpy()[mask],
             "cpu_end": events["end"].to_numpy()[mask],
         }

@@ -108,21 +108,35 @@ class CaptureConfig:
         reshard = self.reshard_after_forward
         reshard_text = str(reshard).lower() if isinstance(reshard, bool) else str(reshard)
         args += [
-            "--dtype", self.dtype,
-            "--reduce-dtype", self.reduce_dtype,
-            "--reshard-after-forward", reshard_text,
-            "--prefetch-forward", str(self.prefetch_forward),
-            "--prefetch-backward", str(self.prefetch_backward),
-            "--ac-coverage", repr(self.ac_coverage),
-            "--ac-mode", self.ac_mode,
-            "--warmup-steps", str(self.warmup_steps),
-            "--timing-steps", str(self.timing_steps),
-            "--timed-steps", str(self.timed_steps),
-            "--grad-accum", str(self.grad_accum),
-            "--seed", str(self.seed),
-            "--lr", repr(self.lr),
-            "--timeout-s", str(self.timeout_s),
-        ]  # fmt: skip
+            "--dtype",
+            self.dtype,
+            "--reduce-dtype",
+            self.reduce_dtype,
+            "--reshard-after-forward",
+            reshard_text,
+            "--prefetch-forward",
+            str(self.prefetch_forward),
+            "--prefetch-backward",
+            str(self.prefetch_backward),
+            "--ac-coverage",
+            repr(self.ac_coverage),
+            "--ac-mode",
+            self.ac_mode,
+            "--warmup-steps",
+            str(self.warmup_steps),
+            "--timing-steps",
+            str(self.timing_steps),
+            "--timed-steps",
+            str(self.timed_steps),
+            "--grad-accum",
+            str(self.grad_accum),
+            "--seed",
+            str(self.seed),
+            "--lr",
+            repr(self.lr),
+            "--timeout-s",
+            str(self.timeout_s),
+        ]
         args.append("--keep-last-unsharded" if self.keep_last_unsharded else "--reshard-last")
         args.append("--shard-embeddings" if self.shard_embeddings else "--no-shard-embeddings")
         args.append("--compile" if self.compile else "--no-compile")
@@ -131,7 +145,9 @@ class CaptureConfig:
             args += ["--baseline", self.baseline]
         if self.straggler_rank is not None:
             args += [
-                "--straggler-rank", str(self.straggler_rank),
-                "--straggler-delay-ms", repr(self.straggler_delay_ms),
-            ]  # fmt: skip
+                "--straggler-rank",
+                str(self.straggler_rank),
+                "--straggler-delay-ms",
+                repr(self.straggler_delay_ms),
+            ]
         return args

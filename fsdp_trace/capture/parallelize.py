@@ -110,10 +110,11 @@ def plan_units(
 
 
 def reshard_setting(
-    unit_index: int, n_units: int, reshard: bool | int, keep_last_unsharded: bool
+    unit_index: int, last_block_index: int, reshard: bool | int, keep_last_unsharded: bool
 ) -> bool | int:
-    """Per-unit reshard_after_forward: the global knob, except the last unit if asked to keep it."""
-    if keep_last_unsharded and unit_index == n_units - 1:
+    """Per-unit reshard_after_forward: the global knob, except (if asked) the last block and
+    the units after it (the norm+output head): backward needs them at once, as torchtitan does."""
+    if keep_last_unsharded and unit_index >= last_block_index:
         return False
     return reshard
 
@@ -145,6 +146,7 @@ def apply_fsdp(
     keep_last_unsharded: bool,
     forward_prefetch: int,
     backward_prefetch: int,
+    block_paths: Sequence[str] | None = None,
 ) -> ShardPlan:
     """`fully_shard` each unit, then the root; set explicit prefetching between units."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -157,10 +159,12 @@ def apply_fsdp(
         )
     plan.mixed_precision = {"param_dtype": param_dtype, "reduce_dtype": reduce_dtype}
     names = [", ".join(u) for u in units]
+    blocks = set(block_paths) if block_paths is not None else {p for u in units for p in u}
+    last_block = max((i for i, u in enumerate(units) if set(u) <= blocks), default=len(units) - 1)
     sharded: dict[str, nn.Module] = {}
     for index, unit in enumerate(units):
         modules = [model.get_submodule(p) for p in unit]
-        setting = reshard_setting(index, len(units), reshard, keep_last_unsharded)
+        setting = reshard_setting(index, last_block, reshard, keep_last_unsharded)
         target = modules[0] if len(modules) == 1 else modules
         try:
             result = fully_shard(target, reshard_after_forward=setting, **kwargs)

@@ -193,6 +193,7 @@ def _run_initialized(
         keep_last_unsharded=cfg.keep_last_unsharded,
         forward_prefetch=cfg.prefetch_forward,
         backward_prefetch=cfg.prefetch_backward,
+        block_paths=block_paths,
     )
     if any(p.is_meta for p in model.parameters()):
         model.to_empty(device=device)

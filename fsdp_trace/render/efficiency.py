@@ -87,8 +87,12 @@ def figure(table: pd.DataFrame, title: str):
                 row=row + 1,
                 col=col + 1,
             )
-        fig.update_xaxes(title_text="AC coverage (fraction of blocks)", range=[-0.05, 1.05],
-                         row=row + 1, col=col + 1)  # fmt: skip
+        fig.update_xaxes(
+            title_text="AC coverage (fraction of blocks)",
+            range=[-0.05, 1.05],
+            row=row + 1,
+            col=col + 1,
+        )
         fig.update_yaxes(tickformat=fmt.replace(",", ""), row=row + 1, col=col + 1)
     shown = table.sort_values(["world_size", "ac_coverage"])
     fig.add_trace(
@@ -115,8 +119,13 @@ def figure(table: pd.DataFrame, title: str):
         if pd.notna(efficiency):
             subtitle += f", efficiency {efficiency:.1%}"
         subtitle += "</sup>"
-    fig.update_layout(title=title + subtitle, height=820, width=1400, template="plotly_white",
-                      legend={"orientation": "h", "y": 1.08, "x": 0.7})  # fmt: skip
+    fig.update_layout(
+        title=title + subtitle,
+        height=820,
+        width=1400,
+        template="plotly_white",
+        legend={"orientation": "h", "y": 1.08, "x": 0.7},
+    )
     return fig
 
 
@@ -127,5 +136,7 @@ def write_efficiency_html(table: pd.DataFrame, path: Path, title: str) -> None:
 
 def sweep_title(table: pd.DataFrame) -> str:
     first = table.iloc[0]
-    return (f"Efficiency vs activation-checkpoint coverage — {first['model']}, "
-            f"batch {first['batch_size']} x seq {first['seq_len']}")  # fmt: skip
+    return (
+        f"Efficiency vs activation-checkpoint coverage — {first['model']}, "
+        f"batch {first['batch_size']} x seq {first['seq_len']}"
+    )

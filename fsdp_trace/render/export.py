@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fsdp_trace import __version__
+from fsdp_trace import __version__, atomic
 from fsdp_trace.analyze.results import Analysis
 
 
@@ -66,20 +67,25 @@ def to_payload(analysis: Analysis) -> dict[str, Any]:
             "blocks": records(analysis.blocks),
             "collectives": records(analysis.collectives),
             "hta": records(analysis.hta) if analysis.hta is not None else None,
+            "findings": [dataclasses.asdict(f) for f in analysis.findings],
+            "crossrank": _crossrank(analysis.crossrank),
         }
     )
 
 
+def _crossrank(crossrank: Any) -> dict[str, Any] | None:
+    if crossrank is None or crossrank.empty:
+        return None
+    return {
+        "per_rank": records(crossrank.per_rank),
+        "clock_offsets_us": crossrank.clock_offsets_us,
+        "notices": crossrank.notices,
+        "matched": records(crossrank.matched),
+    }
+
+
 def write_text_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_text(path, text)
 
 
 def write_json(analysis: Analysis, path: Path) -> None:

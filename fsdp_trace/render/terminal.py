@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fsdp_trace.analyze.results import Analysis
@@ -81,8 +82,16 @@ def render(analysis: Analysis, console: Console | None = None, top: int = 15) ->
     table = Table(
         title="Per rank (median and min–max over the profiled steps)", title_justify="left"
     )
-    for header in ("rank", "steps", "step ms", "exposed comm %", "overlap %", "comm ms",
-                   "compute ms", "idle %"):  # fmt: skip
+    for header in (
+        "rank",
+        "steps",
+        "step ms",
+        "exposed comm %",
+        "overlap %",
+        "comm ms",
+        "compute ms",
+        "idle %",
+    ):
         table.add_column(header, justify="right")
     for r in analysis.ranks:
         s = r.summary()
@@ -109,6 +118,9 @@ def render(analysis: Analysis, console: Console | None = None, top: int = 15) ->
     blocks = blocks[blocks["source"] != "detailed"] if len(blocks) else blocks
     if len(blocks):
         console.print(block_table(blocks, top))
+    if analysis.crossrank is not None and not analysis.crossrank.empty:
+        console.print(crossrank_table(analysis.crossrank))
+    render_findings(analysis.findings, console)
     if analysis.hta is not None and len(analysis.hta):
         hta = Table(
             title="Cross-check with HTA get_comm_comp_overlap (same trace)", title_justify="left"
@@ -158,8 +170,17 @@ def block_table(blocks: pd.DataFrame, top: int) -> Table:
         f"{len(shown)} of {len(grouped)} rows)",
         title_justify="left",
     )
-    for header in ("block", "phase", "collective", "count (unit/expected)", "comm ms", "exposed ms",
-                   "MB", "busbw GB/s", "block compute ms"):  # fmt: skip
+    for header in (
+        "block",
+        "phase",
+        "collective",
+        "count (unit/expected)",
+        "comm ms",
+        "exposed ms",
+        "MB",
+        "busbw GB/s",
+        "block compute ms",
+    ):
         table.add_column(
             header, justify="right" if header not in ("block", "phase", "collective") else "left"
         )
@@ -181,3 +202,70 @@ def block_table(blocks: pd.DataFrame, top: int) -> Table:
             _ms(row.compute),
         )
     return table
+
+
+def crossrank_table(crossrank) -> Table:
+    """Per rank: time spent waiting inside NCCL kernels for peers, and who arrived last."""
+    m = crossrank.matched
+    table = Table(
+        title=f"Across ranks ({len(m)} matched collectives; transfer = shortest duration across "
+        "ranks, the rest is waiting)",
+        title_justify="left",
+    )
+    for header in ("rank", "waiting ms/step", "arrived last", "clock offset µs"):
+        table.add_column(header, justify="right")
+    for row in crossrank.per_rank.itertuples():
+        table.add_row(
+            str(row.rank),
+            _ms(row.wait_us_per_step),
+            f"{row.arrived_last} ({100 * row.arrived_last_share:.0f} %)",
+            f"{row.clock_offset_us:+.1f}",
+        )
+    return table
+
+
+def render_findings(findings: list, console: Console) -> None:
+    """Diagnosis: what was seen, why it matters, what to change — most costly first."""
+    if not findings:
+        console.print("[green]Diagnosis:[/] no rule found a problem.")
+        return
+    console.print(f"[bold]Diagnosis[/] ({len(findings)} findings, most costly first)")
+    for f in findings:
+        console.print(f"[bold red]{f.number:>2}. {escape(f.title)}[/]")
+        console.print(f"    [bold]saw:[/] {escape(f.saw)}")
+        console.print(f"    [bold]why:[/] {escape(f.why)}")
+        console.print(f"    [bold]change:[/] {escape(f.change)}")
+
+
+def compare_view(table: pd.DataFrame, console: Console | None = None) -> None:
+    """`fsdp-trace compare`: one row per run, with the change each step bought."""
+    console = console or make_console()
+    view = Table(title="Runs compared, in the order given", title_justify="left")
+    for header in (
+        "#",
+        "run",
+        "GPUs",
+        "tok/s/GPU",
+        "Δ",
+        "efficiency",
+        "exposed %",
+        "MFU",
+        "mem GiB",
+        "what changed",
+    ):
+        view.add_column(header, justify="left" if header in ("run", "what changed") else "right")
+    for i, row in enumerate(table.itertuples(), start=1):
+        change = row.tokens_per_s_per_gpu_change_pct
+        view.add_row(
+            str(i),
+            escape(str(row.label)),
+            str(row.world_size),
+            f"{row.tokens_per_s_per_gpu:,.0f}",
+            "—" if math.isnan(change) else f"{change:+.1f} %",
+            "—" if pd.isna(row.scaling_efficiency) else f"{100 * row.scaling_efficiency:.1f} %",
+            _pct(row.exposed_pct),
+            "—" if pd.isna(row.mfu) else f"{100 * row.mfu:.1f} %",
+            "—" if pd.isna(row.peak_allocated_gib) else f"{row.peak_allocated_gib:.1f}",
+            escape(str(row.change)),
+        )
+    console.print(view)

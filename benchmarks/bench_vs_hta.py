@@ -1,0 +1,425 @@
+"""fsdp-trace against Holistic Trace Analysis on the same traces, side by side, in one run.
+
+    python benchmarks/bench_vs_hta.py                      # everything; writes results/speed.md
+    python benchmarks/bench_vs_hta.py --quick              # shipped samples only (a minute)
+
+Each measurement is a fresh Python process (imports included):
+  HTA:  `TraceAnalysis(trace_files={rank: path, ...})` + `get_comm_comp_overlap()`;
+  ours: `fsdp_trace.analyze.analyze(paths, jobs=J, cache=False)`, which computes the same
+        overlap figure per step plus everything else (steps, per-collective attribution,
+        per-block tables, exposed intervals).
+Wall time is the child's; peak RSS is the largest sum of RSS over the child's process tree,
+sampled every 50 ms (HTA parses several ranks in a fork pool; so does `--jobs`), beside the
+largest single process (wait4's ru_maxrss). A tree past --rss-cap or --timeout is killed and
+the row says so. The large inputs are generated under /tmp by make_large_trace.py (real steps of
+the shipped gpt-small capture, replicated); files are read once beforehand so both tools start
+from the page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "sample_traces"
+
+HTA_CODE = r"""
+import json, logging, sys, time
+logging.getLogger("hta").setLevel(logging.ERROR)
+from hta.trace_analysis import TraceAnalysis
+files = json.loads(sys.argv[1])
+t = time.perf_counter()
+analysis = TraceAnalysis(trace_files={int(r): p for r, p in files.items()})
+frame = analysis.get_comm_comp_overlap(visualize=False)
+pct = dict(zip(frame["rank"].astype(int), frame["comp_comm_overlap_pctg"].astype(float)))
+print(json.dumps({"in_process_s": time.perf_counter() - t, "overlap_pct": pct}))
+"""
+
+OURS_CODE = r"""
+import json, sys, time
+from fsdp_trace.analyze import analyze
+files, jobs, cache = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+t = time.perf_counter()
+result = analyze(list(files.values()), jobs=jobs, cache=cache)
+pct = {}
+for r in result.ranks:
+    comm = r.steps["comm_us"].sum()
+    pct[r.rank] = round(100.0 * r.steps["overlap_us"].sum() / comm, 2) if comm else None
+print(json.dumps({"in_process_s": time.perf_counter() - t, "overlap_pct": pct,
+                  "steps": int(sum(len(r.steps) for r in result.ranks)),
+                  "collectives": int(sum(len(r.collectives) for r in result.ranks))}))
+"""
+
+
+@dataclass
+class Run:
+    wall_s: float
+    tree_rss: int  # bytes, peak of the sum over the process tree
+    max_rss: int  # bytes, the largest single process (ru_maxrss)
+    status: str  # "ok", "timeout", "rss cap", "failed (rc N)"
+    out: dict = field(default_factory=dict)
+    err: str = ""
+
+
+def measure(code: str, args: list[str], timeout: float, rss_cap: int, env: dict) -> Run:
+    """Run `python -c code args` in a fresh process; wall time, peak tree RSS, status."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,  # one process group: the whole tree can be killed
+    )
+    peak, status = [0], ["ok"]
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+                total = 0
+                for p in procs:
+                    with contextlib.suppress(psutil.Error):
+                        total += p.memory_info().rss
+                peak[0] = max(peak[0], total)
+                elapsed = time.perf_counter() - start
+                if total > rss_cap or elapsed > timeout:
+                    status[0] = "rss cap" if total > rss_cap else "timeout"
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    return
+            except psutil.Error:
+                return
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out_chunks: list[bytes] = []
+    err_chunks: list[bytes] = []
+    readers = [
+        threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True),
+        threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True),
+    ]
+    for r in readers:
+        r.start()
+    _, raw_status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    for r in readers:
+        r.join()
+    proc.returncode = os.waitstatus_to_exitcode(raw_status)
+    stdout = b"".join(out_chunks).decode(errors="replace")
+    stderr = b"".join(err_chunks).decode(errors="replace")
+    if status[0] == "ok" and proc.returncode != 0:
+        status[0] = f"failed (rc {proc.returncode})"
+    out = {}
+    if status[0] == "ok":
+        try:
+            out = json.loads(stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            status[0] = "no result"
+    return Run(wall, peak[0], usage.ru_maxrss * 1024, status[0], out, stderr[-2000:])
+
+
+def median_run(runs: list[Run]) -> Run:
+    """The run of median wall time (a failed run, if any, stands for all)."""
+    failed = [r for r in runs if r.status != "ok"]
+    if failed:
+        return failed[0]
+    return sorted(runs, key=lambda r: r.wall_s)[len(runs) // 2]
+
+
+def warm(paths: list[Path]) -> None:
+    for path in paths:
+        with open(path, "rb") as fh:
+            while fh.read(64 << 20):
+                pass
+
+
+def size_text(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KB") else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} GB"
+
+
+def raw_size(path: Path) -> int:
+    if path.name.endswith(".gz"):
+        with open(path, "rb") as fh:  # gzip's ISIZE (mod 4 GiB): fine for a label
+            fh.seek(-4, 2)
+            return int.from_bytes(fh.read(4), "little")
+    return path.stat().st_size
+
+
+def files_of(paths: list[Path]) -> dict[str, str]:
+    """{rank: path} as HTA's trace_files (rank from the file name, else the position)."""
+    import re
+
+    out = {}
+    for i, p in enumerate(paths):
+        m = re.search(r"rank(\d+)", p.name)
+        out[str(int(m.group(1)) if m else i)] = str(p.resolve())
+    return out
+
+
+def generate(out: Path, ranks: int, size: str) -> list[Path]:
+    names = [out / f"rank{r}.json" for r in range(ranks)]
+    if all(n.exists() for n in names):
+        return names
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "make_large_trace.py"),
+            "--size",
+            size,
+            "--ranks",
+            str(ranks),
+            "--out",
+            str(out),
+        ],
+        check=True,
+    )
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/fsdp-trace-bench"))
+    parser.add_argument("--size", default="1GB", help="raw JSON size of the large trace")
+    parser.add_argument("--big-ranks", type=int, default=8)
+    parser.add_argument("--mid-sizes", default="100MB,300MB", help="more generated sizes")
+    parser.add_argument("--timeout", type=float, default=1200, help="per run, seconds")
+    parser.add_argument(
+        "--timeout-many", type=float, default=900, help="per run of the many-rank input, seconds"
+    )
+    parser.add_argument("--rss-cap-gb", type=float, default=16, help="kill a run past this")
+    parser.add_argument("--quick", action="store_true", help="shipped samples only")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per small input (median)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "speed.md")
+    args = parser.parse_args(argv)
+
+    env = {**os.environ, "FSDP_TRACE_CACHE": "0", "FSDP_TRACE_QUIET": "1", "PYTHONPATH": str(REPO)}
+    cap = int(args.rss_cap_gb * 1e9)
+    cases: list[tuple[str, list[Path], bool]] = []  # (label, files, run HTA)
+    for run in ("gpt-small-2gpu", "gpt-small-2gpu-fullac"):
+        timing = sorted((SAMPLES / run).glob("rank*.timing.json.gz"))
+        cases.append((f"{run} rank0 timing (sample)", timing[:1], True))
+        cases.append((f"{run} 2 ranks timing (sample)", timing, True))
+    hta_data = REPO / "tests" / "data" / "hta" / "nccl_data_a100_pt24.json.gz"
+    if hta_data.exists():
+        cases.append(("HTA's nccl_data_a100 test trace", [hta_data], True))
+    if not args.quick:
+        for mid in filter(None, args.mid_sizes.split(",")):
+            cases.append((f"generated {mid}, 1 rank", generate(args.work / mid, 1, mid), True))
+        big = generate(args.work / "big1", 1, args.size)
+        cases.append((f"generated {args.size}, 1 rank", big, True))
+        many = generate(args.work / f"big{args.big_ranks}", args.big_ranks, args.size)
+        cases.append((f"generated {args.size} × {args.big_ranks} ranks", many, True))
+
+    rows, scaling = [], []
+    for label, paths, with_hta in cases:
+        timeout = args.timeout_many if len(paths) > 2 else args.timeout
+        warm(paths)
+        files = json.dumps(files_of(paths))
+        raw = sum(raw_size(p) for p in paths)
+        print(f"== {label}: {len(paths)} file(s), {size_text(raw)} raw JSON", file=sys.stderr)
+        repeat = args.repeat if raw < 200e6 else 1  # small inputs: the median of a few runs
+        ours = {}
+        for jobs in sorted({1, min(2, len(paths))}):
+            ours[jobs] = median_run(
+                [
+                    measure(OURS_CODE, [files, str(jobs), "0"], timeout, cap, env)
+                    for _ in range(repeat)
+                ]
+            )
+            got = ours[jobs]
+            print(
+                f"   ours --jobs {jobs}: {got.wall_s:.2f}s {size_text(got.tree_rss)} {got.status}",
+                file=sys.stderr,
+            )
+        hta = (
+            median_run([measure(HTA_CODE, [files], timeout, cap, env) for _ in range(repeat)])
+            if with_hta
+            else None
+        )
+        if hta is not None:
+            print(
+                f"   HTA: {hta.wall_s:.2f}s {size_text(hta.tree_rss)} {hta.status}", file=sys.stderr
+            )
+            if hta.status != "ok":
+                print(hta.err[-800:], file=sys.stderr)
+        rows.append((label, paths, raw, hta, ours))
+        if len(paths) > 1:
+            scaling.append((label, ours))
+
+    cached = None
+    if not args.quick:
+        # A second analysis of the 1 GB trace with the cache on (first run fills it).
+        cache_env = {
+            **env,
+            "FSDP_TRACE_CACHE": "1",
+            "FSDP_TRACE_CACHE_DIR": str(args.work / "cache"),
+        }
+        files = json.dumps(files_of(big))
+        first = measure(OURS_CODE, [files, "1", "1"], args.timeout, cap, cache_env)
+        second = measure(OURS_CODE, [files, "1", "1"], args.timeout, cap, cache_env)
+        cached = (first, second)
+
+    write_report(args, rows, scaling, cached, argv)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def fmt_run(run: Run | None) -> tuple[str, str]:
+    if run is None:
+        return "—", "—"
+    if run.status != "ok":
+        return (f"{run.status} after {run.wall_s:.0f} s", f"≥ {size_text(run.tree_rss)}")
+    return f"{run.wall_s:.2f} s", size_text(run.tree_rss)
+
+
+MARKER = "<!-- end of the generated part: text below is kept when the benchmark re-runs -->"
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = [f"Python {platform.python_version()}"]
+    for name in ("numpy", "pandas", "msgspec", "xxhash", "HolisticTraceAnalysis"):
+        try:
+            parts.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name} (not installed)")
+    return ", ".join(parts)
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _pct(run: Run | None, rank: str = "0") -> str:
+    if run is None or run.status != "ok":
+        return "—"
+    values = run.out.get("overlap_pct", {})
+    value = values.get(rank, next(iter(values.values()), None)) if values else None
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _ratio(hta: Run | None, ours: Run) -> tuple[str, str]:
+    if hta is None or ours.status != "ok":
+        return "—", "—"
+    speed = hta.wall_s / ours.wall_s
+    memory = ours.tree_rss / hta.tree_rss if hta.tree_rss else float("nan")
+    if hta.status != "ok":  # HTA was stopped: its time and memory are lower bounds
+        return f"> {speed:.0f}×", f"< 1/{1 / memory:.0f}" if memory else "—"
+    return f"{speed:.1f}×", f"1/{1 / memory:.1f}" if memory else "—"
+
+
+def write_report(args, rows, scaling, cached, argv) -> None:
+    command = "python benchmarks/bench_vs_hta.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
+    load = os.getloadavg()
+    lines = [
+        "# Speed and memory: fsdp-trace vs HTA 0.5.0",
+        "",
+        f"Command (from the repository root): `{command}`",
+        "",
+        f"Machine: {_cpu()}, {os.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 1e9:.0f} GB RAM; {_versions()}. "
+        f"Load average at the end: {load[0]:.1f} (other jobs shared the machine).",
+        "",
+        "Each figure is one fresh process (Python start-up and imports included). HTA: "
+        "`TraceAnalysis(trace_files=...)` + `get_comm_comp_overlap()`. fsdp-trace: "
+        "`fsdp_trace.analyze.analyze(paths, jobs=J, cache=False)`, i.e. every per-step, "
+        "per-collective and per-block figure, not only the overlap. Peak RSS is the largest sum "
+        "over the process tree (sampled every 50 ms); both tools fork workers for several ranks "
+        "(HTA a pool of min(ranks, cores) processes; fsdp-trace `--jobs`). Speed-up = HTA wall "
+        "/ fsdp-trace wall; memory = fsdp-trace peak / HTA peak. fsdp-trace uses `--jobs 1` for "
+        "one file and `--jobs 2` for several (HTA uses both cores there too). Inputs under "
+        f"200 MB: the median of {args.repeat} runs; larger ones: one run. Limits: "
+        f"{args.timeout:.0f} s per run ({args.timeout_many:.0f} s on the many-rank input) and "
+        f"{args.rss_cap_gb:g} GB of tree RSS; a run past either is killed and reported as "
+        "such, its time and memory then being lower bounds.",
+        "",
+        "| input | raw JSON | HTA wall | HTA peak RSS | fsdp-trace wall | fsdp-trace peak RSS "
+        "| speed-up | memory | overlap % rank 0: HTA / ours |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, _paths, raw, hta, ours in rows:
+        jobs = max(ours)
+        run = ours[jobs]
+        hta_wall, hta_rss = fmt_run(hta)
+        our_wall, our_rss = fmt_run(run)
+        speed, memory = _ratio(hta, run)
+        name = f"{label}" + (f" (`--jobs {jobs}`)" if jobs > 1 else "")
+        lines.append(
+            f"| {name} | {size_text(raw)} | {hta_wall} | {hta_rss} | {our_wall} | {our_rss} "
+            f"| {speed} | {memory} | {_pct(hta)} / {_pct(run)} |"
+        )
+    lines += [
+        "",
+        "Overlap: HTA's figure is one ratio over the kernels launched before the last "
+        "`ProfilerStep` (not clipped to steps, ns timestamps rounded to µs on some traces); "
+        "ours here is Σ overlap / Σ comm over the steps as README 'Definitions' states them. "
+        "They are different windows of the same quantity; `fsdp-trace analyze --hta` shows "
+        "that with HTA's window both agree (README 'Cross-check with HTA').",
+        "",
+        "## `--jobs` scaling (fsdp-trace, several ranks)",
+        "",
+        "| input | `--jobs 1` wall | peak RSS | `--jobs 2` wall | peak RSS | speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, ours in scaling:
+        one, two = ours.get(1), ours.get(2)
+        if one is None or two is None:
+            continue
+        w1, r1 = fmt_run(one)
+        w2, r2 = fmt_run(two)
+        lines.append(f"| {label} | {w1} | {r1} | {w2} | {r2} | {one.wall_s / two.wall_s:.2f}× |")
+    if cached is not None:
+        first, second = cached
+        f1, r1 = fmt_run(first)
+        f2, r2 = fmt_run(second)
+        lines += [
+            "",
+            "## Cache (1 rank of the generated trace, `cache=True`)",
+            "",
+            "| run | wall | peak RSS | in-process |",
+            "|---|---|---|---|",
+            f"| first (parses, writes the entry) | {f1} | {r1} "
+            f"| {first.out.get('in_process_s', float('nan')):.2f} s |",
+            f"| second (hash + cached columns, then the analysis) | {f2} | {r2} "
+            f"| {second.out.get('in_process_s', float('nan')):.2f} s |",
+        ]
+    lines += ["", MARKER]
+    kept = ""  # notes written by hand below the marker survive a re-run
+    if args.out.exists() and MARKER in args.out.read_text():
+        kept = args.out.read_text().split(MARKER, 1)[1]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + (kept or "\n"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""benchmarks/make_large_trace.py on a small size (its output is a valid trace of N× the real
+capture's steps), the streaming loader against a whole-file decode, and parallel analysis
+against serial. No timing here: benchmarks/bench_vs_hta.py measures speed."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import re
+import sys
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import msgspec
+import pandas as pd
+import pytest
+
+from fsdp_trace.analyze import analyze, loader
+from fsdp_trace.analyze.loader import load_trace
+from fsdp_trace.analyze.rank import analyze_trace
+from tests.conftest import REPO, SAMPLES
+from tests.synth import TraceBuilder
+
+SOURCE = SAMPLES / "gpt-small-2gpu" / "rank0.timing.json.gz"
+N = 3
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location(
+        "make_large_trace", REPO / "benchmarks" / "make_large_trace.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("large")
+    assert (
+        _generator().main(["--source", str(SOURCE), "--replicas", str(N), "--out", str(out)]) == 0
+    )
+    return out / "rank0.json"
+
+
+def _events(path: Path) -> list[dict]:
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return json.loads(data, parse_float=Decimal)["traceEvents"]
+
+
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def _links(events: list[dict]) -> tuple[Counter, set]:
+    """Kernels per correlation id, and the correlation ids of launches."""
+    kernels = Counter(e["args"]["correlation"] for e in events if e.get("cat") in GPU_CATS)
+    launches = {
+        e["args"]["correlation"]
+        for e in events
+        if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})
+    }
+    return kernels, launches
+
+
+def test_replicas_link_every_kernel_to_its_launch(replicated):
+    source, out = _events(SOURCE), _events(replicated)
+    src_kernels, src_launches = _links(source)
+    kernels, launches = _links(out)
+    assert sum(kernels.values()) == N * sum(src_kernels.values())
+    # Correlation ids stay unique to one kernel, as in the source, and linked as often.
+    assert max(kernels.values()) == max(src_kernels.values()) == 1
+    linked = sum(1 for c in src_kernels if c in src_launches)
+    assert sum(1 for c in kernels if c in launches) == N * linked
+    assert len(launches) == N * len(src_launches)
+
+
+def test_replicas_have_distinct_steps_and_shifted_exact_timestamps(replicated):
+    source, out = _events(SOURCE), _events(replicated)
+    steps = [
+        e["name"]
+        for e in out
+        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+    ]
+    src_steps = [
+        e["name"]
+        for e in source
+        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+    ]
+    assert len(steps) == len(set(steps)) == N * len(src_steps)
+    numbers = sorted(int(s.split("#")[1]) for s in steps)
+    assert numbers == list(range(1, N * len(src_steps) + 1))
+    # Replica k is the source shifted by k periods, to the ns (decimal text, no float error).
+    replicated_src = [e for e in source if e.get("ph") in ("X", "f", "s") and e["cat"] != "Trace"]
+    per = len(replicated_src)
+    body = [e for e in out if e.get("ph") in ("X", "f", "s") and e["cat"] != "Trace"]
+    assert len(body) == N * per
+    period = body[per]["ts"] - replicated_src[0]["ts"]
+    assert period > 0 and period == period.to_integral_value()
+    for k in range(N):
+        for a, b in zip(replicated_src, body[k * per : (k + 1) * per], strict=True):
+            assert b["ts"] - a["ts"] == k * period
+            assert (
+                b.get("dur") == a.get("dur") and b["name"].split("#")[0] == a["name"].split("#")[0]
+            )
+    # Metadata and the Trace span appear once.
+    meta = [e for e in out if e.get("ph") == "M"]
+    assert len(meta) == sum(1 for e in source if e.get("ph") == "M")
+
+
+def test_analysis_of_n_replicas_is_n_times_the_source(replicated):
+    src = analyze_trace(load_trace(SOURCE, cache=False))
+    big = analyze_trace(load_trace(replicated, cache=False))
+    assert len(big.steps) == N * len(src.steps)
+    assert len(big.collectives) == N * len(src.collectives)
+    assert len(big.kernels) == N * len(src.kernels)
+    for column in ("n_comm_kernels", "n_compute_kernels"):
+        assert big.steps[column].sum() == N * src.steps[column].sum()
+    # Every replica's steps hold the source's kernels and exposure (windows of all but the
+    # replica's last step are identical; the last one runs to the next replica's start).
+    s = len(src.steps)
+    for k in range(N):
+        part = big.steps.iloc[k * s : (k + 1) * s].reset_index(drop=True)
+        for column in ("n_comm_kernels", "n_compute_kernels", "comm_us", "compute_us"):
+            pd.testing.assert_series_equal(
+                part[column], src.steps[column], check_names=False, rtol=1e-9
+            )
+    # Per-block averages per step are the source's.
+    key = ["block", "phase", "collective"]
+    a = src.blocks.set_index(key).sort_index()
+    b = big.blocks.set_index(key).sort_index()
+    pd.testing.assert_index_equal(a.index, b.index)
+    for column in ("count_per_step", "bytes_per_step", "exposed_us_per_step"):
+        pd.testing.assert_series_equal(a[column], b[column], rtol=1e-6)
+
+
+def test_ranks_option_writes_one_file_per_rank(tmp_path):
+    out = tmp_path / "ranks"
+    _generator().main(
+        [
+            "--source",
+            str(SAMPLES / "gpt-small-2gpu"),
+            "--replicas",
+            "1",
+            "--ranks",
+            "3",
+            "--out",
+            str(out),
+            "--gzip",
+        ]
+    )
+    files = sorted(out.glob("rank*.json.gz"))
+    assert [f.name for f in files] == ["rank0.json.gz", "rank1.json.gz", "rank2.json.gz"]
+    for r, f in enumerate(files):
+        trace = load_trace(f, cache=False)
+        assert (trace.rank, trace.world_size) == (r, 3)
+
+
+# --- the streaming loader -------------------------------------------------------------------
+
+
+def _whole(path: Path) -> loader.Trace:
+    """The same file decoded in one piece (the loader's fallback path)."""
+    saved = loader._EVENTS_KEY
+    loader._EVENTS_KEY = re.compile(rb"(?!)")  # never matches: decode whole
+    try:
+        return load_trace(path, cache=False)
+    finally:
+        loader._EVENTS_KEY = saved
+
+
+def _same(a: loader.Trace, b: loader.Trace) -> None:
+    pd.testing.assert_frame_equal(a.events, b.events, check_exact=True)
+    for attr in (
+        "rank",
+        "world_size",
+        "thread_names",
+        "process_names",
+        "string_ids",
+        "raw_event_count",
+        "base_time_ns",
+        "device_properties",
+    ):
+        assert getattr(a, attr) == getattr(b, attr), attr
+
+
+def test_streamed_pieces_equal_a_whole_decode(replicated):
+    _same(load_trace(replicated, cache=False), _whole(replicated))
+
+
+def test_cuts_inside_events_are_recovered(tmp_path, monkeypatch):
+    """Args holding `},{` (objects in a list) look like event boundaries; tiny pieces make
+    the loader cut there, fail to decode, and take a larger piece instead."""
+    b = TraceBuilder()
+    for i in range(40):
+        b.step(i + 1, i * 1000, 900)
+        b.cpu("aten::mm", i * 1000 + 10, 50, nested=[{"a": 1}, {"b": "},{"}, {"c": [{}]}])
+        b.kernel("gemm", i * 1000 + 100, 100, launch_ts=i * 1000 + 20)
+        b.nccl("AllGather", i * 1000 + 150, 80, launch_ts=i * 1000 + 30)
+    b.events.append(
+        {"ph": "M", "name": "thread_name", "pid": "Spans", "tid": "x", "args": {"name": "spans"}}
+    )
+    b.events.append(
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "odd",
+            "pid": "Spans",
+            "tid": 5,
+            "ts": 5.5,
+            "dur": None,
+            "args": {"correlation": None},
+        }
+    )
+    b.events.append({"ph": "X", "cat": "cpu_op", "name": "no ts", "pid": 1, "tid": 1})
+    path = b.write(tmp_path / "rank0.json")
+    whole = _whole(path)
+    for piece in (64, 300, 4096):
+        monkeypatch.setattr(loader, "_PIECE", piece)
+        _same(load_trace(path, cache=False), whole)
+    assert whole.string_ids == {"Spans": -2, "x": -3}
+    assert "odd" in set(whole.events["name"].astype(str))
+
+
+def test_two_decoding_processes_equal_one(replicated, monkeypatch):
+    monkeypatch.setattr(loader, "_BATCH", 1 << 18)  # many batches, shared by both processes
+    done = loader._stream_parallel(replicated, None)
+    assert done is not None  # the two-process path ran (no fallback)
+    _, columns = done
+    one = load_trace(replicated, cache=False, parallel=False)
+    pd.testing.assert_frame_equal(columns.frame(), one.events, check_exact=True)
+    _same(load_trace(replicated, cache=False, parallel=True), one)
+
+
+def test_two_processes_fall_back_on_cuts_inside_events(tmp_path, monkeypatch):
+    b = TraceBuilder()
+    for i in range(200):
+        b.step(i + 1, i * 1000, 900)
+        b.cpu("aten::mm", i * 1000 + 10, 50, nested=[{"a": 1}, {"b": 2}])
+        b.kernel("gemm", i * 1000 + 100, 100, launch_ts=i * 1000 + 20)
+    path = b.write(tmp_path / "rank0.json")
+    monkeypatch.setattr(loader, "_BATCH", 64)
+    monkeypatch.setattr(loader, "_PIECE", 64)
+    assert loader._stream_parallel(path, None) is None  # a batch cut inside an event
+    _same(load_trace(path, cache=False, parallel=True), _whole(path))
+
+
+def test_gzip_and_plain_load_alike(tmp_path, replicated):
+    packed = tmp_path / "rank0.json.gz"
+    packed.write_bytes(gzip.compress(replicated.read_bytes(), compresslevel=1))
+    _same(load_trace(packed, cache=False), load_trace(replicated, cache=False))
+
+
+def test_progress_bar_does_not_change_the_result(replicated, capsys):
+    _same(load_trace(replicated, cache=False, progress=True), _whole(replicated))
+
+
+def test_bare_list_layout_still_loads(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.kernel("gemm", 100, 100, launch_ts=5)
+    path = tmp_path / "rank0.json"
+    path.write_bytes(msgspec.json.encode(b.events))
+    assert len(load_trace(path, cache=False).events) == 3
+
+
+# --- parallel analysis ----------------------------------------------------------------------
+
+
+def test_parallel_ranks_equal_serial():
+    run = SAMPLES / "gpt-small-2gpu"
+    serial = analyze(run, jobs=1, cache=False)
+    parallel = analyze(run, jobs=2, cache=False)
+    assert [r.path for r in serial.ranks + serial.detailed] == [
+        r.path for r in parallel.ranks + parallel.detailed
+    ]
+    for a, b in zip(
+        serial.ranks + serial.detailed, parallel.ranks + parallel.detailed, strict=True
+    ):
+        for attr in ("steps", "collectives", "blocks", "kernels", "exposed", "compute_phases"):
+            pd.testing.assert_frame_equal(getattr(a, attr), getattr(b, attr), check_exact=True)
+        assert (a.streams, a.notices, a.rank) == (b.streams, b.notices, b.rank)
