@@ -45,7 +45,7 @@ from fsdp_trace.errors import UserError
 MISSING = -1  # integer columns use -1 for "absent"
 # Bump when the parsed columns change (names, dtypes, meaning): cached entries of another
 # version are ignored.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar for files larger than this
 
 _BLOCK = 8 << 20  # bytes read (or gunzipped) at a time
@@ -65,10 +65,14 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     group_size: int | None = msgspec.field(default=None, name="Group size")
     pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
     pg_desc: str | None = msgspec.field(default=None, name="Process Group Description")
+    pg_ranks: str | None = msgspec.field(default=None, name="Process Group Ranks")
     seq: int | None = msgspec.field(default=None, name="Seq")
     sequence_number: int | None = msgspec.field(default=MISSING, name="Sequence number")
     stream: int | None = MISSING
     name: str | None = None  # metadata events: thread / process names
+    # Kernel launch shape, kept as its JSON text ("[216, 1, 1]"): tells GEMMs of one name apart.
+    grid: msgspec.Raw = msgspec.Raw(b"")
+    block: msgspec.Raw = msgspec.Raw(b"")
     # Raw: left undecoded unless needed (only CPU collectives read them).
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
@@ -113,7 +117,10 @@ _RARE = (
     ("group_size", "int"),
     ("pg_name", "cat"),
     ("pg_desc", "cat"),
+    ("pg_ranks", "cat"),
     ("seq", "int"),
+    ("grid", "raw"),
+    ("block", "raw"),
 )
 _DENSE_ARGS = ("correlation", "external_id", "sequence_number", "stream")
 _get = {name: attrgetter(name) for name in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
@@ -355,8 +362,11 @@ class _Columns:
             return
         self.rare_rows += array("q", (rows + row0).tolist())
         picked = [_get_rare(args[i]) for i in rows.tolist()]
-        for j, (name, _) in enumerate(_RARE):
-            self.rare[name] += [p[j] for p in picked]
+        for j, (name, kind) in enumerate(_RARE):
+            if kind == "raw":  # JSON text, as str: batches cross process boundaries
+                self.rare[name] += [bytes(p[j]).decode() if len(p[j]) else None for p in picked]
+            else:
+                self.rare[name] += [p[j] for p in picked]
 
     def _thread_id(self, row: int, attr: str, value: int | str) -> int:
         if isinstance(value, int):
