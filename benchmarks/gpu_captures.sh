@@ -4,7 +4,8 @@
 #     bash benchmarks/gpu_captures.sh
 # `python3 -m fsdp_trace` is `fsdp-trace` without installing the package (the GPU image has
 # torch, typer and rich; nothing else is needed to capture). Every run is a plain
-# `fsdp-trace capture`; its exact command is also recorded in its run.json.
+# `fsdp-trace capture`; its run.json records the equivalent command (`command`, rebuilt from the
+# resolved options) and the command line as typed (`argv`).
 set -u
 export PYTHONPATH=$PWD FSDP_TRACE_QUIET=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -26,6 +27,7 @@ cap() {  # cap DIR [env VAR=VALUE ...] -- capture args
 }
 
 # --- sample traces: a small GPT (8 blocks), 2 GPUs without and with full AC, 1-GPU baseline
+# (batch 4; the shipped sample_traces/gpt-small-* are the batch-16 runs of gpu_captures_c.sh)
 S=$R/samples
 cap $S/gpt-small-1gpu -- --model gpt-small --nproc-per-node 1
 cap $S/gpt-small-2gpu -- --model gpt-small --nproc-per-node 2 --baseline $S/gpt-small-1gpu

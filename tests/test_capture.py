@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -43,8 +44,10 @@ def test_both_traces_per_rank_exist_and_parse(cpu_run):
         assert not any("Input Dims" in e.get("args", {}) for e in timing["traceEvents"])
 
 
-def test_traces_carry_the_fsdp2_labels_of_every_block(cpu_run):
-    timing = names(load(cpu_run / "rank0.timing.json.gz"))
+@pytest.mark.parametrize("phase", ["detailed", "timing"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_traces_carry_the_fsdp2_labels_of_every_block(cpu_run, rank, phase):
+    labels = names(load(cpu_run / f"rank{rank}.{phase}.json.gz"))
     for block in BLOCKS:
         for label in (
             "pre_forward",
@@ -53,9 +56,9 @@ def test_traces_carry_the_fsdp2_labels_of_every_block(cpu_run):
             "pre_backward",
             "post_backward_reduce",
         ):
-            assert f"FSDP::{label} ({block})" in timing
-    assert "FSDP::all_gather" in timing  # the root unit carries no path
-    assert "c10d::_allgather_base_" in timing and "c10d::_reduce_scatter_base_" in timing
+            assert f"FSDP::{label} ({block})" in labels, (rank, phase, block, label)
+    assert "FSDP::all_gather" in labels  # the root unit carries no path
+    assert "c10d::_allgather_base_" in labels and "c10d::_reduce_scatter_base_" in labels
 
 
 def test_run_json_holds_the_knobs_and_figures(cpu_run):
@@ -89,7 +92,19 @@ def test_run_json_holds_the_knobs_and_figures(cpu_run):
     assert figures["mfu"] is None and any("MFU omitted" in n for n in figures["notices"])
     assert run["environment"]["torch"]
     assert run["files"]["timing"] == ["rank0.timing.json.gz", "rank1.timing.json.gz"]
-    assert run["command"].startswith("fsdp-trace capture --model tiny")
+    # The equivalent command, rebuilt from the resolved config: every non-default knob.
+    assert run["command"] == shlex.join(
+        [
+            *("fsdp-trace", "capture", "--model", "tiny", "--nproc-per-node", "2"),
+            *("--out", str(cpu_run), "--prefetch-forward", "1", "--prefetch-backward", "2"),
+            *("--ac-coverage", "0.5", "--warmup-steps", "1", "--timed-steps", "3"),
+        ]
+    )
+    assert run["argv"][1:3] == ["capture", "--model"]  # the command line as typed
+    assert "extra" not in run["config"]
+    # The preset's real shape, though the options were left at their defaults.
+    assert (run["config"]["batch_size"], run["model"]["batch_size"]) == (None, 2)
+    assert run["model"]["seq_len"] == 64
 
 
 def test_under_torchrun_too(tmp_path):
@@ -126,7 +141,14 @@ def test_under_torchrun_too(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     run = json.loads((out / "run.json").read_text())
     assert run["parallel"]["reshard_after_forward"]["layers.0"] is False
-    assert run["command"].startswith("torchrun --nproc-per-node=2 -m fsdp_trace capture")
+    assert run["command"] == shlex.join(
+        [
+            *("fsdp-trace", "capture", "--model", "tiny", "--nproc-per-node", "2"),
+            *("--out", str(out), "--reshard-after-forward", "false", "--warmup-steps", "0"),
+            *("--timing-steps", "1", "--timed-steps", "1"),
+        ]
+    )
+    assert run["argv"][:4] == ["torchrun", "--nproc-per-node=2", "-m", "fsdp_trace"]
     # reshard_after_forward=False: one all-gather per block and step (none in backward).
     timing = [
         e
@@ -148,6 +170,8 @@ def test_a_user_model_factory(tmp_path):
         str(out),
         "--batch-size",
         "4",
+        "--seq-len",
+        "3",
         "--warmup-steps",
         "0",
         "--timed-steps",
@@ -159,6 +183,9 @@ def test_a_user_model_factory(tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["parallel"]["units"] == ["blocks.0", "blocks.1"]
     assert run["model"]["flops_per_token"] == 1234.0
+    assert (run["model"]["batch_size"], run["model"]["seq_len"]) == (4, 3)
+    step_s = run["figures"]["step_time_ms"]["median"] / 1e3
+    assert run["figures"]["tokens_per_s_per_gpu"] == pytest.approx(4 * 3 / step_s)
     assert "FSDP::all_gather (blocks.1)" in names(load(out / "rank1.timing.json.gz"))
 
 
@@ -180,6 +207,7 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
         "capture",
         "--model",
         "tests.models_for_tests:fails_on_rank_1",
+        *("--batch-size", "2", "--seq-len", "1"),
         "--nproc-per-node",
         "2",
         "--out",
@@ -209,11 +237,34 @@ def test_out_of_memory_names_the_knobs_to_lower(tmp_path):
         "1",
         "--out",
         str(out),
+        "--batch-size",
+        "8",
+        "--seq-len",
+        "1",
     )
     assert done.returncode == 2
-    assert "out of memory" in done.stderr
+    assert "out of memory on CPU with batch 8 x seq 1" in done.stderr
     for knob in ("--batch-size", "--seq-len", "--ac-coverage"):
         assert knob in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def test_out_of_memory_while_building_names_the_knobs_too(tmp_path):
+    """init_weights after to_empty runs out of memory: the same one message, real sizes."""
+    out = tmp_path / "run"
+    done = run_cli(
+        "capture",
+        *("--model", "tests.models_for_tests:oom_in_init_weights", "--nproc-per-node", "1"),
+        *("--out", str(out), "--batch-size", "6", "--seq-len", "5"),
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("fsdp-trace")]
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "fsdp-trace capture: error: rank 0: out of memory on CPU with batch 6 x seq 5: "
+        "lower --batch-size or --seq-len"
+    )
     assert "Traceback" not in done.stderr
     assert not out.exists()
 
@@ -222,17 +273,31 @@ def test_out_of_memory_names_the_knobs_to_lower(tmp_path):
     ("args", "message"),
     [
         (["--model", "nosuchpreset"], "neither a preset"),
-        (["--model", "tests.models_for_tests:not_a_spec"], "must return a ModelSpec"),
+        (
+            ["--model", "tests.models_for_tests:not_a_spec", "--batch-size", "1", "--seq-len", "1"],
+            "must return a ModelSpec",
+        ),
         (["--ac-coverage", "1.5"], "--ac-coverage must be a fraction"),
         (["--reshard-after-forward", "maybe"], "--reshard-after-forward must be"),
         (["--dtype", "fp8"], "--dtype must be one of"),
+        (["--nproc-per-node", "-1"], "--nproc-per-node must be at least 1, not -1"),
+        (["--nproc-per-node", "0"], "--nproc-per-node must be at least 1, not 0"),
+        (["--nnodes", "abc"], "--nnodes must be a node count like 2 or a range MIN:MAX"),
+        (["--nnodes", "3:2"], "--nnodes 3:2: need 1 <= MIN <= MAX"),
+        (["--nnodes", "2", "--node-rank", "2"], "--node-rank must be in [0, 2), not 2"),
+        (["--timeout-s", "0"], "--timeout-s must be at least 1 second, not 0"),
+        (["--model", "tests.models_for_tests:two_layer"], "pass --batch-size and --seq-len"),
+        (
+            ["--model", "tests.models_for_tests:two_layer", "--batch-size", "2"],
+            "your own factory: pass --seq-len (",
+        ),
     ],
 )
 def test_bad_knobs_get_one_line(tmp_path, args, message):
     done = run_cli("capture", "--out", str(tmp_path / "run"), "--nproc-per-node", "1", *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("fsdp-trace capture: error: ")
     assert not (tmp_path / "run").exists()
 
 

@@ -192,3 +192,67 @@ def test_peak_table_and_topology_parsing():
         "GPU0\t X \tNV18\t0-31\t0\nGPU1\tNV18\t X \t0-31\t0\n"
     )
     assert parse_topology_matrix(matrix) == {"0-1": "NV18"}
+
+
+def _shard_with_int_reshard(rank: int, world_size: int, port: int, results) -> None:
+    """One of four gloo ranks: shard the tiny GPT with `--reshard-after-forward 2` and report
+    what fully_shard made of it."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        with torch.device("meta"):
+            model = GPT(PRESETS["tiny"])
+        config = CaptureConfig(reshard_after_forward="2").validate()
+        plan = parallelize.apply_fsdp(
+            model,
+            init_device_mesh("cpu", (world_size,)),
+            [[f"layers.{i}"] for i in range(4)],
+            param_dtype="fp32",
+            reduce_dtype="fp32",
+            reshard=config.reshard_after_forward,
+            keep_last_unsharded=True,
+            forward_prefetch=0,
+            backward_prefetch=0,
+        )
+        groups = [_state(model.layers[i])._fsdp_param_group for i in range(4)]
+        results.put(
+            (
+                rank,
+                plan.reshard_after_forward,
+                [g.mesh_info.shard_mesh_size for g in groups],
+                [
+                    None
+                    if g.post_forward_mesh_info is None
+                    else g.post_forward_mesh_info.shard_mesh_size
+                    for g in groups
+                ],
+            )
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_integer_reshard_reaches_fully_shard_on_four_ranks():
+    """`--reshard-after-forward 2` on 4 ranks: every block is sharded over 4, and after forward
+    kept sharded over groups of 2 (the last block, kept unsharded, keeps no post-forward mesh)."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    mp.spawn(_shard_with_int_reshard, args=(4, port, results), nprocs=4, join=True)
+    seen = sorted(results.get() for _ in range(4))
+    assert [rank for rank, *_ in seen] == [0, 1, 2, 3]
+    for _, plan, shard_sizes, post_forward_sizes in seen:
+        assert plan == {
+            "layers.0": 2,
+            "layers.1": 2,
+            "layers.2": 2,
+            "layers.3": False,
+            "root": "default",
+        }
+        assert shard_sizes == [4, 4, 4, 4]
+        assert post_forward_sizes == [2, 2, 2, None]

@@ -3,13 +3,40 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fsdp_trace.errors import UserError
 
 DTYPES = ("bf16", "fp16", "fp32")
+# The built-in presets (models.PRESETS has their shapes; a test keeps the two in step). Named
+# here so a bad --model fails before any process starts, without importing torch.
+PRESET_NAMES = ("tiny", "gpt-small", "gpt-1.3b")
 AC_MODES = ("non-reentrant", "reentrant")
+# Boolean knobs: the option that turns each on, and the one that turns it off.
+SWITCHES = {
+    "overwrite": ("--overwrite", "--no-overwrite"),
+    "keep_last_unsharded": ("--keep-last-unsharded", "--reshard-last"),
+    "shard_embeddings": ("--shard-embeddings", "--no-shard-embeddings"),
+    "compile": ("--compile", "--no-compile"),
+    "accum_no_sync": ("--accum-no-sync", "--accum-sync"),
+}
+
+
+def option_text(value: object) -> str:
+    """A knob's value as the CLI takes it: `true`, `0.5`, `1` (not `1.0`), exact floats."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def is_factory(model: str) -> bool:
+    """`package.module:factory` rather than a preset name."""
+    return ":" in model
 
 
 def parse_reshard(value: str | bool | int) -> bool | int:
@@ -63,7 +90,6 @@ class CaptureConfig:
     baseline: str | None = None
     straggler_rank: int | None = None
     straggler_delay_ms: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> CaptureConfig:
         if self.dtype not in DTYPES:
@@ -91,11 +117,66 @@ class CaptureConfig:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1")
         if self.straggler_delay_ms < 0:
             raise UserError("--straggler-delay-ms must be >= 0")
+        if self.timeout_s < 1:
+            raise UserError(
+                f"--timeout-s must be at least 1 second, not {self.timeout_s}: it is how long a "
+                "collective waits for the other ranks before the job fails"
+            )
+        if not is_factory(self.model) and self.model not in PRESET_NAMES:
+            raise UserError(
+                f"--model {self.model!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor "
+                "package.module:factory"
+            )
+        if is_factory(self.model) and (self.batch_size is None or self.seq_len is None):
+            missing = " and ".join(
+                f"--{n.replace('_', '-')}"
+                for n in ("batch_size", "seq_len")
+                if getattr(self, n) is None
+            )
+            raise UserError(
+                f"--model {self.model} is your own factory: pass {missing} (tokens per step = "
+                "batch x seq; use --seq-len 1 for a model without a sequence dimension)"
+            )
         self.reshard_after_forward = parse_reshard(self.reshard_after_forward)
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def changed_knobs(self) -> list[str]:
+        """The options of every knob that differs from its default, in field order (--model
+        and --out apart: a recorded command always names them). Call on a validated config."""
+        defaults = CaptureConfig()
+        args: list[str] = []
+        for spec in dataclasses.fields(self):
+            name = spec.name
+            value = getattr(self, name)
+            default = getattr(defaults, name)
+            if name in ("model", "out") or value == default:
+                continue
+            if name in SWITCHES:
+                args.append(SWITCHES[name][0 if value else 1])
+            elif value is not None:
+                args += [f"--{name.replace('_', '-')}", option_text(value)]
+        return args
+
+    def capture_command(self, nproc_per_node: int, launch_args: Sequence[str] = ()) -> str:
+        """The `fsdp-trace capture` command that reproduces this run: what run.json records
+        (a sweep point records its own capture, not the sweep command)."""
+        return shlex.join(
+            [
+                "fsdp-trace",
+                "capture",
+                "--model",
+                self.model,
+                "--nproc-per-node",
+                str(nproc_per_node),
+                *launch_args,
+                "--out",
+                self.out,
+                *self.changed_knobs(),
+            ]
+        )
 
     def to_cli_args(self) -> list[str]:
         """The `capture` arguments that rebuild this config on every rank under torchrun."""

@@ -8,6 +8,10 @@ A user factory is `package.module:function`. It receives a `ModelContext` and re
   in forward order, e.g. `list(model.layers)`.
 - `batch_fn(step) -> (inputs, targets)`: tensors on `ctx.device`. The loss is cross-entropy of
   `model(inputs)` against `targets`; with `targets=None`, `model(inputs)` must return the loss.
+
+A factory model has no default shape: `--batch-size` and `--seq-len` are required (use
+`--seq-len 1` for a model without a sequence dimension), and `batch_fn` must make batches of
+exactly `ctx.batch_size` x `ctx.seq_len`: tokens/s and MFU count batch x seq tokens per step.
 """
 
 from __future__ import annotations
@@ -220,23 +224,37 @@ def _load_factory(target: str) -> Callable[[ModelContext], Any]:
     return factory
 
 
+def resolve_shape(name: str, batch_size: int | None, seq_len: int | None) -> tuple[int, int]:
+    """The (batch, seq) a run uses: the options, else the preset's defaults. A factory has no
+    defaults, so both options are required (a one-line error, never a silent 1 x 1)."""
+    if name in PRESETS:
+        preset = PRESETS[name]
+        return batch_size or preset.batch_size, seq_len or preset.seq_len
+    if batch_size is None or seq_len is None:
+        raise UserError(
+            f"--model {name} is your own factory: pass --batch-size and --seq-len "
+            "(use --seq-len 1 for a model without a sequence dimension)"
+        )
+    return batch_size, seq_len
+
+
 def build_model(
     name: str, ctx_batch: int | None, ctx_seq: int | None, device: torch.device, **ctx: Any
 ) -> ModelSpec:
     """A preset by name, or a user factory `package.module:factory`."""
+    batch_size, seq_len = resolve_shape(name, ctx_batch, ctx_seq)
+    context = ModelContext(batch_size=batch_size, seq_len=seq_len, device=device, **ctx)
     if name in PRESETS:
-        preset = PRESETS[name]
-        context = ModelContext(
-            batch_size=ctx_batch or preset.batch_size,
-            seq_len=ctx_seq or preset.seq_len,
-            device=device,
-            **ctx,
-        )
         return build_gpt(name, context)
     factory = _load_factory(name)
-    context = ModelContext(batch_size=ctx_batch or 1, seq_len=ctx_seq or 1, device=device, **ctx)
     result = factory(context)
     if isinstance(result, ModelSpec):
+        if (result.batch_size, result.seq_len) != (batch_size, seq_len):
+            raise UserError(
+                f"--model {name}: the factory's ModelSpec says batch {result.batch_size} x seq "
+                f"{result.seq_len}, but --batch-size {batch_size} --seq-len {seq_len} were "
+                "asked for: build the batch from ctx.batch_size and ctx.seq_len"
+            )
         return result
     if isinstance(result, tuple) and len(result) == 3:
         model, blocks, batch_fn = result

@@ -10,6 +10,8 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
+import shlex
 import sys
 import time
 import warnings
@@ -21,17 +23,23 @@ import torch
 import torch.distributed as dist
 
 from fsdp_trace import __version__
+from fsdp_trace.atomic import write_text
 from fsdp_trace.capture import environment, parallelize, schedule, train
 from fsdp_trace.capture.config import CaptureConfig
-from fsdp_trace.capture.models import build_model, count_parameters
+from fsdp_trace.capture.models import ModelSpec, build_model, count_parameters, resolve_shape
+from fsdp_trace.capture.outputs import (  # re-exported: the CLI imports them from here
+    ARGV_ENV,
+    COMMAND_ENV,
+    ERROR_DIR_ENV,
+    RUN_FILE,
+    out_dir_problem,
+    remove_outputs,
+    trace_name,
+)
+from fsdp_trace.capture.summary import print_summary
 from fsdp_trace.errors import UserError
 
-RUN_FILE = "run.json"
-ERROR_DIR_ENV = "FSDP_TRACE_ERROR_DIR"
-
-
-def trace_name(rank: int, phase: str) -> str:
-    return f"rank{rank}.{phase}.json.gz"
+__all__ = ["ERROR_DIR_ENV", "RUN_FILE", "out_dir_problem", "trace_name", "worker_main"]
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:
@@ -47,35 +55,20 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def out_dir_problem(out: Path, overwrite: bool) -> str | None:
-    """Why the output directory cannot be used, or None."""
-    if out.exists() and not out.is_dir():
-        return f"--out {out} exists and is not a directory"
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        return f"--out {out} already exists and is not empty: pass --overwrite or choose another"
-    return None
-
-
 _outputs_started = False  # set once this run may have written into --out
 
 
-def prepare_out_dir(out: Path, rank: int) -> None:
-    """Rank 0 empties (under --overwrite) and creates the directory; the others wait."""
+def prepare_out_dir(out: Path, local_rank: int) -> None:
+    """Each node's local rank 0 creates the directory (and, under --overwrite, removes the
+    previous run: run.json first, then traces and temp files a killed run left); the others
+    wait. Per node, so --out need not be on a filesystem shared between nodes."""
     global _outputs_started
     _outputs_started = True
-    if rank == 0:
-        if out.is_dir():
-            for child in out.iterdir():
-                if child.is_file() and (child.name == RUN_FILE or child.name.startswith("rank")):
-                    child.unlink()
+    if local_rank == 0:
+        (out / RUN_FILE).unlink(missing_ok=True)
+        remove_outputs(out)
         out.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-
-
-def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 class Progress:
@@ -114,10 +107,17 @@ class Progress:
             self._progress.advance(self._task)
 
 
-def oom_message(cfg: CaptureConfig, spec_batch: int, spec_seq: int, device: torch.device) -> str:
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's failure (a plain RuntimeError)."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
+    )
+
+
+def oom_message(cfg: CaptureConfig, batch: int, seq: int, device: torch.device) -> str:
     where = f"{torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU"
     return (
-        f"out of memory on {where} with batch {spec_batch} x seq {spec_seq}: lower --batch-size "
+        f"out of memory on {where} with batch {batch} x seq {seq}: lower --batch-size "
         f"or --seq-len, raise --ac-coverage (now {cfg.ac_coverage:g}), keep "
         "--reshard-after-forward true, or shard over more GPUs"
     )
@@ -129,32 +129,45 @@ def gather(payload: Any, world_size: int) -> list[Any]:
     return result
 
 
-def run_worker(cfg: CaptureConfig, command: str) -> None:
-    """The body of one rank. Raises UserError for problems the user can fix."""
+def run_worker(cfg: CaptureConfig, command: str, argv: list[str]) -> None:
+    """The body of one rank. Raises UserError for problems the user can fix, out of memory
+    included wherever it happens (model build, init, optimizer, or the steps)."""
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(cfg.device, local_rank)
+    batch, seq = resolve_shape(cfg.model, cfg.batch_size, cfg.seq_len)
     out = Path(cfg.out)
     problem = out_dir_problem(out, cfg.overwrite)  # every rank checks before anyone writes
 
     timeout = dt.timedelta(seconds=cfg.timeout_s)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timeout, device_id=device)
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
     try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group("nccl", timeout=timeout, device_id=device)
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
         if problem:
             raise UserError(problem)
-        _run_initialized(cfg, command, rank, world_size, device, out)
+        _run_initialized(cfg, command, argv, rank, world_size, local_rank, device, out)
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise UserError(oom_message(cfg, batch, seq, device)) from None
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 
 
 def _run_initialized(
-    cfg: CaptureConfig, command: str, rank: int, world_size: int, device: torch.device, out: Path
+    cfg: CaptureConfig,
+    command: str,
+    argv: list[str],
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    device: torch.device,
+    out: Path,
 ) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -220,7 +233,7 @@ def _run_initialized(
     index = 0
     try:
         with progress.running():
-            prepare_out_dir(out, rank)
+            prepare_out_dir(out, local_rank)
             progress.phase("warmup")
             for _ in range(cfg.warmup_steps):
                 step(index)
@@ -248,20 +261,46 @@ def _run_initialized(
             progress.phase("timed steps")
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
+            counters = train.allocator_counters(device)
             step_ms = train.time_steps(step, index, cfg.timed_steps, device)
             for _ in step_ms:
                 progress.advance()
-            memory = train.memory_figures(device)
-    except torch.OutOfMemoryError:
+            memory = train.memory_figures(device, counters)
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
         raise UserError(oom_message(cfg, spec.batch_size, spec.seq_len, device)) from None
 
     per_rank = gather({"rank": rank, "step_ms": step_ms, "memory": memory}, world_size)
     if rank == 0:
         record = build_record(
-            cfg, command, world_size, device, spec, params, block_paths, ac_blocks, plan, per_rank
+            cfg,
+            command=command,
+            argv=argv,
+            world=world_info(world_size, device),
+            env=environment.collect(device),
+            spec=spec,
+            params=params,
+            block_paths=block_paths,
+            ac_blocks=ac_blocks,
+            plan=plan,
+            per_rank=per_rank,
         )
-        write_json_atomically(out / RUN_FILE, record)
+        write_text(out / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
     dist.barrier()
+    if rank == 0:
+        print_summary(record, str(out))
+
+
+def world_info(world_size: int, device: torch.device) -> dict[str, Any]:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return {
+        "world_size": world_size,
+        "local_world_size": local,
+        "nnodes": world_size // max(1, local),
+        "backend": dist.get_backend(),
+        "device": device.type,
+    }
 
 
 def step_time_per_step(per_rank: list[dict[str, Any]]) -> list[float]:
@@ -272,18 +311,20 @@ def step_time_per_step(per_rank: list[dict[str, Any]]) -> list[float]:
 
 def build_record(
     cfg: CaptureConfig,
+    *,
     command: str,
-    world_size: int,
-    device: torch.device,
-    spec: Any,
+    argv: list[str],
+    world: dict[str, Any],
+    env: dict[str, Any],
+    spec: ModelSpec,
     params: dict[str, int],
     block_paths: list[str],
     ac_blocks: list[str],
     plan: parallelize.ShardPlan,
     per_rank: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """run.json: knobs, model, world, measured figures and environment."""
-    env = environment.collect(device)
+    """run.json: knobs, model, world, measured figures and environment (pure: no torch calls,
+    so its arithmetic is tested on given numbers)."""
     figures: dict[str, Any] = {"notices": []}
     tokens_per_step = spec.batch_size * spec.seq_len * cfg.grad_accum
     if cfg.timed_steps:
@@ -298,7 +339,7 @@ def build_record(
             figures["notices"].append("FLOPs per token estimated as 6*N: attention term unknown")
         figures["flops_per_token"] = flops
         peak = env.get("dense_bf16_peak_tflops")
-        if device.type != "cuda":
+        if world["device"] != "cuda":
             figures["mfu"] = None
             figures["notices"].append("MFU omitted: not a GPU run")
         elif cfg.dtype == "fp32":
@@ -307,14 +348,25 @@ def build_record(
         elif peak is None:
             figures["mfu"] = None
             figures["notices"].append(
-                f"MFU omitted: no dense bf16 peak known for {env.get('gpu_name')!r}"
+                f"MFU omitted: no dense bf16 peak known for {env.get('gpu_name')!r} "
+                "(fsdp_trace/capture/environment.py lists the known GPUs)"
             )
         else:
             achieved = figures["tokens_per_s_per_gpu"] * flops
             figures["achieved_tflops_per_gpu"] = achieved / 1e12
             figures["mfu"] = achieved / (peak * 1e12)
         if cfg.baseline:
-            figures.update(scaling_against(cfg.baseline, figures["tokens_per_s_per_gpu"]))
+            scaling = scaling_against(cfg.baseline, figures["tokens_per_s_per_gpu"])
+            figures.update(scaling)
+            if scaling["scaling_efficiency"] is None:
+                figures["notices"].append(
+                    f"scaling efficiency omitted: {scaling['baseline_error']}"
+                )
+            elif scaling["baseline_world_size"] not in (None, 1):
+                figures["notices"].append(
+                    f"the baseline {cfg.baseline} ran on {scaling['baseline_world_size']} ranks, "
+                    "not 1: scaling efficiency is relative to it"
+                )
     figures["per_rank"] = [
         {
             "rank": r["rank"],
@@ -328,16 +380,16 @@ def build_record(
         values = [r["memory"][key] for r in per_rank if key in r["memory"]]
         if values:
             figures[key] = max(values)
-    if any("num_alloc_retries" in r["memory"] for r in per_rank):
-        figures["num_alloc_retries"] = sum(
-            r["memory"].get("num_alloc_retries", 0) for r in per_rank
-        )
+    for key in ("num_alloc_retries", "num_ooms"):  # during the timed steps, summed over ranks
+        if any(key in r["memory"] for r in per_rank):
+            figures[key] = sum(r["memory"].get(key, 0) for r in per_rank)
 
     return {
         "tool": "fsdp-trace",
         "version": __version__,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
+        "argv": argv,
         "config": cfg.to_dict(),
         "model": {
             **spec.description,
@@ -359,13 +411,7 @@ def build_record(
             "grad_accum": cfg.grad_accum,
             "accum_no_sync": cfg.accum_no_sync,
         },
-        "world": {
-            "world_size": world_size,
-            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
-            "nnodes": world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))),
-            "backend": dist.get_backend(),
-            "device": device.type,
-        },
+        "world": world,
         "steps": {
             "warmup": cfg.warmup_steps,
             "profiler_warmup_per_phase": schedule.PROFILER_WARMUP_STEPS,
@@ -376,8 +422,8 @@ def build_record(
         "figures": figures,
         "environment": env,
         "files": {
-            "detailed": [trace_name(r, "detailed") for r in range(world_size)],
-            "timing": [trace_name(r, "timing") for r in range(world_size)],
+            "detailed": [trace_name(r, "detailed") for r in range(world["world_size"])],
+            "timing": [trace_name(r, "timing") for r in range(world["world_size"])],
         },
     }
 
@@ -389,10 +435,11 @@ def scaling_against(baseline_dir: str, tokens_per_s_per_gpu: float) -> dict[str,
         base = json.loads(path.read_text())
         base_tps = base["figures"]["tokens_per_s_per_gpu"]
     except (OSError, ValueError, KeyError) as exc:
-        return {"scaling_efficiency": None, "baseline_error": f"{path}: {exc}"}
+        return {"scaling_efficiency": None, "baseline_error": f"{path}: cannot read ({exc})"}
     return {
         "baseline_dir": str(baseline_dir),
         "baseline_tokens_per_s": base_tps,
+        "baseline_world_size": base.get("world", {}).get("world_size"),
         "scaling_efficiency": tokens_per_s_per_gpu / base_tps,
     }
 
@@ -404,49 +451,76 @@ def write_error_file(folder: str, rank: int, message: str, code: int) -> None:
         Path(folder, f"rank{rank}.json").write_text(json.dumps(payload))
 
 
-def remove_rank_outputs(out: Path, rank: int) -> None:
-    """A failed rank leaves no traces behind: a run without run.json has no outputs."""
-    for path in out.glob(f"rank{rank}.*.json.gz"):
-        path.unlink(missing_ok=True)
-    for path in out.glob(f".rank{rank}.*.tmp-*"):
-        path.unlink(missing_ok=True)
-
-
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def recorded_command(cfg: CaptureConfig, cli_command: str) -> tuple[str, list[str]]:
+    """run.json's `command` (the equivalent `fsdp-trace capture`, rebuilt from the resolved
+    config) and `argv` (the command line as typed). The standalone launcher passes both;
+    under a plain torchrun they are rebuilt here from its environment and the CLI's view."""
+    command = os.environ.get(COMMAND_ENV)
+    if not command:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        nnodes = int(os.environ.get("WORLD_SIZE", local)) // max(1, local)
+        command = cfg.capture_command(local, ["--nnodes", str(nnodes)] if nnodes > 1 else [])
+    raw = os.environ.get(ARGV_ENV)
+    argv = json.loads(raw) if raw else shlex.split(cli_command)
+    return command, argv
+
+
 def worker_main(cfg: CaptureConfig, command: str) -> int:
-    """Run one rank and turn any failure into one line on stderr and an exit code."""
+    """Run one rank and turn any failure into one line on stderr and an exit code.
+
+    `command` is how the CLI describes this launch; run.json records it as `argv` when no
+    standalone launcher recorded the real one.
+    """
     import signal
 
     rank = int(os.environ.get("RANK", "0"))
     out = Path(cfg.out)
-    # torchrun ends the other ranks with SIGTERM when one fails: clean up on the way out.
+    # torchrun ends the other ranks with SIGTERM when one fails (and on Ctrl-C / SIGTERM to
+    # the launcher): clean up on the way out.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        run_worker(cfg, command)
-    except SystemExit:
+        run_worker(cfg, *recorded_command(cfg, command))
+    except (SystemExit, KeyboardInterrupt) as exc:
         if _outputs_started and not (out / RUN_FILE).exists():
-            remove_rank_outputs(out, rank)
-        raise
+            remove_outputs(out, rank)
+        code = exc.code if isinstance(exc, SystemExit) else 128 + signal.SIGINT
+        if not os.environ.get(ERROR_DIR_ENV):  # the standalone launcher says it once
+            name = signal.Signals(code - 128).name if isinstance(code, int) and code > 128 else ""
+            print(f"fsdp-trace capture: rank {rank}: stopped {name}".rstrip(), file=sys.stderr)
+        return code if isinstance(code, int) else 1
     except UserError as exc:
         message = exc.message
         code = exc.exit_code
-    except torch.OutOfMemoryError:
-        message = oom_message(cfg, cfg.batch_size or 0, cfg.seq_len or 0, torch.device("cuda"))
-        code = 1
     except Exception as exc:  # a rank's failure must end the job with its own message
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        message = f"{type(exc).__name__}: {first_line}"[:500]
+        message = failure_message(exc, cfg)
         code = 1
     else:
         return 0
     if _outputs_started and not (out / RUN_FILE).exists():
-        remove_rank_outputs(out, rank)
+        remove_outputs(out, rank)
     folder = os.environ.get(ERROR_DIR_ENV)
     if folder:  # the standalone launcher reports the first failure once
         write_error_file(folder, rank, message, code)
     else:
         print(f"fsdp-trace capture: rank {rank}: {message}", file=sys.stderr, flush=True)
     return code
+
+
+TIMEOUT_PATTERN = re.compile(r"timed out|collective operation timeout", re.IGNORECASE)
+SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|py):\d+\]\s*")  # gloo's "[file.cc:129] "
+
+
+def failure_message(exc: Exception, cfg: CaptureConfig) -> str:
+    """One line for an unexpected failure; a collective timeout says what it means."""
+    first_line = SOURCE_PREFIX.sub("", (str(exc).strip().splitlines() or [""])[0])
+    message = f"{type(exc).__name__}: {first_line}"[:500]
+    if TIMEOUT_PATTERN.search(str(exc)):
+        return (
+            f"a collective waited longer than --timeout-s {cfg.timeout_s} for another rank, "
+            f"which is stuck or far behind ({message})"
+        )
+    return message

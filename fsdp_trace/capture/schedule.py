@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from fsdp_trace.capture.outputs import trace_temp_name
 from fsdp_trace.capture.train import StepFn
 
 PROFILER_WARMUP_STEPS = 1
@@ -26,14 +27,10 @@ def activities_for(device: torch.device) -> list[ProfilerActivity]:
     return acts
 
 
-def temp_name(path: Path) -> Path:
-    """A sibling temp name that keeps `.json.gz` (the profiler gzips by suffix)."""
-    return path.with_name(f".{path.name[: -len('.json.gz')]}.tmp-{os.getpid()}.json.gz")
-
-
 def export_atomically(prof: profile, path: Path) -> None:
-    """Write to a temp name and rename, so a killed run never leaves a half-written trace."""
-    tmp = temp_name(path)
+    """Write to a temp name and rename, so a killed run never leaves a half-written trace
+    (a temp file a SIGKILL leaves behind is removed by the launcher or by --overwrite)."""
+    tmp = trace_temp_name(path, os.getpid())
     try:
         prof.export_chrome_trace(str(tmp))
         os.replace(tmp, path)

@@ -112,15 +112,30 @@ def summarize(values: list[float]) -> dict[str, float]:
     }
 
 
-def memory_figures(device: torch.device) -> dict[str, Any]:
-    """Peak allocator figures since the last reset (GPU), or the process's peak RSS (CPU)."""
+ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_ooms")
+
+
+def allocator_counters(device: torch.device) -> dict[str, int]:
+    """The caching allocator's cumulative counters (since process start: a peak reset does not
+    clear them), read before the timed steps so that only theirs are recorded."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {key: int(stats.get(key, 0)) for key in ALLOCATOR_COUNTERS}
+
+
+def memory_figures(device: torch.device, counters_before: dict[str, int]) -> dict[str, Any]:
+    """Peak allocator figures since the last reset (GPU), or the process's peak RSS (CPU).
+
+    `num_alloc_retries` / `num_ooms` count the timed steps only: the counters now minus
+    `counters_before` (from `allocator_counters` right before the timed steps).
+    """
     if device.type == "cuda":
-        stats = torch.cuda.memory_stats(device)
+        now = allocator_counters(device)
         return {
             "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
             "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
-            "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
-            "num_ooms": int(stats.get("num_ooms", 0)),
+            **{key: now[key] - counters_before.get(key, 0) for key in ALLOCATOR_COUNTERS},
         }
     import resource
 

@@ -1,0 +1,34 @@
+"""sample_traces/README.md lists each shipped run's command exactly as its run.json records it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tests.conftest import SAMPLES
+
+
+def readme_commands() -> dict[str, str]:
+    """`# name` comment lines in the README's bash blocks, each followed by its command."""
+    text = (SAMPLES / "README.md").read_text()
+    commands = {}
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
+        name = None
+        for line in block.splitlines():
+            if line.startswith("# ") and name is None:
+                name = line[2:].split()[0].rstrip(":")
+            elif line.startswith("fsdp-trace ") and name is not None:
+                commands[name] = line
+                name = None
+    return commands
+
+
+def test_every_shipped_run_has_its_recorded_command_in_the_readme():
+    listed = readme_commands()
+    runs = sorted(SAMPLES.glob("**/run.json"))
+    assert len(runs) >= 20
+    for path in runs:
+        run_dir = path.parent
+        name = run_dir.parent.name if run_dir.parent.name.startswith("sweep-") else run_dir.name
+        recorded = json.loads(path.read_text())["command"]
+        assert listed.get(name) == recorded, (name, recorded)
