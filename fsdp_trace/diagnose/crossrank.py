@@ -1,60 +1,253 @@
 """Match each collective across ranks and split its duration into transfer and waiting.
 
-A collective's kernel on every rank ends at about the same moment (they finish together); it
-starts when that rank arrives. So the shortest duration across ranks approximates the transfer
-time, each rank's excess is time spent waiting for the last one to arrive, and the rank that
-starts last is the one the others waited for.
+A collective's kernel on every member rank ends at about the same moment (they finish
+together); it starts when that rank arrives. So the shortest duration across the members
+approximates the transfer time, each rank's excess is time spent waiting for the last one to
+arrive, and the rank that starts last is the one the others waited for.
 
-Matching: per process group and profiled step, the k-th collective launched on one rank is the
-k-th on every other (NCCL requires that order; every rank runs the same steps); launch order
-is the kernels' correlation order. Keying by step keeps ranks aligned even when they dropped
-different numbers of kernels launched before the profiled window. Clocks of
-different hosts can disagree: each rank's offset is the median difference of matched end
-times to rank 0's, and start times are corrected by it before deciding who arrived last.
+Matching is per process group, among its member ranks: the group is the kernel's `Process
+Group Ranks` (else the rank's `distributedInfo.pg_config` entry for its `Process Group Name`,
+else every analyzed rank), so HSDP/TP subgroups match within themselves. Within a group the
+trace's `Seq` (torch >= 2.12) identifies a collective on every member; without it, the k-th
+collective of a group in a profiled step is the k-th on every member (NCCL requires that
+order), launch order being the kernels' correlation order. Keying by step keeps ranks aligned
+even when they dropped different numbers of kernels launched before the profiled window.
+Matched kernels must agree on collective type, unit and bytes; the others are left out, with
+a notice. Clocks of different hosts can disagree: each rank's offset is the median difference
+of matched end times, chained from the lowest rank through the groups, and start times are
+corrected by it before deciding who arrived last.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from fsdp_trace.analyze import classify
+from fsdp_trace.analyze import intervals as iv
 from fsdp_trace.analyze.results import RankAnalysis
 
 # Matched collectives end within a few µs of each other on one host (NCCL's own completion
 # skew); only a larger median difference means the ranks' clocks disagree.
 CLOCK_TOLERANCE_US = 50.0
+# Arrivals closer than this are a tie: nobody arrived last. Matched kernels on one host end
+# within ±5 µs of each other (5th–95th percentile on the gpt-1.3b-b4-2gpu sample), so start
+# differences below that are not evidence of who was late.
+ARRIVAL_TIE_US = 5.0
+ALL_RANKS = "*"  # members of a group whose ranks the trace does not name
+_NUMBERS = re.compile(r"-?\d+")
 
 
 @dataclass
 class CrossRank:
-    """Matched collectives and per-rank waiting; empty with fewer than two GPU ranks."""
+    """Matched collectives and per-rank waiting; empty when nothing matched (see notices)."""
 
     matched: pd.DataFrame  # one row per matched collective
-    per_rank: pd.DataFrame  # rank, wait_us_per_step, arrived_last, arrived_last_share, ...
+    per_rank: pd.DataFrame  # rank, n_matched, wait_us_per_step, wait_pct, arrived_last, ...
     clock_offsets_us: dict[int, float] = field(default_factory=dict)
     notices: list[str] = field(default_factory=list)
-    transfer_by_rank: dict[int, pd.Series] = field(default_factory=dict)  # correlation → µs
+    # One row per rank × matched collective: rank, correlation, match, transfer_us, wait_us.
+    participants: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Process groups by the id `matched.group` holds: pg (name) and members ('0,1', or '*'
+    # where the trace names none and every analyzed rank counts).
+    groups: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def __post_init__(self) -> None:
+        self._transfer_by_rank: dict[int, pd.Series] = (
+            {
+                int(rank): pd.Series(group["transfer_us"].to_numpy(), index=group["correlation"])
+                for rank, group in self.participants.groupby("rank", sort=False)
+            }
+            if not self.participants.empty
+            else {}
+        )
 
     def transfer_us(self, rank: int | None, correlations: pd.Series) -> np.ndarray:
         """The cross-rank transfer time of a rank's collectives (NaN where unmatched)."""
-        series = self.transfer_by_rank.get(rank)
+        series = self._transfer_by_rank.get(rank) if rank is not None else None
         if series is None:
             return np.full(len(correlations), np.nan)
         return series.reindex(correlations.to_numpy()).to_numpy(dtype=np.float64)
+
+    def without_waiting(self, rank: int | None, collectives: pd.DataFrame) -> pd.DataFrame:
+        """A rank's collectives with waiting for late peers taken out: `transfer_us` (the
+        cross-rank transfer time, the kernel's duration where unmatched) and `exposed_us`
+        capped by it. Waiting is the straggler's cost (rule 10), not the collective's."""
+        transfer = self.transfer_us(rank, collectives["correlation"])
+        duration = collectives["dur_us"].to_numpy(dtype=np.float64)
+        exposed = collectives["exposed_us"].to_numpy(dtype=np.float64)
+        matched = ~np.isnan(transfer)
+        return pd.DataFrame(
+            {
+                "transfer_us": np.where(matched, transfer, duration),
+                "exposed_us": np.where(matched, np.fmin(exposed, transfer), exposed),
+                "matched": matched,
+            },
+            index=collectives.index,
+        )
 
     @property
     def empty(self) -> bool:
         return self.matched.empty
 
 
-def _index_collectives(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.sort_values("correlation", kind="stable").copy()
-    frame["pg"] = frame["pg_name"].astype(object).where(frame["pg_name"].notna(), "default")
-    frame["index"] = frame.groupby(["pg", "step"], sort=False).cumcount()
-    return frame
+def _members_text(raw: Any) -> str | None:
+    """'[0, 1]' → '0,1'; empty or absent → None."""
+    if not isinstance(raw, str):
+        return None
+    return ",".join(_NUMBERS.findall(raw)) or None
+
+
+def _pg_config_members(rank: RankAnalysis) -> dict[str, str]:
+    """pg_name → '0,1' from the trace's distributedInfo.pg_config."""
+    config = (rank.meta.get("distributed") or {}).get("pg_config") or []
+    return {
+        str(pg["pg_name"]): ",".join(str(int(r)) for r in pg["ranks"])
+        for pg in config
+        if isinstance(pg, dict) and pg.get("pg_name") is not None and pg.get("ranks")
+    }
+
+
+@dataclass
+class _Groups:
+    """Process groups seen on any rank, numbered: (name, members) → id. Rows carry the id,
+    so a group's member list (thousands of ranks) is parsed once per rank, never per row."""
+
+    ids: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def id(self, pg: str, members: str) -> int:
+        return self.ids.setdefault((pg, members), len(self.ids))
+
+    def frame(self) -> pd.DataFrame:
+        keys = list(self.ids)
+        return pd.DataFrame(
+            {"pg": [k[0] for k in keys], "members": [k[1] for k in keys]},
+            index=pd.Index(list(self.ids.values()), name="group"),
+        )
+
+
+def _rank_table(rank: RankAnalysis, groups: _Groups) -> pd.DataFrame:
+    """The columns matching needs, with each kernel's process group (an id in `groups`)."""
+    c = rank.collectives
+    raw = c["pg_ranks"] if "pg_ranks" in c else pd.Series(None, index=c.index, dtype=object)
+    keys = pd.DataFrame({"pg": c["pg_name"].to_numpy(), "raw": raw.array})
+    # One pass over the rows (categorical columns: over their codes); the rest per group.
+    codes = keys.groupby(["pg", "raw"], sort=False, dropna=False, observed=True).ngroup()
+    codes = codes.to_numpy()
+    _, first = np.unique(codes, return_index=True)
+    configured = _pg_config_members(rank)
+    ids = np.array(
+        [
+            groups.id(
+                "default" if pd.isna(name) else str(name),
+                _members_text(text) or configured.get(str(name)) or ALL_RANKS,
+            )
+            for name, text in keys.iloc[first].itertuples(index=False)
+        ],
+        dtype=np.int64,
+    )
+    return pd.DataFrame(
+        {
+            "rank": int(rank.rank),
+            "step": c["step"].to_numpy(),
+            "correlation": c["correlation"].to_numpy(),
+            "seq": c["seq"].to_numpy(),
+            "group": ids[codes],
+            "collective": c["collective"].to_numpy(),
+            "block": c["block"].astype(str).to_numpy(),
+            "phase": c["phase"].to_numpy(),
+            "bytes": c["bytes"].to_numpy(dtype=np.float64),
+            "group_size": c["group_size"].to_numpy(dtype=np.float64),
+            "start_us": c["start_us"].to_numpy(dtype=np.float64),
+            "end_us": c["end_us"].to_numpy(dtype=np.float64),
+        }
+    )
+
+
+def _expected_members(groups: pd.DataFrame, ranks: list[int]) -> pd.Series:
+    """Per group: how many analyzed ranks take part (members the trace names, else all)."""
+    present = set(ranks)
+    return pd.Series(
+        [
+            len(ranks)
+            if members == ALL_RANKS
+            else len(present.intersection(int(m) for m in members.split(",")))
+            for members in groups["members"]
+        ],
+        index=groups.index,
+        dtype=np.int64,
+    )
+
+
+def _order(table: pd.DataFrame) -> pd.DataFrame:
+    """Match key per kernel: (group, step, k-th in the group and step), or (group, Seq) where
+    every kernel of the group carries one."""
+    table = table.sort_values(["rank", "correlation"], kind="stable")
+    has_seq = table.groupby("group", sort=False)["seq"].transform("min") >= 0
+    kth = table.groupby(["rank", "group", "step"], sort=False).cumcount()
+    table["key_step"] = np.where(has_seq, -1, table["step"])
+    table["index"] = np.where(has_seq, table["seq"], kth)
+    return table
+
+
+def _clock_offsets(rows: pd.DataFrame, ranks: list[int]) -> tuple[dict[int, float], list[int]]:
+    """Each rank's clock offset from the lowest rank: median end-time difference to the
+    lowest member of each matched collective, chained through the groups (breadth first)."""
+    anchor_end = rows.groupby("match")["end_us"].transform("first")
+    anchor = rows.groupby("match")["rank"].transform("first")
+    diffs = (rows["end_us"] - anchor_end).groupby([anchor, rows["rank"]]).median()
+    edges: dict[int, list[tuple[int, float]]] = {}
+    for (a, r), d in diffs.items():
+        if a != r:
+            edges.setdefault(int(a), []).append((int(r), float(d)))
+            edges.setdefault(int(r), []).append((int(a), -float(d)))
+    reference = min(ranks)
+    offsets = {reference: 0.0}
+    frontier = [reference]
+    while frontier:
+        nxt = []
+        for a in frontier:
+            for r, d in edges.get(a, []):
+                if r not in offsets:
+                    offsets[r] = offsets[a] + d
+                    nxt.append(r)
+        frontier = nxt
+    unreached = [r for r in ranks if r not in offsets]
+    return {r: offsets.get(r, 0.0) for r in ranks}, unreached
+
+
+def _wait_per_step(rows: pd.DataFrame, usable: list[RankAnalysis]) -> pd.DataFrame:
+    """Per rank: median over steps of the time spent waiting inside NCCL kernels (the union of
+    each kernel's waiting start, clipped to the step window) and of its share of that step."""
+    windows = pd.concat(
+        [r.steps[["step", "start_us", "end_us", "step_us"]].assign(rank=r.rank) for r in usable],
+        ignore_index=True,
+    ).rename(columns={"start_us": "w_start", "end_us": "w_end"})
+    w = rows[["rank", "step", "start_us", "wait_us"]].merge(windows, on=["rank", "step"])
+    start = np.clip(w["start_us"], w["w_start"], w["w_end"])
+    end = np.clip(w["start_us"] + w["wait_us"], w["w_start"], w["w_end"])
+    key = w["rank"].astype(str) + "|" + w["step"].astype(str)
+    waited = iv.grouped_union_length(key, start, end)
+    steps = w.drop_duplicates(["rank", "step"]).assign(key=key)
+    steps["wait_us"] = steps["key"].map(waited).fillna(0.0)
+    steps["wait_pct"] = 100.0 * steps["wait_us"] / steps["step_us"]
+    return steps.groupby("rank")[["wait_us", "wait_pct"]].median()
+
+
+def _steps_covered(usable: list[RankAnalysis]) -> str:
+    parts = []
+    for r in usable[:8]:
+        steps = r.collectives["step"]
+        parts.append(f"rank {r.rank}: steps {steps.min()}–{steps.max()}")
+    return "; ".join(parts) + ("; …" if len(usable) > 8 else "")
+
+
+def _empty(notices: list[str]) -> CrossRank:
+    return CrossRank(pd.DataFrame(), pd.DataFrame(), notices=notices)
 
 
 def match(ranks: list[RankAnalysis]) -> CrossRank:
@@ -62,63 +255,124 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
     usable = [
         r for r in ranks if r.device == "gpu" and not r.collectives.empty and r.rank is not None
     ]
-    ids = [r.rank for r in usable]
-    if len(usable) < 2 or len(set(ids)) != len(ids):
-        return CrossRank(pd.DataFrame(), pd.DataFrame())
-    notices: list[str] = []
-    frames = {r.rank: _index_collectives(r.collectives) for r in usable}
-    reference = min(frames)
-    keys = ["pg", "step", "index"]
-    common = None
-    for frame in frames.values():
-        idx = pd.MultiIndex.from_frame(frame[keys])
-        common = idx if common is None else common.intersection(idx)
-    counts = {rank: len(f) for rank, f in frames.items()}
-    if len(set(counts.values())) > 1:
-        notices.append(
-            "ranks launched different numbers of collectives "
-            + ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
-            + f"; matched {len(common)} by process group, step and order"
+    ids = [int(r.rank) for r in usable]
+    if len(usable) < 2:
+        return _empty([])
+    if len(set(ids)) != len(ids):
+        twice = sorted({r for r in ids if ids.count(r) > 1})
+        return _empty(
+            [f"several traces claim rank {', '.join(map(str, twice))}: no cross-rank view"]
         )
-    aligned = {r: f.set_index(keys).loc[common] for r, f in frames.items()}
-    base = aligned[reference]
-    agree = np.ones(len(common), dtype=bool)
-    for frame in aligned.values():
-        agree &= frame["collective"].to_numpy() == base["collective"].to_numpy()
-    if not agree.all():
-        notices.append(f"{int((~agree).sum())} collectives differ in type across ranks: left out")
-    order = sorted(aligned)
-    starts = np.column_stack([aligned[r]["start_us"].to_numpy() for r in order])[agree]
-    ends = np.column_stack([aligned[r]["end_us"].to_numpy() for r in order])[agree]
-    offsets = np.median(ends - ends[:, [order.index(reference)]], axis=0)
-    applied = np.where(np.abs(offsets) > CLOCK_TOLERANCE_US, offsets, 0.0)
-    if np.any(applied != 0.0):
+    notices: list[str] = []
+    groups = _Groups()
+    table = _order(pd.concat([_rank_table(r, groups) for r in usable], ignore_index=True))
+    group_info = groups.frame()
+    expected = _expected_members(group_info, ids)
+    named = group_info["members"] != ALL_RANKS
+    sizes = group_info.loc[named, "members"].str.count(",") + 1
+    partial = sizes[sizes > expected[named]]
+    if len(partial):
+        g = partial.index[0]
         notices.append(
-            "rank clocks disagree: aligned by matched collective ends ("
-            + ", ".join(f"rank {r}: {o:+.1f} µs" for r, o in zip(order, offsets, strict=True))
+            f"{len(partial)} process group(s) have ranks whose traces were not given (e.g. "
+            f"group {group_info.loc[g, 'pg']}: {expected[g]} of {partial[g]} ranks): their "
+            "collectives are matched among the ranks given, so transfer times are upper bounds "
+            "and waiting lower bounds"
+        )
+    keys = ["group", "key_step", "index"]
+    by_key = table.groupby(keys, sort=False)["rank"]
+    size = by_key.transform("nunique")
+    once = by_key.transform("size") == size  # no rank with two kernels under one key
+    complete = (size == table["group"].map(expected)) & (size >= 2) & once
+    if not complete.any():
+        notices.append(
+            "no collective matched across ranks (by process group, step and order): the "
+            f"traces cover different steps or groups ({_steps_covered(usable)}); profile the "
+            "same steps on every rank"
+        )
+        return _empty(notices)
+    unmatched = int((~complete).sum())
+    if unmatched:
+        counts = table.groupby("rank").size()
+        notices.append(
+            f"{unmatched} of {len(table)} collective kernels have no counterpart on every "
+            "member rank of their process group and are left out of the cross-rank view ("
+            + ", ".join(f"rank {r}: {n}" for r, n in counts.head(8).items())
+            + (", …" if len(counts) > 8 else "")
             + ")"
         )
-    starts = starts - applied
-    durations = ends - applied - starts
-    transfer = durations.min(axis=1)
-    waits = durations - transfer[:, None]
-    last = np.asarray(order)[np.argmax(starts, axis=1)]
-    lateness = starts.max(axis=1) - np.median(starts, axis=1)
-    info = base[agree].reset_index()
-    group = info["group_size"].to_numpy(dtype=np.float64)
+    rows = table[complete].copy()
+    rows["match"] = rows.groupby(keys, sort=False).ngroup()
+    rows = rows.sort_values(["match", "rank"], kind="stable")
+    agree = (
+        rows.assign(bytes=rows["bytes"].fillna(-1.0))
+        .groupby("match")[["collective", "block", "bytes"]]
+        .nunique()
+        .max(axis=1)
+        == 1
+    )
+    if not agree.all():
+        bad = agree[~agree].index
+        example = rows[rows["match"] == bad[0]]
+        notices.append(
+            f"{len(bad)} matched collectives differ across ranks in type, unit or bytes and are "
+            "left out (e.g. "
+            + "; ".join(
+                f"rank {e.rank}: {e.collective} {e.block} {e.bytes:.0f} B"
+                for e in example.head(3).itertuples()
+            )
+            + "): a rank may have skipped a collective, or the traces come from different runs"
+        )
+        rows = rows[rows["match"].map(agree).to_numpy()]
+        if rows.empty:
+            return _empty(notices)
+    rows["match"] = rows.groupby("match", sort=True).ngroup()
+
+    offsets, unreached = _clock_offsets(rows, ids)
+    if unreached:
+        notices.append(
+            "no matched collective links rank(s) "
+            + ", ".join(map(str, unreached[:8]))
+            + " to the others: their clocks are taken as is"
+        )
+    applied = {r: (o if abs(o) > CLOCK_TOLERANCE_US else 0.0) for r, o in offsets.items()}
+    if any(applied.values()):
+        shown = sorted(offsets.items())[:8]
+        notices.append(
+            "rank clocks disagree: aligned by matched collective ends ("
+            + ", ".join(f"rank {r}: {o:+.1f} µs" for r, o in shown)
+            + (", …" if len(offsets) > 8 else "")
+            + ")"
+        )
+    rows["arrival"] = rows["start_us"] - rows["rank"].map(applied)
+    duration = rows["end_us"] - rows["start_us"]
+    by_match = rows.groupby("match", sort=True)
+    transfer = duration.groupby(rows["match"]).min()
+    rows["transfer_us"] = rows["match"].map(transfer)
+    rows["wait_us"] = duration - rows["transfer_us"]
+
+    ordered = rows.sort_values(["match", "arrival"], kind="stable")
+    last_two = ordered.groupby("match", sort=True).tail(2)
+    latest = last_two.groupby("match").last()
+    runner_up = last_two.groupby("match")["arrival"].first()
+    tie = (latest["arrival"] - runner_up) <= ARRIVAL_TIE_US
+    last_rank = latest["rank"].where(~tie, -1).astype(np.int64)
+    lateness = latest["arrival"] - by_match["arrival"].median()
+
+    info = by_match.first()
     factor = np.array(
         [
             classify.bus_factor(c, int(g)) if not np.isnan(g) else np.nan
-            for c, g in zip(info["collective"], group, strict=True)
+            for c, g in zip(info["collective"], info["group_size"], strict=True)
         ]
     )
     with np.errstate(divide="ignore", invalid="ignore"):
-        algbw = np.where(
-            transfer > 0, info["bytes"].to_numpy(dtype=np.float64) / (transfer * 1e-6) / 1e9, np.nan
-        )
+        algbw = np.where(transfer > 0, info["bytes"] / (transfer * 1e-6) / 1e9, np.nan)
     matched = pd.DataFrame(
         {
-            "pg": info["pg"],
+            "group": info["group"],
+            "pg": info["group"].map(group_info["pg"]),
+            "n_ranks": by_match.size(),
             "step": info["step"],
             "index": info["index"],
             "collective": info["collective"],
@@ -126,27 +380,32 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
             "phase": info["phase"],
             "bytes": info["bytes"],
             "transfer_us": transfer,
-            "max_wait_us": waits.max(axis=1),
-            "last_rank": last,
-            "lateness_us": lateness,
+            "max_wait_us": by_match["wait_us"].max(),
+            "last_rank": last_rank,
+            "lateness_us": lateness.where(~tie, 0.0),
             "transfer_algbw_gbps": algbw,
             "transfer_busbw_gbps": algbw * factor,
         }
-    )
-    for column, rank in enumerate(order):
-        matched[f"wait_us_rank{rank}"] = waits[:, column]
-    n_steps = max(matched["step"].nunique(), 1)
+    ).reset_index(drop=True)
+
+    rows["last"] = rows["rank"].to_numpy() == rows["match"].map(last_rank).to_numpy()
+    per = rows.groupby("rank").agg(n_matched=("match", "size"), arrived_last=("last", "sum"))
+    waits = _wait_per_step(rows, usable)
     per_rank = pd.DataFrame(
         {
-            "rank": order,
-            "wait_us_per_step": waits.sum(axis=0) / n_steps,
-            "arrived_last": [int((last == r).sum()) for r in order],
-            "arrived_last_share": [float((last == r).mean()) if len(last) else 0.0 for r in order],
-            "clock_offset_us": offsets,
+            "rank": ids,
+            "n_matched": per["n_matched"].reindex(ids, fill_value=0).to_numpy(),
+            "wait_us_per_step": waits["wait_us"].reindex(ids).to_numpy(),
+            "wait_pct": waits["wait_pct"].reindex(ids).to_numpy(),
+            "arrived_last": per["arrived_last"].reindex(ids, fill_value=0).to_numpy(np.int64),
+            "clock_offset_us": [offsets[r] for r in ids],
         }
     )
-    transfers = {
-        r: pd.Series(transfer, index=aligned[r]["correlation"].to_numpy()[agree]) for r in order
-    }
-    offsets_by_rank = dict(zip(order, offsets.tolist(), strict=True))
-    return CrossRank(matched, per_rank, offsets_by_rank, notices, transfers)
+    per_rank["arrived_last_share"] = per_rank["arrived_last"] / per_rank["n_matched"].where(
+        per_rank["n_matched"] > 0
+    )
+    per_rank = per_rank.sort_values("rank").reset_index(drop=True)
+    participants = rows[["rank", "correlation", "match", "transfer_us", "wait_us"]].reset_index(
+        drop=True
+    )
+    return CrossRank(matched, per_rank, offsets, notices, participants, group_info)

@@ -1,8 +1,10 @@
-"""`--fail-on "exposed_pct>5"`: a CI gate over any reported metric.
+"""`--fail-on "exposed_pct>5"`: a CI gate over the reported metrics.
 
 A condition is `metric OP value` with OP one of > >= < <= == !=. Per-rank metrics (the
 median over the rank's timing steps) fail when any rank violates the condition; run metrics
-come from run.json's figures; `findings` counts the diagnosis findings.
+come from run.json's figures; `findings` counts the diagnosis findings. A metric the input
+cannot give (overlap on CPU/gloo traces, waiting with one rank, MFU without run.json) is an
+error, never a silent pass.
 """
 
 from __future__ import annotations
@@ -24,24 +26,75 @@ OPS = {
     "==": operator.eq,
     "!=": operator.ne,
 }
-CONDITION = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|==|!=|>|<)\s*(-?[0-9.]+(?:e-?\d+)?)\s*$")
-RANK_METRICS = {
-    "exposed_pct": ("exposed_pct", 1.0),
-    "overlap_pct": ("overlap_pct", 1.0),
-    "idle_pct": ("idle_pct", 1.0),
-    "step_ms": ("step_us", 1e-3),
-    "exposed_ms": ("exposed_us", 1e-3),
-    "comm_ms": ("comm_us", 1e-3),
-    "compute_ms": ("compute_us", 1e-3),
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+CONDITION = re.compile(rf"^\s*([a-z_]+)\s*(>=|<=|==|!=|>|<)\s*({NUMBER})\s*$")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A gateable metric: where its value comes from and what it means."""
+
+    help: str
+    source: str  # "steps", "crossrank", "distortion", "run" or "findings"
+    column: str = ""  # steps / crossrank column, or run.json figure
+    scale: float = 1.0
+    fraction: bool = False  # a 0–1 figure: messages also show it as a percentage
+
+
+METRICS: dict[str, Metric] = {
+    "exposed_pct": Metric("exposed communication, % of the step", "steps", "exposed_pct"),
+    "overlap_pct": Metric("communication hidden behind compute, % of it", "steps", "overlap_pct"),
+    "idle_pct": Metric("GPU idle (no kernel), % of the step", "steps", "idle_pct"),
+    "step_ms": Metric("step time (GPU window), ms", "steps", "step_us", 1e-3),
+    "exposed_ms": Metric("exposed communication per step, ms", "steps", "exposed_us", 1e-3),
+    "comm_ms": Metric(
+        "communication (union of NCCL kernels) per step, ms", "steps", "comm_us", 1e-3
+    ),
+    "compute_ms": Metric(
+        "compute (union of compute kernels) per step, ms", "steps", "compute_us", 1e-3
+    ),
+    "recompute_pct": Metric(
+        "activation-checkpoint recompute, % of the step", "steps", "recompute_pct"
+    ),
+    "recompute_ms": Metric(
+        "activation-checkpoint recompute per step, ms", "steps", "recompute_us", 1e-3
+    ),
+    "wait_pct": Metric(
+        "time waiting inside NCCL kernels for later ranks, % of the step", "crossrank", "wait_pct"
+    ),
+    "wait_ms": Metric(
+        "time waiting inside NCCL kernels for later ranks per step, ms",
+        "crossrank",
+        "wait_us_per_step",
+        1e-3,
+    ),
+    "straggler_pct": Metric(
+        "share of its matched collectives the rank arrived last at, %",
+        "crossrank",
+        "arrived_last_share",
+        100.0,
+    ),
+    "distortion_pct": Metric(
+        "detailed step's slowdown over the timing median, %", "distortion", "slowdown_pct"
+    ),
+    "mfu": Metric("model FLOPs utilisation (run.json), a fraction", "run", "mfu", fraction=True),
+    "tokens_per_s_per_gpu": Metric("tokens/s/GPU (run.json)", "run", "tokens_per_s_per_gpu"),
+    "scaling_efficiency": Metric(
+        "tokens/s/GPU ÷ the 1-GPU baseline's (run.json), a fraction",
+        "run",
+        "scaling_efficiency",
+        fraction=True,
+    ),
+    "peak_allocated_gib": Metric(
+        "peak allocated memory (run.json), GiB", "run", "peak_allocated_gib"
+    ),
+    "num_alloc_retries": Metric("allocator retries (run.json)", "run", "num_alloc_retries"),
+    "findings": Metric("number of diagnosis findings", "findings"),
 }
-RUN_METRICS = (
-    "mfu",
-    "tokens_per_s_per_gpu",
-    "scaling_efficiency",
-    "peak_allocated_gib",
-    "num_alloc_retries",
-)
-METRICS = (*RANK_METRICS, *RUN_METRICS, "findings")
+RUN_HINTS = {
+    "scaling_efficiency": "capture with --baseline",
+    "mfu": "needs the model's FLOPs and a GPU with a known peak",
+}
 
 
 @dataclass(frozen=True)
@@ -57,7 +110,11 @@ class Condition:
 def parse(text: str) -> Condition:
     match = CONDITION.match(text)
     if not match:
-        raise UserError(f"--fail-on {text!r}: write metric OP value, e.g. 'exposed_pct>5'")
+        raise UserError(
+            f"--fail-on {text!r}: write metric OP number, e.g. 'exposed_pct>5' (OP: "
+            + " ".join(OPS)
+            + ")"
+        )
     metric, op, value = match.groups()
     if metric not in METRICS:
         raise UserError(
@@ -66,37 +123,87 @@ def parse(text: str) -> Condition:
     return Condition(metric, op, float(value))
 
 
-def values(condition: Condition, analysis: Analysis, n_findings: int) -> list[tuple[str, float]]:
-    """(where, value) pairs the condition is checked against."""
-    if condition.metric == "findings":
-        return [("diagnosis", float(n_findings))]
-    if condition.metric in RUN_METRICS:
-        figure = ((analysis.run or {}).get("figures") or {}).get(condition.metric)
-        if figure is None:
-            raise UserError(
-                f"--fail-on {condition}: {condition.metric} needs a capture run "
-                "directory whose run.json has it"
-            )
-        return [("run", float(figure))]
-    column, scale = RANK_METRICS[condition.metric]
+def _unavailable(condition: Condition, why: str) -> UserError:
+    return UserError(
+        f"--fail-on {condition}: metric {condition.metric} is not available for this input: {why}"
+    )
+
+
+def _per_rank_medians(
+    condition: Condition, analysis: Analysis, metric: Metric
+) -> list[tuple[str, float]]:
     out = []
     for rank in analysis.ranks:
-        series = rank.steps[column].astype(float)
-        if series.notna().any():
-            out.append((f"rank {rank.rank}", float(np.nanmedian(series)) * scale))
+        if metric.column not in rank.steps:
+            continue
+        series = rank.steps[metric.column].to_numpy(dtype=np.float64)
+        if np.isfinite(series).any():
+            out.append((f"rank {rank.rank}", float(np.nanmedian(series)) * metric.scale))
+    if not out:
+        if any(metric.column in r.steps for r in analysis.ranks):
+            why = (
+                f"CPU (gloo) traces have no GPU kernels, so no per-step {metric.column}"
+                if all(r.device == "cpu" for r in analysis.ranks)
+                else "no analyzed step has it"
+            )
+        else:
+            why = f"the analysis has no per-step {metric.column}"
+        raise _unavailable(condition, why)
     return out
+
+
+def values(condition: Condition, analysis: Analysis, n_findings: int) -> list[tuple[str, float]]:
+    """(where, value) pairs the condition is checked against; UserError when the input
+    cannot give the metric."""
+    metric = METRICS[condition.metric]
+    if metric.source == "findings":
+        return [("diagnosis", float(n_findings))]
+    if metric.source == "run":
+        if analysis.run is None:
+            raise _unavailable(condition, "it comes from run.json: analyze a capture run directory")
+        figure = (analysis.run.get("figures") or {}).get(metric.column)
+        if figure is None:
+            hint = RUN_HINTS.get(condition.metric, "the capture did not record it")
+            raise _unavailable(condition, f"run.json has no {metric.column} ({hint})")
+        return [("run", float(figure))]
+    if metric.source == "crossrank":
+        cross = analysis.crossrank
+        if cross is None or cross.empty:
+            raise _unavailable(
+                condition, "it needs GPU traces of two or more ranks whose collectives match"
+            )
+        ranks = cross.per_rank["rank"].to_numpy()
+        found = cross.per_rank[metric.column].to_numpy(dtype=np.float64) * metric.scale
+        return [
+            (f"rank {int(r)}", float(v))
+            for r, v in zip(ranks, found, strict=True)
+            if np.isfinite(v)
+        ]
+    if metric.source == "distortion":
+        items = analysis.distortion()
+        if not items:
+            raise _unavailable(
+                condition, "it needs a capture run's detailed traces (do not pass --no-detailed)"
+            )
+        return [(f"rank {d['rank']}", float(d[metric.column])) for d in items]
+    return _per_rank_medians(condition, analysis, metric)
+
+
+def _show(metric: Metric, value: float) -> str:
+    return f"{value:.4g} ({100 * value:.1f} %)" if metric.fraction else f"{value:.4g}"
 
 
 def violations(conditions: list[Condition], analysis: Analysis, n_findings: int) -> list[str]:
     """One line per violated condition, naming where and the value found."""
     lines = []
     for condition in conditions:
+        metric = METRICS[condition.metric]
         hits = [
             (where, v)
             for where, v in values(condition, analysis, n_findings)
             if OPS[condition.op](v, condition.value)
         ]
         if hits:
-            found = ", ".join(f"{where}: {v:.4g}" for where, v in hits)
+            found = ", ".join(f"{where}: {_show(metric, v)}" for where, v in hits)
             lines.append(f"{condition} violated ({found})")
     return lines

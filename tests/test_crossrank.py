@@ -1,0 +1,317 @@
+"""Cross-rank matching against independent computations: per process group among its member
+ranks, by Seq where present, ties, mismatches and the notices that explain what was left out."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import warnings
+from functools import cache
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fsdp_trace.analyze import analyze
+from fsdp_trace.analyze.results import RankAnalysis
+from fsdp_trace.diagnose import diagnose, match
+from fsdp_trace.diagnose.crossrank import ARRIVAL_TIE_US, CLOCK_TOLERANCE_US
+from tests.conftest import SAMPLES
+
+DIAG = SAMPLES / "diagnosis"
+
+
+@cache
+def _ranks(path: str) -> tuple[RankAnalysis, ...]:
+    return tuple(analyze(SAMPLES / path, detailed=False, cache=False).ranks)
+
+
+def _with(analysis: RankAnalysis, **changes) -> RankAnalysis:
+    """A copy of a rank's analysis with replaced frames (the cached one stays untouched)."""
+    return dataclasses.replace(analysis, **changes)
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -np.inf
+    for s, e in sorted(intervals):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def _last(starts: dict[int, float]) -> int:
+    """The rank that started last, or -1 when the latest two are within the tie tolerance."""
+    order = sorted(starts, key=starts.get)
+    if starts[order[-1]] - starts[order[-2]] <= ARRIVAL_TIE_US:
+        return -1
+    return order[-1]
+
+
+def test_two_ranks_against_the_raw_trace():
+    """Per profiled step, the k-th NCCL kernel (launch order) of each rank is one collective:
+    transfer = the shortest duration, the rest waiting; per step, the union of each rank's
+    waiting over the step's length, median over steps; the later start (beyond the tie
+    tolerance) arrived last."""
+    run = DIAG / "straggler"
+    ranks = _ranks("diagnosis/straggler")
+    per_rank = {}
+    for rank in (0, 1):
+        events = json.loads(gzip.decompress((run / f"rank{rank}.timing.json.gz").read_bytes()))[
+            "traceEvents"
+        ]
+        steps = [
+            (e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1]))
+            for e in events
+            if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+        ]
+        launch = {
+            e["args"]["correlation"]: e["ts"]
+            for e in events
+            if e.get("cat") in ("cuda_runtime", "cuda_driver")
+        }
+        by_step: dict[int, list] = {}
+        for e in sorted(
+            (e for e in events if e.get("cat") == "kernel" and e["name"].startswith("nccl")),
+            key=lambda e: e["args"]["correlation"],
+        ):
+            t = launch.get(e["args"]["correlation"])
+            step = next((n for s, end, n in steps if t is not None and s <= t <= end), None)
+            if step is not None:
+                by_step.setdefault(step, []).append(e)
+        per_rank[rank] = by_step
+    waiting = {0: {}, 1: {}}
+    last = {0: 0, 1: 0}
+    n = 0
+    for step in per_rank[0]:
+        for a, b in zip(per_rank[0][step], per_rank[1][step], strict=True):
+            n += 1
+            transfer = min(a["dur"], b["dur"])
+            for rank, e in ((0, a), (1, b)):
+                wait = e["dur"] - transfer
+                waiting[rank].setdefault(step, []).append((e["ts"], e["ts"] + wait))
+            who = _last({0: a["ts"], 1: b["ts"]})
+            if who >= 0:
+                last[who] += 1
+    cross = match(list(ranks))
+    assert len(cross.matched) == n > 50
+    table = cross.per_rank.set_index("rank")
+    for rank in (0, 1):
+        step_us = ranks[rank].steps.set_index("step")["step_us"]
+        lengths = {s: _union_length(iv) for s, iv in waiting[rank].items()}
+        assert table.loc[rank, "wait_us_per_step"] == pytest.approx(
+            np.median(list(lengths.values())), rel=1e-6, abs=1e-3
+        )
+        assert table.loc[rank, "wait_pct"] == pytest.approx(
+            np.median([100 * v / step_us[s] for s, v in lengths.items()]), rel=1e-6, abs=1e-6
+        )
+        assert table.loc[rank, "arrived_last"] == last[rank]
+        assert table.loc[rank, "wait_pct"] < 100  # a share of the step, per step
+    assert cross.clock_offsets_us[0] == 0.0 and abs(cross.clock_offsets_us[1]) < 50  # one host
+
+
+def test_waiting_is_a_share_of_its_own_step():
+    """The audit's case: host-bound showed 100.6 % (mean wait over median step). Per step, the
+    union of waiting within the step can never exceed it."""
+    cross = match(list(_ranks("diagnosis/host-bound")))
+    waits = cross.per_rank.set_index("rank")["wait_pct"]
+    assert 90 < waits[1] <= 100  # rank 1 waits for the host-bound rank 0 nearly all step
+    assert waits[0] == 0
+
+
+def _hsdp_like() -> tuple[list[RankAnalysis], dict]:
+    """Four ranks from the real two-rank straggler capture: shard groups {0, 1} and {2, 3}
+    (both named "1", as split_group names them), ranks 2 and 3 being ranks 1 and 0 moved to
+    another host whose clock runs 1 s ahead, plus one global all-reduce per step over all four
+    ranks with chosen arrivals."""
+    real = _ranks("diagnosis/straggler")
+    shift = 1_000_000.0
+    source = {0: real[0], 1: real[1], 2: real[1], 3: real[0]}
+    clock = {0: 0.0, 1: 0.0, 2: shift, 3: shift}
+    members = {0: "[0, 1]", 1: "[0, 1]", 2: "[2, 3]", 3: "[2, 3]"}
+    # Arrival (µs after the collective's earliest start) and a shared end, per step: rank 3
+    # last except in step 3, where ranks 1 and 3 arrive within the tie tolerance.
+    arrivals = {
+        1: {0: 0.0, 1: 30.0, 2: 10.0, 3: 200.0},
+        2: {0: 5.0, 1: 0.0, 2: 40.0, 3: 120.0},
+        3: {0: 0.0, 1: 80.0, 2: 20.0, 3: 82.0},
+    }
+    transfer = 50.0
+    ranks, expected = [], {"arrivals": arrivals, "transfer": transfer, "clock": clock}
+    for r in range(4):
+        base = source[r]
+        c = base.collectives.copy()
+        c["rank"] = r
+        c["pg_name"] = "1"
+        c["pg_ranks"] = members[r]
+        c[["start_us", "end_us"]] += clock[r]
+        steps = base.steps.copy()
+        steps["rank"] = r
+        steps[["start_us", "end_us"]] += clock[r]
+        extra = []
+        for step, arrive in arrivals.items():
+            window = real[0].steps.set_index("step").loc[step]
+            t0 = float(window["start_us"]) + 1000.0  # inside every rank's window
+            end = t0 + max(arrive.values()) + transfer
+            row = c.iloc[0].copy()
+            row[["step", "collective", "block", "phase"]] = [step, "AllReduce", "root", "optimizer"]
+            row[["start_us", "end_us"]] = [t0 + arrive[r] + clock[r], end + clock[r]]
+            row["dur_us"] = end - t0 - arrive[r]
+            row[["bytes", "group_size", "pg_name", "pg_ranks"]] = [4e6, 4.0, "0", "[0, 1, 2, 3]"]
+            row["correlation"] = 10_000_000 + step
+            extra.append(row)
+        c = pd.concat([c, pd.DataFrame(extra)], ignore_index=True)
+        ranks.append(_with(base, rank=r, collectives=c, steps=steps))
+    return ranks, expected
+
+
+def test_subgroups_match_among_their_members():
+    ranks, expected = _hsdp_like()
+    cross = match(ranks)
+    m = cross.matched.assign(members=cross.matched["group"].map(cross.groups["members"]))
+    pair = match(list(_ranks("diagnosis/straggler"))).matched  # the two-rank truth
+    for members in ("0,1", "2,3"):
+        group = m[(m["pg"] == "1") & (m["members"] == members)].reset_index(drop=True)
+        assert len(group) == len(pair)
+        assert np.allclose(group["transfer_us"], pair["transfer_us"])
+        assert (group["n_ranks"] == 2).all()
+    # In {2, 3}, rank 2 is the real rank 1: the straggler of its group.
+    late = m[(m["members"] == "2,3")]["last_rank"].value_counts()
+    assert late.index[0] == 2
+    glob = m[m["pg"] == "0"].sort_values("step")
+    assert len(glob) == 3 and (glob["n_ranks"] == 4).all()
+    assert np.allclose(glob["transfer_us"], expected["transfer"])
+    # Rank 3 arrived last in steps 1 and 2; step 3 is a tie (82 vs 80 µs): nobody.
+    assert glob["last_rank"].tolist() == [3, 3, -1]
+    # The 1 s clock difference of ranks 2 and 3 is found through the global group.
+    for r in (2, 3):
+        assert cross.clock_offsets_us[r] == pytest.approx(expected["clock"][r], abs=1e-3)
+    assert any("clocks disagree" in n for n in cross.notices)
+    # Each rank's arrived-last count: its group's (real pairs) plus the global ones.
+    pair_last = match(list(_ranks("diagnosis/straggler"))).per_rank.set_index("rank")
+    table = cross.per_rank.set_index("rank")
+    real_of = {0: 0, 1: 1, 2: 1, 3: 0}
+    for r in range(4):
+        glob_last = int((glob["last_rank"] == r).sum())
+        assert table.loc[r, "arrived_last"] == pair_last.loc[real_of[r], "arrived_last"] + glob_last
+        assert table.loc[r, "n_matched"] == len(pair) + 3
+
+
+def test_groups_with_ranks_left_out_match_among_the_ranks_given():
+    """Ranks 0, 1, 2 of the four: the global all-reduce matches among three (with a notice
+    saying so); group {2, 3} has one rank given, so nothing of it matches."""
+    ranks, expected = _hsdp_like()
+    cross = match(ranks[:3])
+    m = cross.matched.assign(members=cross.matched["group"].map(cross.groups["members"]))
+    assert set(m["members"]) == {"0,1", "0,1,2,3"}
+    glob = m[m["pg"] == "0"].sort_values("step")
+    assert (glob["n_ranks"] == 3).all()
+    arrivals = expected["arrivals"]
+    for row in glob.itertuples():  # the latest of the three given sets the transfer
+        arrive = arrivals[row.step]
+        latest_given = max(arrive[r] for r in range(3))
+        assert row.transfer_us == pytest.approx(
+            expected["transfer"] + max(arrive.values()) - latest_given, abs=1e-6
+        )
+    assert any("group 0: 3 of 4 ranks" in n for n in cross.notices)
+    assert any("no counterpart on every member rank" in n for n in cross.notices)
+
+
+def test_without_group_ranks_a_process_group_name_spans_every_rank():
+    """Without Process Group Ranks (and no pg_config), a group is its name over every analyzed
+    rank: the two same-named shard groups then match as one four-rank group. The group
+    ranks are what keep HSDP/TP subgroups apart."""
+    ranks, _ = _hsdp_like()
+    unnamed = []
+    for r in ranks:
+        c = r.collectives.copy()
+        c["pg_ranks"] = None
+        unnamed.append(_with(r, collectives=c, meta={}))
+    cross = match(unnamed)
+    assert set(cross.groups.loc[cross.matched["group"], "members"]) == {"*"}
+    m = cross.matched
+    assert (m["n_ranks"] == 4).all()
+    assert len(m) == len(_ranks("diagnosis/straggler")[0].collectives) + 3
+
+
+def test_seq_matches_regardless_of_order_and_step_numbers():
+    r0, r1 = _ranks("diagnosis/straggler")
+    plain = match([r0, r1]).matched
+    seq = {}
+    for r in (r0, r1):
+        c = r.collectives.sort_values("correlation").copy()
+        c["seq"] = np.arange(len(c))
+        seq[r.rank] = c
+    shuffled = seq[1].copy()
+    shuffled["correlation"] = shuffled["correlation"].to_numpy()[::-1]  # launch order lost
+    shuffled["step"] += 10  # and other step numbers
+    steps = r1.steps.assign(step=r1.steps["step"] + 10)
+    cross = match([_with(r0, collectives=seq[0]), _with(r1, collectives=shuffled, steps=steps)])
+    assert len(cross.matched) == len(plain)
+    assert np.allclose(
+        cross.matched.sort_values("index")["transfer_us"].to_numpy(),
+        plain.sort_values(["step", "index"])["transfer_us"].to_numpy(),
+    )
+
+
+def test_mismatched_pairs_are_left_out_with_a_notice():
+    r0, r1 = _ranks("diagnosis/straggler")
+    c = r1.collectives.copy()
+    c.loc[c.index[5], "bytes"] *= 2
+    c.loc[c.index[9], "collective"] = "AllReduce"
+    cross = match([r0, _with(r1, collectives=c)])
+    assert len(cross.matched) == len(r0.collectives) - 2
+    assert any("2 matched collectives differ across ranks" in n for n in cross.notices)
+
+
+def test_nothing_agreeing_leaves_an_empty_view_with_the_reason():
+    r0, r1 = _ranks("diagnosis/straggler")
+    cross = match([r0, _with(r1, collectives=r1.collectives.assign(bytes=1.0))])
+    assert cross.empty
+    assert any(f"{len(r0.collectives)} matched collectives differ" in n for n in cross.notices)
+
+
+def test_ranks_covering_different_steps_get_a_notice_not_a_warning():
+    r0, r1 = _ranks("diagnosis/straggler")
+    later = r1.collectives.assign(step=r1.collectives["step"] + 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cross = match([r0, _with(r1, collectives=later)])
+    assert cross.empty
+    assert any(
+        "no collective matched across ranks" in n and "rank 1: steps 101–103" in n
+        for n in cross.notices
+    )
+    result = analyze(DIAG / "straggler", detailed=False, cache=False)
+    result.ranks[1] = _with(result.ranks[1], collectives=later)
+    findings, _ = diagnose(result)  # the rules cope with an empty cross-rank view
+    assert 10 not in {f.number for f in findings}
+
+
+def test_clock_offsets_are_found_and_corrected():
+    r0, r1 = _ranks("diagnosis/gpt-1.3b-b4-2gpu")
+    shifted = r1.collectives.copy()
+    shifted[["start_us", "end_us"]] += 5000.0  # pretend rank 1's clock runs 5 ms ahead
+    plain = match([r0, r1])
+    cross = match([r0, _with(r1, collectives=shifted)])
+    assert cross.clock_offsets_us[1] == pytest.approx(plain.clock_offsets_us[1] + 5000.0, abs=1e-6)
+    assert abs(plain.clock_offsets_us[1]) < CLOCK_TOLERANCE_US
+    assert any("clocks disagree" in n for n in cross.notices)
+    # After the correction, who arrived last is (all but near-ties) as with the true clocks.
+    assert (cross.matched["last_rank"] == plain.matched["last_rank"]).mean() > 0.95
+
+
+def test_without_waiting_caps_exposure_by_the_transfer():
+    r0, r1 = _ranks("gpt-small-2gpu")
+    cross = match([r0, r1])
+    c = r1.collectives
+    cost = cross.without_waiting(1, c)
+    other = r0.collectives.sort_values("correlation")
+    mine = c.sort_values("correlation")
+    transfer = np.minimum(mine["dur_us"].to_numpy(), other["dur_us"].to_numpy())
+    assert np.allclose(cost.loc[mine.index, "transfer_us"], transfer)
+    assert np.allclose(
+        cost.loc[mine.index, "exposed_us"], np.minimum(mine["exposed_us"].to_numpy(), transfer)
+    )
+    assert cost["matched"].all()
