@@ -4,6 +4,9 @@ turn run directories into the table behind efficiency.html and `fsdp-trace compa
 from __future__ import annotations
 
 import json
+import os
+import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fsdp_trace import atomic
 from fsdp_trace.errors import UserError
 
 RUN_FILE = "run.json"
@@ -26,10 +30,13 @@ TABLE_COLUMNS = [
     "step_ms",
     "tokens_per_s_per_gpu",
     "scaling_efficiency",
+    "baseline",
     "mfu",
     "exposed_pct",
+    "overlap_pct",
     "recompute_pct",
     "peak_allocated_gib",
+    "figures_from",
 ]
 
 
@@ -51,7 +58,9 @@ def point_dir(out: Path, coverage: float, nproc: int) -> Path:
 def run_sweep(
     base, points: list[float], nproc: int, out: Path, rendezvous, baseline: bool
 ) -> list[Path]:
-    """Capture each coverage point on `nproc` GPUs, after its 1-GPU baseline."""
+    """Capture each coverage point on `nproc` GPUs, after its 1-GPU baseline; analyze each
+    point's timing traces into its analysis.json (so the plot can be redrawn, and the table
+    rebuilt, after the traces are deleted or left out to save space)."""
     from fsdp_trace.capture.launcher import launch
 
     out.mkdir(parents=True, exist_ok=True)
@@ -62,6 +71,7 @@ def run_sweep(
             launch(
                 replace(base, ac_coverage=coverage, out=str(base_dir), baseline=None), 1, rendezvous
             )
+            summarize_point(base_dir)
             dirs.append(base_dir)
         run_dir = point_dir(out, coverage, nproc)
         cfg = replace(
@@ -71,6 +81,7 @@ def run_sweep(
             baseline=str(base_dir) if baseline and nproc > 1 else base.baseline,
         )
         launch(cfg, nproc, rendezvous)
+        summarize_point(run_dir)
         dirs.append(run_dir)
     return dirs
 
@@ -99,25 +110,163 @@ def _read(run: Path) -> dict[str, Any]:
         raise UserError(f"{run / RUN_FILE}: unreadable ({exc})") from None
 
 
-def _trace_figures(run: Path) -> tuple[float, float]:
-    """Median exposed-communication % and recompute share of the step, from the timing traces."""
+# Per run: the figures its timing traces gave the table, so that the table (and the plot) can be
+# rebuilt where the traces were deleted or left out for size.
+SUMMARY_FILE = "analysis.json"
+SUMMARY_FORMAT = 1
+
+
+def timing_traces(run_dir: Path, run: dict[str, Any]) -> list[Path] | None:
+    """The run's timing traces when every one run.json lists is there, else None."""
+    names = (run.get("files") or {}).get("timing") or []
+    paths = [run_dir / name for name in names]
+    if not paths or not all(p.is_file() for p in paths):
+        return None
+    return paths
+
+
+def _median(values: pd.Series) -> float | None:
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    return float(values.median()) if len(values) else None
+
+
+def _recompute_us(result, steps: pd.DataFrame) -> np.ndarray:
+    """Recompute (activation-checkpoint) compute time of each step row: the analysis' own
+    `recompute_us` column where it has one, else its per-phase compute table."""
+    if "recompute_us" in steps:
+        return pd.to_numeric(steps["recompute_us"], errors="coerce").fillna(0.0).to_numpy()
+    phases = [r.compute_phases for r in result.ranks if len(r.compute_phases)]
+    if not phases:
+        return np.zeros(len(steps))
+    phases = pd.concat(phases, ignore_index=True)
+    per_step = phases[phases["phase"] == "recompute"].groupby(["rank", "step"])["compute_us"].sum()
+    keys = pd.MultiIndex.from_arrays([steps["rank"], steps["step"]])
+    return per_step.reindex(keys, fill_value=0.0).to_numpy(dtype=np.float64)
+
+
+def summarize(result) -> dict[str, Any]:
+    """The figures of one analyzed run that the efficiency table needs, per rank and overall:
+    medians over the timing steps of exposed %, overlap % and step time, and recompute compute
+    time as a share of the step (per rank: median over steps; overall: all steps' recompute
+    time ÷ all steps' time)."""
+    steps = result.steps
+    steps = steps[steps["source"] != "detailed"].reset_index(drop=True) if len(steps) else steps
+    if steps.empty:
+        return {
+            "exposed_pct": None,
+            "overlap_pct": None,
+            "recompute_pct": None,
+            "step_ms": None,
+            "ranks": [],
+        }
+    step_us = steps["step_us"].to_numpy(dtype=np.float64)
+    steps = steps.assign(recompute_share=100.0 * _recompute_us(result, steps) / step_us)
+    ranks = [
+        {
+            "rank": int(rank),
+            "steps": len(own),
+            "step_ms": _median(own["step_us"] / 1e3),
+            "exposed_pct": _median(own["exposed_pct"]),
+            "overlap_pct": _median(own["overlap_pct"]),
+            "recompute_pct": _median(own["recompute_share"]),
+        }
+        for rank, own in steps.groupby("rank", sort=True)
+    ]
+    total = float(step_us.sum())
+    return {
+        "exposed_pct": _median(steps["exposed_pct"]),
+        "overlap_pct": _median(steps["overlap_pct"]),
+        "recompute_pct": float((steps["recompute_share"] * step_us).sum() / total)
+        if total
+        else None,
+        "step_ms": _median(steps["step_us"] / 1e3),
+        "ranks": ranks,
+    }
+
+
+def _trace_sizes(paths: list[Path]) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in paths}
+
+
+def analyze_point(run_dir: Path, traces: list[Path]) -> dict[str, Any]:
+    """Analyze a run's timing traces into the analysis.json summary."""
+    from fsdp_trace import __version__
     from fsdp_trace.analyze import analyze
 
-    result = analyze(run, detailed=False)
-    steps = result.steps
-    if steps.empty:
-        return float("nan"), float("nan")
-    exposed = (
-        float(np.nanmedian(steps["exposed_pct"].astype(float)))
-        if steps["exposed_pct"].notna().any()
-        else float("nan")
+    return {
+        "format": SUMMARY_FORMAT,
+        "source": "traces",
+        "made_by": f"fsdp-trace {__version__}: medians over the timing steps of "
+        + ", ".join(p.name for p in traces),
+        "fsdp_trace": __version__,
+        "traces": _trace_sizes(traces),
+        **summarize(analyze(run_dir, detailed=False)),
+    }
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    atomic.write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1) + "\n")
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """A run's analysis.json, or None when there is none; unreadable is a user error."""
+    path = run_dir / SUMMARY_FILE
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(
+            f"{path}: unreadable ({exc}): delete it and re-run `fsdp-trace plot` "
+            "where the traces are"
+        ) from None
+    if not isinstance(summary, dict) or summary.get("format") != SUMMARY_FORMAT:
+        raise UserError(f"{path}: not an fsdp-trace analysis.json (format {SUMMARY_FORMAT})")
+    return summary
+
+
+def summarize_point(run_dir: Path) -> dict[str, Any] | None:
+    """Analyze a captured point's traces and write its analysis.json (what `sweep` does after
+    each capture); None when the run has no complete timing traces."""
+    run = _read(run_dir)
+    traces = timing_traces(run_dir, run)
+    if traces is None:
+        return None
+    summary = analyze_point(run_dir, traces)
+    write_summary(run_dir, summary)
+    return summary
+
+
+def point_figures(
+    run_dir: Path, run: dict[str, Any], with_traces: bool
+) -> tuple[dict[str, Any], str, str | None]:
+    """(figures, where they came from, why they are missing) for one run: its timing traces
+    when present (reusing analysis.json when it was made from these very traces by this
+    version), else its analysis.json, else nothing (blank figures)."""
+    from fsdp_trace import __version__
+
+    summary = read_summary(run_dir)
+    traces = timing_traces(run_dir, run)
+    if traces is not None and with_traces:
+        current = (
+            summary is not None
+            and summary.get("source") == "traces"
+            and summary.get("fsdp_trace") == __version__
+            and summary.get("traces") == _trace_sizes(traces)
+        )
+        return (summary if current else analyze_point(run_dir, traces)), "traces", None
+    if summary is not None:
+        return summary, SUMMARY_FILE, None
+    why = (
+        "--no-traces and no analysis.json"
+        if traces is not None
+        else "no timing traces and no analysis.json"
     )
-    phases = pd.concat([r.compute_phases for r in result.ranks], ignore_index=True)
-    recompute = (
-        phases.loc[phases["phase"] == "recompute", "compute_us"].sum() if len(phases) else 0.0
-    )
-    total = steps["step_us"].sum()
-    return exposed, 100.0 * recompute / total if total else float("nan")
+    return {}, "", why
+
+
+def _stderr(message: str) -> None:
+    print(f"fsdp-trace: {message}", file=sys.stderr)
 
 
 def _label(run: dict[str, Any]) -> str:
@@ -141,14 +290,26 @@ def _label(run: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def run_table(runs: list[Path], with_traces: bool = True) -> pd.DataFrame:
-    """One row per run: knobs and figures; efficiency against the matching 1-GPU run."""
-    rows = []
+def run_table(
+    runs: list[Path],
+    with_traces: bool = True,
+    notify: Callable[[str], None] | None = _stderr,
+) -> pd.DataFrame:
+    """One row per run: knobs and figures; efficiency against the matching 1-GPU run.
+
+    Exposed % and recompute % come from the timing traces, or the run's analysis.json where
+    the traces were left out (`figures_from` says which); a run with neither gets blanks and a
+    notice (to `notify`, and in `table.attrs["notices"]`). Exposed % is blank on 1 GPU: there
+    is no communication to expose."""
+    rows, blank = [], {}
     for path in runs:
         run = _read(path)
         figures = run.get("figures", {})
         model = run.get("model", {})
-        exposed, recompute = _trace_figures(path) if with_traces else (float("nan"), float("nan"))
+        found, source, why = point_figures(path, run, with_traces)
+        if why:
+            blank.setdefault(why, []).append(str(path))
+        world = run["world"]["world_size"]
         rows.append(
             {
                 "run": str(path),
@@ -156,41 +317,90 @@ def run_table(runs: list[Path], with_traces: bool = True) -> pd.DataFrame:
                 "model": model.get("preset") or model.get("factory"),
                 "batch_size": model.get("batch_size"),
                 "seq_len": model.get("seq_len"),
-                "world_size": run["world"]["world_size"],
+                "world_size": world,
                 "ac_coverage": run.get("parallel", {}).get("ac_coverage_effective", 0.0),
                 "compile": bool(run.get("config", {}).get("compile")),
                 "step_ms": (figures.get("step_time_ms") or {}).get("median"),
                 "tokens_per_s_per_gpu": figures.get("tokens_per_s_per_gpu"),
                 "scaling_efficiency": figures.get("scaling_efficiency"),
+                "baseline": "",
                 "mfu": figures.get("mfu"),
-                "exposed_pct": exposed,
-                "recompute_pct": recompute,
+                "exposed_pct": found.get("exposed_pct") if world > 1 else None,
+                "overlap_pct": found.get("overlap_pct") if world > 1 else None,
+                "recompute_pct": found.get("recompute_pct"),
                 "peak_allocated_gib": figures.get(
                     "peak_allocated_gib", figures.get("peak_rss_gib")
                 ),
+                "figures_from": source,
+                "saved_baseline": figures.get("baseline_dir"),
             }
         )
-    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    return _fill_efficiency(table)
+    table = pd.DataFrame(rows, columns=[*TABLE_COLUMNS, "saved_baseline"])
+    for column in ("exposed_pct", "overlap_pct", "recompute_pct", "scaling_efficiency"):
+        table[column] = pd.to_numeric(table[column], errors="coerce")
+    table = _fill_efficiency(table).drop(columns="saved_baseline")
+    notices = [
+        f"exposed % and recompute % left blank for {len(paths)} run{'s' * (len(paths) > 1)} "
+        f"({why}): {', '.join(paths[:4])}{', ...' if len(paths) > 4 else ''}"
+        for why, paths in blank.items()
+    ]
+    table.attrs["notices"] = notices
+    if notify is not None:
+        for notice in notices:
+            notify(notice)
+    return table
+
+
+def table_csv(table: pd.DataFrame, folder: Path) -> str:
+    """The table as efficiency.csv text, run paths relative to the folder the CSV is written
+    to (so the CSV stays valid when the sweep folder is moved or committed)."""
+    runs = [os.path.relpath(Path(run).resolve(), Path(folder).resolve()) for run in table["run"]]
+    return table.assign(run=runs).to_csv(index=False)
+
+
+EXACT_KEY = ["model", "batch_size", "seq_len", "ac_coverage", "compile"]
+LOOSE_KEY = ["model", "batch_size", "seq_len"]
 
 
 def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
-    """Efficiency = tok/s/GPU at N ÷ tok/s of the 1-GPU run with the same model, batch,
-    sequence, AC coverage and compile setting; run.json's own figure where no such run is given."""
-    key = ["model", "batch_size", "seq_len", "ac_coverage", "compile"]
-    single = (
-        table[table["world_size"] == 1].drop_duplicates(key).set_index(key)["tokens_per_s_per_gpu"]
-    )
-    efficiency = []
+    """Efficiency = tok/s/GPU at N ÷ tok/s of a 1-GPU run in the list: the one with the same
+    model, batch, sequence, AC coverage and compile setting, else the first with the same
+    model, batch and sequence (the knobs differ: `baseline` says so); run.json's own figure
+    (against the capture's --baseline) where the list has no such run. `baseline` names the
+    run used."""
+    single = table[table["world_size"] == 1]
+    efficiency, names = [], []
     for row in table.itertuples(index=False):
-        base = single.get(tuple(getattr(row, k) for k in key))
         if row.world_size == 1:
-            efficiency.append(1.0 if base is not None else row.scaling_efficiency)
-        elif base is not None and base:
-            efficiency.append(row.tokens_per_s_per_gpu / base)
-        else:
+            efficiency.append(1.0)
+            names.append("")
+            continue
+        base, differs = None, []
+        for key in (EXACT_KEY, LOOSE_KEY):
+            match = single
+            for k in key:
+                match = match[match[k] == getattr(row, k)]
+            if len(match):
+                base = match.iloc[0]
+                differs = [
+                    name
+                    for k, name in (("ac_coverage", "AC coverage"), ("compile", "compile"))
+                    if base[k] != getattr(row, k)
+                ]
+                break
+        if base is not None and base["tokens_per_s_per_gpu"]:
+            efficiency.append(row.tokens_per_s_per_gpu / base["tokens_per_s_per_gpu"])
+            name = Path(str(base["run"])).name
+            names.append(f"{name} (differs: {', '.join(differs)})" if differs else name)
+        elif pd.notna(row.scaling_efficiency):
             efficiency.append(row.scaling_efficiency)
+            saved = row.saved_baseline
+            names.append(f"run.json: {Path(saved).name}" if saved else "run.json")
+        else:
+            efficiency.append(float("nan"))
+            names.append("")
     table["scaling_efficiency"] = pd.to_numeric(pd.Series(efficiency), errors="coerce")
+    table["baseline"] = names
     return table
 
 
@@ -216,12 +426,17 @@ def knob_changes(before: dict[str, Any], after: dict[str, Any]) -> str:
     return ", ".join(changes)
 
 
-def compare_table(runs: list[Path], with_traces: bool = True) -> pd.DataFrame:
+def compare_table(
+    runs: list[Path],
+    with_traces: bool = True,
+    notify: Callable[[str], None] | None = _stderr,
+) -> pd.DataFrame:
     """`fsdp-trace compare`: the runs in the order given, each with what changed from the
-    previous one (GPUs and knobs) and what that bought in tokens/s/GPU."""
-    table = run_table(runs, with_traces=with_traces)
+    previous one (GPUs and knobs) and what that bought: tokens/s/GPU (%), exposed
+    communication (points of the step) and peak memory (GiB)."""
+    table = run_table(runs, with_traces=with_traces, notify=notify)
     configs = [_read(path) for path in runs]
-    changes, gains = [""], [float("nan")]
+    changes = [""]
     for i in range(1, len(configs)):
         prev, cur = configs[i - 1], configs[i]
         change = knob_changes(prev.get("config", {}), cur.get("config", {}))
@@ -229,9 +444,10 @@ def compare_table(runs: list[Path], with_traces: bool = True) -> pd.DataFrame:
             gpus = f"GPUs: {prev['world']['world_size']} → {cur['world']['world_size']}"
             change = f"{gpus}, {change}" if change else gpus
         changes.append(change or "(same knobs)")
-        before = table["tokens_per_s_per_gpu"].iloc[i - 1]
-        after = table["tokens_per_s_per_gpu"].iloc[i]
-        gains.append(100.0 * (after / before - 1.0) if before else float("nan"))
     table["change"] = changes
-    table["tokens_per_s_per_gpu_change_pct"] = gains
+    tps = table["tokens_per_s_per_gpu"].astype(float)
+    before = tps.shift(1)
+    table["tokens_per_s_per_gpu_change_pct"] = (100.0 * (tps / before - 1.0)).where(before != 0)
+    table["exposed_pct_change"] = table["exposed_pct"].diff()
+    table["peak_allocated_gib_change"] = table["peak_allocated_gib"].astype(float).diff()
     return table

@@ -14,6 +14,7 @@ import errno
 import http.server
 import os
 import shutil
+import sys
 import threading
 import webbrowser
 from pathlib import Path
@@ -188,11 +189,27 @@ def open_in_browser(url: str) -> bool:
         return False
 
 
+def port_warning(port: int) -> str | None:
+    """What to tell a user who serves on another port than the one the UI accepts."""
+    if port == PORT:
+        return None
+    return (
+        f"warning: ui.perfetto.dev loads ?url= traces only from {HOST}:{PORT} (its content "
+        f"security policy): the link below, on port {port}, will be refused. Use --port {PORT}, "
+        f"or forward {PORT} to this port: `ssh -L {PORT}:{HOST}:{port} HOST` and open the link "
+        f"with :{PORT} in its place."
+    )
+
+
 def serve(path: Path, port: int = PORT, open_browser: bool = True, once: bool = True) -> None:
     """`fsdp-trace view FILE`: serve FILE to ui.perfetto.dev and print (and open) the link.
 
-    once=True returns after the UI has fetched the file; otherwise it serves until Ctrl-C."""
+    once=True returns after the UI has fetched the file; otherwise it serves until Ctrl-C.
+    A port other than 9001 is served (behind an ssh forward it works) with a warning."""
     with TraceServer(path, port) as server:
+        warning = port_warning(server.port)
+        if warning:
+            print(f"fsdp-trace view: {warning}", file=sys.stderr, flush=True)
         size_mb = server.path.stat().st_size / 1e6
         print(f"Open {server.url}", flush=True)
         print(

@@ -3,8 +3,9 @@
     python scripts/readme_images.py
 
 docs/images/terminal.svg   `fsdp-trace analyze sample_traces/gpt-small-2gpu` (rich's SVG export)
-docs/images/report.png     the HTML report of that run, screenshot by headless Chromium
-docs/images/efficiency.png the committed AC-coverage sweep's efficiency.html
+docs/images/report.png     the HTML report of that run, the whole page (headless Chromium)
+docs/images/efficiency.png the committed AC-coverage sweep's efficiency.html (made by
+                           `fsdp-trace plot .` in sample_traces/sweep-gpt-1.3b-b1)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fsdp_trace.analyze import analyze  # noqa: E402
 from fsdp_trace.diagnose import diagnose  # noqa: E402
 from fsdp_trace.render import terminal  # noqa: E402
 from fsdp_trace.render.report import write_report  # noqa: E402
-from tests.test_report_browser import BROWSER, chromium  # noqa: E402
+from tests.test_report_browser import BROWSER, chromium, probed  # noqa: E402
 
 IMAGES = ROOT / "docs" / "images"
 
@@ -47,7 +48,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.html"
         write_report(result, report)
-        screenshot(report, IMAGES / "report.png", 1400, 2300)
+        probe, _, errors = probed(report, Path(tmp))  # the page's full height, once drawn
+        if errors:
+            raise SystemExit(f"the report logged to the console: {errors}")
+        screenshot(report, IMAGES / "report.png", 1400, int(probe["height"]))
     sweep = ROOT / "sample_traces" / "sweep-gpt-1.3b-b1" / "efficiency.html"
     screenshot(sweep, IMAGES / "efficiency.png", 1420, 860)
     print(f"wrote {', '.join(p.name for p in sorted(IMAGES.iterdir()))}")

@@ -5,6 +5,7 @@ would read them: descriptors before use, balanced and ordered slices per track, 
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 import urllib.error
@@ -23,7 +24,7 @@ from fsdp_trace.analyze import analyze, classify, load_trace
 from fsdp_trace.errors import UserError
 from fsdp_trace.render import perfetto as pf
 from fsdp_trace.render.perfetto import write_perfetto
-from fsdp_trace.view import UI_ORIGIN, TraceServer, serve, ui_url
+from fsdp_trace.view import UI_ORIGIN, TraceServer, port_warning, serve, ui_url
 from tests.synth import AUTOGRAD, TraceBuilder
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_traces" / "gpt-small-2gpu"
@@ -47,6 +48,7 @@ class Decoded:
     tracks: dict[int, Any] = field(default_factory=dict)  # uuid -> TrackDescriptor
     slices: list[Slice] = field(default_factory=list)
     counters: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    backwards: int = 0  # events whose timestamp is below an earlier event's, file-wide
 
     def process_of(self, uuid: int) -> str:
         """Name of the process track above `uuid`."""
@@ -77,6 +79,8 @@ def decode(path: Path) -> Decoded:
     tables: dict[str, dict[int, str]] = defaultdict(dict)
     stacks: dict[int, list[tuple[int, Any]]] = defaultdict(list)
     last_ts: dict[int, int] = {}
+    last_event_ts = 0
+    out.backwards = 0
     seq = None
     for i, p in enumerate(trace.packet):
         assert p.trusted_packet_sequence_id != 0
@@ -104,8 +108,16 @@ def decode(path: Path) -> Decoded:
         assert e.track_uuid in out.tracks, f"packet {i}: track {e.track_uuid} used before declared"
         assert p.timestamp >= last_ts.get(e.track_uuid, 0), f"packet {i}: time goes back"
         last_ts[e.track_uuid] = p.timestamp
+        out.backwards += p.timestamp < last_event_ts  # across the whole file (counted)
+        last_event_ts = max(last_event_ts, p.timestamp)
         if e.type == TrackEvent.TYPE_SLICE_BEGIN:
             assert p.sequence_flags & TracePacket.SEQ_NEEDS_INCREMENTAL_STATE  # uses iids
+            assert e.name_iid in tables["event_names"], f"packet {i}: name used before interned"
+            assert all(c in tables["event_categories"] for c in e.category_iids)
+            for a in e.debug_annotations:
+                assert a.name_iid in tables["debug_annotation_names"]
+                if a.WhichOneof("value") == "string_value_iid":
+                    assert a.string_value_iid in tables["strings"]
             stacks[e.track_uuid].append((p.timestamp, e))
         elif e.type == TrackEvent.TYPE_SLICE_END:
             assert stacks[e.track_uuid], f"packet {i}: END without BEGIN"
@@ -241,7 +253,7 @@ def test_sample_collective_slices_are_annotated(sample, sample_written):
         for s in decoded.by_process(pf.CAT_COLLECTIVE)["rank 0"]
         if s.ts == pf.to_ns(row["start_us"])
     ]
-    assert s.name == f"AG {row['block']} ({row['phase']})"
+    check_collective_name(s.name, row)
     assert s.args["block"] == row["block"] and s.args["phase"] == row["phase"]
     assert s.args["bytes"] == int(row["bytes"])
     assert s.args["algbw_GBps"] == pytest.approx(row["algbw_gbps"])
@@ -251,6 +263,50 @@ def test_sample_collective_slices_are_annotated(sample, sample_written):
     assert s.args["prefetched"] is bool(row["prefetched"])
     rs = [s for s in decoded.by_process(pf.CAT_COLLECTIVE)["rank 0"] if s.name.startswith("RS ")]
     assert len(rs) == (rank.collectives["collective"] == "ReduceScatter").sum()
+    # Every collective slice's name carries its figures, the hidden ones included.
+    by_start = {int(pf.to_ns(r["start_us"])): r for r in rank.collectives.to_dict("records")}
+    slices = decoded.by_process(pf.CAT_COLLECTIVE)["rank 0"]
+    for s in slices:
+        check_collective_name(s.name, by_start[s.ts])
+    assert any(s.name.endswith(" · hidden") for s in slices)
+    assert any(s.name.endswith(" exposed") for s in slices)
+
+
+def check_collective_name(name: str, row: dict) -> None:
+    """'AG layers.2 fwd · 25.2 MB · 186 GB/s · 68 µs exposed' against the analysis' row."""
+    short = {"AllGather": "AG", "ReduceScatter": "RS"}[row["collective"]]
+    phase = {"forward": "fwd", "backward": "bwd"}.get(row["phase"], row["phase"])
+    head, size, bandwidth, exposed = name.split(" · ")
+    assert head == f"{short} {row['block']} {phase}"
+    assert size.endswith(" MB") and float(size[:-3].replace(",", "")) == pytest.approx(
+        row["bytes"] / 1e6, abs=0.05
+    )
+    assert bandwidth.endswith(" GB/s")
+    assert float(bandwidth[:-5].replace(",", "")) == pytest.approx(row["busbw_gbps"], abs=0.5)
+    if exposed == "hidden":
+        assert row["exposed_us"] <= 0.05
+        return
+    value, unit, word = exposed.split(" ")
+    assert word == "exposed"
+    got_us = float(value) * (1e3 if unit == "ms" else 1.0)
+    assert unit in ("ms", "µs")
+    assert got_us == pytest.approx(row["exposed_us"], abs=5.0 if unit == "ms" else 0.5)
+
+
+def test_events_are_in_timestamp_order_across_the_whole_file(sample_written):
+    """Not only per track: the file's events never go back in time, although its tracks (and
+    its two ranks) overlap in time, so a track-by-track file would."""
+    _, _, decoded = sample_written
+    assert decoded.backwards == 0
+    spans: dict[int, tuple[int, int]] = {}
+    for s in decoded.slices:
+        lo, hi = spans.get(s.track, (s.ts, s.end))
+        spans[s.track] = (min(lo, s.ts), max(hi, s.end))
+    ordered = sorted(spans.values())
+    overlapping = sum(b[0] < a[1] for a, b in itertools.pairwise(ordered))
+    assert overlapping > 10  # written track by track, time would go back at least that often
+    processes = {decoded.process_of(u) for u in spans}
+    assert processes == {"rank 0", "rank 1"}
 
 
 def test_sample_flows_link_all_gathers_to_their_compute(sample, sample_written):
@@ -322,16 +378,16 @@ def test_synthetic_lanes_flows_and_rounding(tmp_path):
     assert pf.COLLECTIVE_TRACK + " [2]" in names
     assert summary["lanes"] == 3
     (src, dst) = check_flows(decoded, 1)[0]
-    assert src.name == "AG layers.0 (forward)"
+    assert src.name.startswith("AG layers.0 fwd · ")
     assert dst.name == "gemm" and dst.ts == 160_000
-    unmatched = [s for s in decoded.slices if s.name == "AG layers.1 (backward)"]
+    unmatched = [s for s in decoded.slices if s.name.startswith("AG layers.1 bwd · ")]
     assert len(unmatched) == 1 and not unmatched[0].flows
     (gemm2,) = [s for s in decoded.slices if s.name == "gemm2"]
     assert (gemm2.ts, gemm2.end) == (1_100_000, 1_200_000)  # round(ts_us * 1000)
     exposed = sorted(s.name for s in decoded.slices if s.category == pf.CAT_EXPOSED)
     assert exposed == [
-        "exposed AG layers.0 (forward)",
-        "exposed RS layers.0 (backward) + AG layers.1 (backward)",  # one interval, both running
+        "exposed AG layers.0 fwd",
+        "exposed RS layers.0 bwd + AG layers.1 bwd",  # one interval, both running
     ]
     (counter,) = decoded.counters.values()
     assert [v for _, v in counter] == pytest.approx(rank.steps["exposed_us"].tolist())
@@ -353,8 +409,9 @@ def test_cpu_gloo_trace(tmp_path):
     summary = write_perfetto(result, tmp_path / "cpu.pftrace")
     decoded = decode(tmp_path / "cpu.pftrace")
     assert summary["slices"] == {"gpu": 0, "cpu": 6, "collective": 1, "exposed": 0}
+    # No size, bandwidth or exposure known for this synthetic gloo collective: name only.
     assert [s.name for s in decoded.slices if s.category == pf.CAT_COLLECTIVE] == [
-        "AG layers.0 (forward)"
+        "AG layers.0 fwd"
     ]
     assert not any(name.startswith("stream") for name in decoded.track_names("rank 0"))
     assert summary["counters"] == 0 and summary["flows"] == 0
@@ -399,6 +456,30 @@ def trace_file(tmp_path) -> Path:
     path = tmp_path / "my run.pftrace"
     path.write_bytes(bytes(range(256)) * 4099)
     return path
+
+
+def test_view_warns_when_the_port_is_not_9001(trace_file, capsys):
+    """The UI only fetches ?url= from 127.0.0.1:9001: another port gets a warning that says
+    how to make it work; 9001 gets none."""
+    assert port_warning(9001) is None
+    port = free_port()
+    text = port_warning(port)
+    assert f"port {port}, will be refused" in text and f"ssh -L 9001:127.0.0.1:{port}" in text
+    thread = threading.Thread(
+        target=serve, args=(trace_file, port), kwargs={"open_browser": False}, daemon=True
+    )
+    thread.start()
+    for _ in range(200):  # wait for the bind, then fetch once: serve() returns
+        try:
+            status = request(f"http://127.0.0.1:{port}/my%20run.pftrace")[0]
+            break
+        except urllib.error.URLError:
+            threading.Event().wait(0.02)
+    assert status == 200
+    thread.join(10)
+    captured = capsys.readouterr()
+    assert f"fsdp-trace view: {text}" in captured.err
+    assert ui_url(trace_file.name, port) in captured.out
 
 
 def test_ui_url():

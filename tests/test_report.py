@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import itertools
 import json
 import re
 from pathlib import Path
@@ -247,10 +248,21 @@ def test_bandwidth_and_heatmap_carry_the_collectives(sample):
     fig = figure(text, "bandwidth")
     assert fig["layout"]["xaxis"]["type"] == "log"
     assert "GB/s" in fig["layout"]["yaxis"]["title"]["text"]
-    for trace in fig["data"]:
+    kernel_traces = [t for t in fig["data"] if t["meta"]["basis"] == "kernel"]
+    assert {t["meta"]["kind"] for t in kernel_traces} == {"AllGather", "ReduceScatter"}
+    for trace in kernel_traces:
         kind = trace["meta"]["kind"]
         part = coll[coll["collective"] == kind]
         assert sorted(array(trace["x"])) == pytest.approx(sorted(part["bytes"] / 1e6))
+    # Transfer-based points: each collective matched across the two ranks (k-th of its step
+    # on both), bandwidth over the shorter of the two durations.
+    pairs = matched_pairs(coll)
+    transfer_traces = [t for t in fig["data"] if t["meta"]["basis"] == "transfer"]
+    assert {t["meta"]["kind"] for t in transfer_traces} == {"AllGather", "ReduceScatter"}
+    for trace in transfer_traces:
+        want = pairs[pairs["collective"] == trace["meta"]["kind"]]
+        assert sorted(array(trace["x"])) == pytest.approx(sorted(want["bytes"] / 1e6))
+        assert sorted(array(trace["y"])) == pytest.approx(sorted(want["busbw"]), rel=1e-4)
     heat = figure(text, "heatmap")["data"][0]
     z = array(heat["z"])
     assert z.shape == (2, len(heat["x"]))
@@ -259,6 +271,159 @@ def test_bandwidth_and_heatmap_carry_the_collectives(sample):
     for i, rank in enumerate((0, 1)):
         for j, block in enumerate(heat["x"]):
             assert z[i, j] == pytest.approx(want[(rank, block)], abs=1e-3)
+
+
+def matched_pairs(coll: pd.DataFrame) -> pd.DataFrame:
+    """Ranks 0 and 1's collectives paired by step and launch order; transfer = the shorter
+    duration; bus bandwidth over it (AllGather / ReduceScatter of 2 ranks: × 1/2)."""
+    sides = []
+    for rank in (0, 1):
+        mine = coll[coll["rank"] == rank].sort_values("correlation")
+        mine = mine.assign(k=mine.groupby("step").cumcount())
+        sides.append(mine[["step", "k", "collective", "bytes", "dur_us", "start_us"]])
+    both = sides[0].merge(sides[1], on=["step", "k"], suffixes=("_0", "_1"))
+    assert (both["collective_0"] == both["collective_1"]).all()
+    transfer = np.minimum(both["dur_us_0"], both["dur_us_1"])
+    return pd.DataFrame(
+        {
+            "collective": both["collective_0"],
+            "bytes": both["bytes_0"],
+            "busbw": both["bytes_0"] / transfer / 1e3 * 0.5,
+            "wait_0": both["dur_us_0"] - transfer,
+            "wait_1": both["dur_us_1"] - transfer,
+            "start_0": both["start_us_0"],
+            "start_1": both["start_us_1"],
+            "step": both["step"],
+        }
+    )
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by intervals [starts, ends) (sort and sweep)."""
+    total, reach = 0.0, -np.inf
+    for a, b in sorted(zip(starts.tolist(), ends.tolist(), strict=True)):
+        if b <= reach:
+            continue
+        total += b - max(a, reach)
+        reach = b
+    return total
+
+
+def table_rows(text: str, key: str) -> list[list[str]]:
+    table = text[text.index(f'data-table="{key}"') :]
+    table = table[: table.index("</table>")]
+    body = table[table.index("<tbody>") :]
+    return [
+        [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", body)
+    ]
+
+
+def test_cross_rank_table_waiting_and_transfer_bandwidth(sample):
+    analysis, _, text = sample
+    coll = analysis.collectives[analysis.collectives["source"] == "timing"]
+    pairs = matched_pairs(coll)
+    steps = analysis.steps[analysis.steps["source"] == "timing"]
+    rows = table_rows(text, "crossrank")
+    assert [r[0] for r in rows] == ["rank 0", "rank 1"]
+    for row, rank in zip(rows, (0, 1), strict=True):
+        assert int(row[1].replace(",", "")) == len(pairs)
+        # Waiting (fsdp_trace.diagnose.crossrank): per step, the union of [start, start +
+        # excess over the transfer] of the rank's kernels, clipped to the step; the median
+        # over steps, in ms and as a share of that step.
+        per_step = []
+        for step in steps[steps["rank"] == rank].itertuples():
+            mine = pairs[pairs["step"] == step.step]
+            starts = mine[f"start_{rank}"].to_numpy()
+            ends = np.clip(starts + mine[f"wait_{rank}"].to_numpy(), step.start_us, step.end_us)
+            starts = np.clip(starts, step.start_us, step.end_us)
+            per_step.append((union_length(starts, ends), step.step_us))
+        waits = np.array(per_step)
+        assert float(row[2]) == pytest.approx(np.median(waits[:, 0]) / 1e3, abs=0.006)
+        assert float(row[3]) == pytest.approx(np.median(100 * waits[:, 0] / waits[:, 1]), abs=0.06)
+    # Rank 1 waits ~22 ms a step in NCCL kernels for rank 0 (the host-bound rank).
+    assert float(rows[1][2]) > 10 * float(rows[0][2])
+    transfer = {r[0]: r for r in table_rows(text, "transfer")}
+    for kind in ("AllGather", "ReduceScatter"):
+        want = pairs[pairs["collective"] == kind]
+        assert int(transfer[kind][1].replace(",", "")) == len(want)
+        assert float(transfer[kind][4].replace(",", "")) == pytest.approx(
+            want["busbw"].median(), abs=0.06
+        )
+        kernel = coll[coll["collective"] == kind]["busbw_gbps"].median()
+        assert float(transfer[kind][3].replace(",", "")) == pytest.approx(kernel, abs=0.06)
+        assert want["busbw"].median() > kernel  # waiting taken out: faster
+
+
+def test_diagnosis_is_on_the_page_without_the_cli(sample):
+    """write_report on a bare analyze() result still shows the findings."""
+    from fsdp_trace.diagnose import diagnose
+
+    analysis, _, text = sample
+    assert analysis.crossrank is None  # the fixture did not diagnose
+    findings, _ = diagnose(analysis)
+    assert findings
+    section = text[text.index('id="diagnosis"') :]
+    for finding in findings:
+        assert html.escape(f"{finding.number}. {finding.title}") in section
+
+
+def test_block_palette_tells_the_categories_apart():
+    """The three categories, solid (exposed) and at the hidden parts' opacity on white, are
+    far apart in colour (no two greens)."""
+
+    def rgb(color: str, alpha: float = 1.0) -> np.ndarray:
+        solid = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)], dtype=float)
+        return alpha * solid + (1 - alpha) * 255.0
+
+    for alpha in (1.0, 0.45):
+        colors = [rgb(report.COLORS[c], alpha) for c in report.BLOCK_CATEGORIES]
+        for a, b in itertools.combinations(colors, 2):
+            assert np.abs(a - b).max() > (80 if alpha == 1.0 else 35), (alpha, a, b)
+
+
+def many_blocks_run(folder: Path, n_blocks: int) -> Path:
+    """Two GPU ranks, one step, one exposed forward AllGather per block."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        b.step(1, 0, 100 * n_blocks + 100)
+        for i in range(n_blocks):
+            t0 = 100 * i
+            b.label(f"FSDP::pre_forward (layers.{i})", t0 + 1, 10)
+            b.label(f"FSDP::all_gather (layers.{i})", t0 + 2, 5)
+            b.nccl("AllGather", t0 + 20, 30 + i, launch_ts=t0 + 3)
+            b.kernel("gemm", t0 + 60, 30, launch_ts=t0 + 12)
+        b.write(folder / f"rank{rank}.json")
+    return folder
+
+
+def test_heatmap_text_only_when_legible_and_colour_capped(tmp_path):
+    # 25 blocks + root (gpt-1.3b): the figure takes the full width; cells are wide enough.
+    big = analyze(SAMPLES / "diagnosis" / "gpt-1.3b-b4-2gpu", detailed=False)
+    heat = report.heatmap_figure(big).to_plotly_json()["data"][0]
+    assert len(heat["x"]) == 25 and report.heatmap_wide(big)
+    assert heat["texttemplate"] and heat["textfont"]["size"] >= 11
+    # The root's first gather (~2.4 ms) dwarfs the blocks (~0.05 ms): colour capped at the
+    # 95th percentile of the other cells, said on the colour bar.
+    blocks = big.blocks[big.blocks["source"] == "timing"]
+    grid = blocks.groupby(["rank", "block"])["exposed_us_per_step"].sum() / 1e3
+    others = grid[grid.index.get_level_values("block") != "root"].round(4)
+    cap = np.percentile(others, 95)
+    assert grid.max() > 20 * cap
+    assert heat["zmax"] == pytest.approx(cap, rel=1e-6)
+    assert "capped" in heat["colorbar"]["title"]["text"] and "capped" in heat["hovertemplate"]
+    # 40 blocks: cells too narrow for text; no outlier: no cap.
+    many = analyze(many_blocks_run(tmp_path / "many", 40))
+    heat = report.heatmap_figure(many).to_plotly_json()["data"][0]
+    assert len(heat["x"]) == 40 and heat.get("texttemplate") is None
+    assert heat.get("zmax") is None
+    # 9 units (the small sample), half width: text.
+    small = analyze(GPU_RUN, detailed=False)
+    heat = report.heatmap_figure(small).to_plotly_json()["data"][0]
+    assert not report.heatmap_wide(small) and heat["texttemplate"]
+    layout = report.heatmap_figure(small).to_plotly_json()["layout"]
+    assert layout["margin"]["t"] >= 40  # room for plotly's toolbar above the first row
 
 
 def test_distortion_table_and_figure_titles(sample):

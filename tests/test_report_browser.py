@@ -1,8 +1,13 @@
-"""report.html in a real browser (headless Chromium, offline, from file://): every figure is
-drawn, nothing is logged to the console, and the page does not look blank."""
+"""report.html in a real browser (headless Chromium, offline, from file://): nothing is logged
+to the console, every figure has drawn data (counted by Plotly itself and in the rendered SVG),
+and on a full-page screenshot every figure's plot area holds coloured marks where a blank page
+has none. A report with one figure emptied must fail these checks (tested below), or they prove
+nothing."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import shutil
@@ -17,7 +22,7 @@ from PIL import Image
 from fsdp_trace.analyze import analyze
 from fsdp_trace.render.report import COLORS, RENDERED_ATTRIBUTE, write_report
 from tests.conftest import SAMPLES
-from tests.test_report import gloo_run, single_gpu_trace
+from tests.test_report import PAYLOAD, gloo_run, single_gpu_trace
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = os.environ.get("FSDP_TRACE_CHROMIUM") or next(
@@ -47,7 +52,61 @@ FLAGS = [
     "--virtual-time-budget=30000",
 ]
 CONSOLE = re.compile(r"CONSOLE[(:]\d*\)?\]? ?(.*)$|Uncaught.*$", re.MULTILINE)
-WIDTH, HEIGHT = 1400, 2200
+WIDTH = 1400
+PROBE_ATTRIBUTE = "data-test-probe"
+# Added to a copy of the page by the test (the shipped page carries no test code): once the
+# page says its figures are drawn, record per figure what Plotly holds (`_fullData`: finite
+# points of visible traces; bars of zero length and NaN cells do not count), what the SVG shows
+# (bar paths and markers with a non-empty box, heatmap images), and where its plot area is.
+PROBE = """<script>
+(function () {
+  function finite(v) { return v !== null && v !== "" && isFinite(Number(v)); }
+  function drawnPoints(t) {
+    if (t.visible !== true) return 0;
+    var n = 0, i, j;
+    if (t.type === "heatmap") {
+      for (i = 0; i < (t.z || []).length; i++)
+        for (j = 0; j < (t.z[i] || []).length; j++) if (finite(t.z[i][j])) n++;
+      return n;
+    }
+    var x = t.x || [], y = t.y || [];
+    var length = t.type === "bar" ? (t.orientation === "h" ? x : y) : null;
+    for (i = 0; i < Math.max(x.length, y.length); i++) {
+      if (t.type === "bar" ? finite(length[i]) && Number(length[i]) !== 0
+                           : finite(x[i]) && finite(y[i])) n++;
+    }
+    return n;
+  }
+  function measure() {
+    var out = {height: document.documentElement.scrollHeight, figures: {}};
+    document.querySelectorAll("div.plot").forEach(function (gd) {
+      var points = (gd._fullData || []).reduce(function (s, t) { return s + drawnPoints(t); }, 0);
+      var marks = 0;
+      gd.querySelectorAll(".bars g.point path, .scatterlayer path.point, g.hm image")
+        .forEach(function (el) {
+          var box = el.getBBox();
+          if (box.width > 0 && box.height > 0) marks++;
+        });
+      var rect = gd.getBoundingClientRect(), size = gd._fullLayout._size;
+      out.figures[gd.id] = {
+        points: points, marks: marks, traces: (gd._fullData || []).length,
+        plot: [rect.left + size.l, rect.top + window.scrollY + size.t, size.w, size.h]
+      };
+    });
+    document.body.setAttribute("__PROBE__", JSON.stringify(out));
+  }
+  (function wait() {
+    var b = document.body;
+    if (b.hasAttribute("__DONE__") || b.hasAttribute("__DONE__-error")) measure();
+    else setTimeout(wait, 50);
+  })();
+})();
+</script>""".replace("__PROBE__", PROBE_ATTRIBUTE).replace("__DONE__", RENDERED_ATTRIBUTE)
+# A plot area is drawn when this share of its pixels (and at least MIN_MARK_PIXELS) is clearly
+# coloured: axes, grid lines, text and the page are grey or white (channel spread < 40).
+COLOURED_SPREAD = 40
+MIN_MARK_SHARE = 0.004
+MIN_MARK_PIXELS = 300
 
 
 def chromium(url: str, *extra: str) -> subprocess.CompletedProcess:
@@ -67,28 +126,99 @@ def console_lines(stderr: str) -> list[str]:
 
 def rendered(path: Path) -> tuple[str, list[str]]:
     """The DOM after the page settled, and what it logged to the console."""
-    done = chromium(path.as_uri(), "--dump-dom")
+    done = chromium(path.as_uri(), f"--window-size={WIDTH},2000", "--dump-dom")
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, console_lines(done.stderr)
 
 
-def check_drawn(dom: str, errors: list[str]) -> None:
-    assert errors == [], errors
+def body_attributes(dom: str) -> dict[str, str]:
     body = re.search(r"<body([^>]*)>", dom)
     assert body, dom[:2000]
-    attributes = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
+    return {k: html.unescape(v) for k, v in re.findall(r'([\w-]+)="([^"]*)"', body.group(1))}
+
+
+def probed(page: Path, tmp: Path) -> tuple[dict, dict[str, str], list[str]]:
+    """Load a copy of `page` with the probe: (probe result, <body> attributes, console)."""
+    text = page.read_text(encoding="utf-8")
+    copy = tmp / f"probed-{page.name}"
+    copy.write_text(text.replace("</body></html>", PROBE + "</body></html>"), encoding="utf-8")
+    dom, errors = rendered(copy)
+    attributes = body_attributes(dom)
+    assert PROBE_ATTRIBUTE in attributes, f"the probe never ran: {attributes}"
+    return json.loads(attributes[PROBE_ATTRIBUTE]), attributes, errors
+
+
+def check_page(attributes: dict[str, str], errors: list[str]) -> int:
+    """No console output; the page says all of its figures were drawn. Returns their number."""
+    assert errors == [], errors
     n = int(attributes["data-fsdp-figures"])
-    assert n >= 1
     assert f"{RENDERED_ATTRIBUTE}-error" not in attributes, attributes
     assert attributes.get(RENDERED_ATTRIBUTE) == str(n), (
         f"the page never said all {n} figures were drawn: {attributes}"
     )
-    # Each figure's div holds Plotly's SVG with at least one drawn trace.
-    for key in re.findall(r'<div class="plot[^"]*" id="(fig-[a-z]+)"', dom):
-        start = dom.index(f'id="{key}"')
-        block = dom[start : start + 200_000]
-        assert "main-svg" in block, key
-        assert re.search(r'class="(trace bars|scatterlayer|hm|heatmaplayer)', block), key
+    return n
+
+
+def undrawn_in_dom(probe: dict) -> dict[str, str]:
+    """Figures with no data in Plotly's own model or nothing visible in their SVG."""
+    return {
+        key: f"{f['points']} points, {f['marks']} drawn marks, {f['traces']} traces"
+        for key, f in probe["figures"].items()
+        if f["points"] == 0 or f["marks"] == 0
+    }
+
+
+def screenshot(url: str, out: Path, height: int) -> np.ndarray:
+    done = chromium(url, f"--window-size={WIDTH},{height}", f"--screenshot={out}")
+    assert done.returncode == 0 and out.exists(), done.stderr[-3000:]
+    assert console_lines(done.stderr) == []
+    with Image.open(out) as image:
+        assert image.size == (WIDTH, height)
+        return np.asarray(image.convert("RGB"), dtype=np.float64)
+
+
+def region(pixels: np.ndarray, box: list[float]) -> np.ndarray:
+    x, y, w, h = (round(v) for v in box)
+    return pixels[max(y, 0) : y + h, max(x, 0) : x + w]
+
+
+def coloured(pixels: np.ndarray) -> int:
+    return int((np.ptp(pixels, axis=-1) >= COLOURED_SPREAD).sum())
+
+
+def blank_plot_areas(shot: np.ndarray, blank: np.ndarray, probe: dict) -> dict[str, str]:
+    """Figures whose plot area on the screenshot is no more coloured than a blank page's."""
+    problems = {}
+    for key, figure in probe["figures"].items():
+        area, empty = region(shot, figure["plot"]), region(blank, figure["plot"])
+        assert area.size and area.shape == empty.shape, (key, figure["plot"], shot.shape)
+        marks, baseline = coloured(area), coloured(empty)
+        needed = max(MIN_MARK_PIXELS, MIN_MARK_SHARE * area.shape[0] * area.shape[1])
+        if marks - baseline < needed:
+            problems[key] = f"{marks} coloured pixels (blank page: {baseline}; need {needed:.0f})"
+    return problems
+
+
+def near(pixels: np.ndarray, color: str, tolerance: float = 24.0) -> int:
+    rgb = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)], dtype=np.float64)
+    return int((np.abs(pixels - rgb).max(axis=-1) <= tolerance).sum())
+
+
+def full_check(page: Path, tmp: Path) -> tuple[dict[str, str], dict[str, str], dict]:
+    """Everything the browser can tell about `page`: (figures undrawn in the DOM, figures
+    blank on the screenshot, probe). The page must load without console output."""
+    probe, attributes, errors = probed(page, tmp)
+    n = check_page(attributes, errors)
+    assert len(probe["figures"]) == n
+    height = int(probe["height"])
+    blank_page = tmp / "blank.html"
+    blank_page.write_text("<!DOCTYPE html><html><body></body></html>")
+    blank = screenshot(blank_page.as_uri(), tmp / "blank.png", height)
+    assert blank.std() < 1.0  # the control is uniform
+    shot = screenshot(page.as_uri(), tmp / f"{page.stem}.png", height)
+    if os.environ.get("FSDP_TRACE_KEEP_SCREENSHOT"):
+        shutil.copy(tmp / f"{page.stem}.png", os.environ["FSDP_TRACE_KEEP_SCREENSHOT"])
+    return undrawn_in_dom(probe), blank_plot_areas(shot, blank, probe), {"shot": shot, **probe}
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +241,40 @@ def test_the_harness_sees_console_errors(tmp_path):
     assert any("Uncaught" in e for e in errors), errors
 
 
-def test_sample_report_draws_every_figure_without_console_errors(sample_report):
-    dom, errors = rendered(sample_report)
-    check_drawn(dom, errors)
-    assert int(re.search(r'data-fsdp-figures="(\d+)"', dom).group(1)) == 4
+def test_sample_report_draws_every_figure_full_page(sample_report, tmp_path):
+    undrawn, blank, probe = full_check(sample_report, tmp_path)
+    assert sorted(probe["figures"]) == [
+        "fig-bandwidth",
+        "fig-blocks",
+        "fig-heatmap",
+        "fig-timeline",
+    ]
+    assert undrawn == {} and blank == {}, (undrawn, blank)
+    figures = probe["figures"]
+    analysis = analyze(SAMPLES / "gpt-small-2gpu")
+    timing = analysis.collectives[analysis.collectives["source"] == "timing"]
+    # Plotly holds every collective of the bandwidth figure (kernels; more with transfers).
+    assert figures["fig-bandwidth"]["points"] >= len(timing)
+    # The heatmap is ranks × blocks, every cell finite.
+    n_blocks = timing["block"].nunique()
+    assert figures["fig-heatmap"]["points"] == 2 * n_blocks
+    # The screenshot covers the whole page, the last figure included.
+    shot = probe["shot"]
+    assert shot.shape[0] >= max(f["plot"][1] + f["plot"][3] for f in figures.values())
+    # Each figure shows its own colours, not just the timeline.
+    expected = {
+        "fig-timeline": ("compute", "AllGather", "ReduceScatter", "exposed"),
+        "fig-blocks": ("ReduceScatter", "exposed"),
+        "fig-bandwidth": ("AllGather", "ReduceScatter"),
+    }
+    for key, names in expected.items():
+        area = region(shot, figures[key]["plot"])
+        for name in names:
+            count = near(area, COLORS[name])
+            assert count > 200, f"{key}: {count} pixels of {name} {COLORS[name]}"
+    heat = region(shot, figures["fig-heatmap"]["plot"])
+    reds = ((heat[..., 0] - heat[..., 1:].max(axis=-1)) > 60).sum()
+    assert reds > 0.3 * heat.shape[0] * heat.shape[1], reds  # most cells are shades of red
 
 
 @pytest.mark.parametrize("case", ["cpu-gloo", "single-gpu"])
@@ -126,40 +286,34 @@ def test_other_inputs_draw_without_console_errors(tmp_path, case):
     )
     path = tmp_path / "report.html"
     write_report(analyze(source), path)
-    check_drawn(*rendered(path))
+    probe, attributes, errors = probed(path, tmp_path)
+    assert check_page(attributes, errors) == len(probe["figures"]) >= 1
+    assert undrawn_in_dom(probe) == {}
 
 
-def near(pixels: np.ndarray, color: str, tolerance: float = 24.0) -> int:
-    rgb = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)], dtype=np.float64)
-    return int((np.abs(pixels - rgb).max(axis=-1) <= tolerance).sum())
+def empty_one_figure(page: Path, key: str, out: Path) -> Path:
+    """A copy of the report whose figure `key` keeps its traces (legend, axes, layers) but has
+    no data in them: what a regression that loses a figure's data would ship."""
+    text = page.read_text(encoding="utf-8")
+    match = PAYLOAD.search(text)
+    payload = json.loads(match.group(1))
+    (figure,) = [f["figure"] for f in payload["figures"] if f["id"] == key]
+    for trace in figure["data"]:
+        for field in ("x", "y", "z", "base", "hovertext", "text", "customdata"):
+            if field in trace:
+                trace[field] = []
+    body = json.dumps(payload).replace("<", "\\u003c")
+    out.write_text(text[: match.start(1)] + body + text[match.end(1) :], encoding="utf-8")
+    return out
 
 
-def screenshot(url: str, out: Path) -> np.ndarray:
-    done = chromium(url, f"--window-size={WIDTH},{HEIGHT}", f"--screenshot={out}")
-    assert done.returncode == 0 and out.exists(), done.stderr[-3000:]
-    assert console_lines(done.stderr) == []
-    with Image.open(out) as image:
-        assert image.size == (WIDTH, HEIGHT)
-        return np.asarray(image.convert("RGB"), dtype=np.float64)
-
-
-def test_screenshot_is_clearly_not_a_blank_page(sample_report, tmp_path):
-    blank_page = tmp_path / "blank.html"
-    blank_page.write_text("<!DOCTYPE html><html><body></body></html>")
-    blank = screenshot(blank_page.as_uri(), tmp_path / "blank.png")
-    shot = screenshot(sample_report.as_uri(), tmp_path / "report.png")
-    if os.environ.get("FSDP_TRACE_KEEP_SCREENSHOT"):
-        shutil.copy(tmp_path / "report.png", os.environ["FSDP_TRACE_KEEP_SCREENSHOT"])
-
-    assert blank.std() < 1.0  # the control is uniform
-    background = np.median(shot.reshape(-1, 3), axis=0)
-    differs = (np.abs(shot - background).max(axis=-1) > 16).mean()
-    assert differs > 0.15, f"only {differs:.1%} of the page differs from its background"
-    assert shot.std() > 20 * max(blank.std(), 1.0)
-    coarse = (shot // 8).astype(np.int64)
-    distinct = np.unique(coarse[..., 0] << 10 | coarse[..., 1] << 5 | coarse[..., 2]).size
-    assert distinct > 200, distinct
-    # The figures' own colors are on screen, not just text.
-    for name in ("compute", "AllGather", "ReduceScatter", "exposed"):
-        count = near(shot, COLORS[name])
-        assert count > 2000, f"{name}: {count} pixels of {COLORS[name]}"
+@pytest.mark.parametrize("key", ["fig-bandwidth", "fig-heatmap"])
+def test_a_report_with_one_figure_emptied_fails(sample_report, tmp_path, key):
+    broken = empty_one_figure(sample_report, key, tmp_path / "broken.html")
+    undrawn, blank, probe = full_check(broken, tmp_path)
+    # The page itself still loads cleanly and says every figure was drawn ...
+    assert len(probe["figures"]) == 4
+    # ... and the emptied figure, only it, is caught by both checks.
+    assert set(undrawn) == {key}, undrawn
+    assert set(blank) == {key}, blank
+    assert probe["figures"][key]["traces"] > 0  # its traces (and layer groups) still exist

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from fsdp_trace import sweep
+from fsdp_trace.analyze import analyze
 from fsdp_trace.errors import UserError
+from fsdp_trace.render.compare import figure as compare_figure
+from fsdp_trace.render.compare import render_html
 from fsdp_trace.sweep import compare_table, find_runs, knob_changes, parse_points, run_table
 from tests.conftest import SAMPLES, run_cli
 
@@ -25,21 +33,110 @@ def test_efficiency_is_each_point_against_its_1gpu_baseline():
         expected = two["tokens_per_s_per_gpu"] / one["tokens_per_s_per_gpu"]
         assert row["scaling_efficiency"] == pytest.approx(expected)
         assert row["scaling_efficiency"] == pytest.approx(two["scaling_efficiency"])  # as captured
-    # the sweep recorded the same throughput it plotted
+    # the sweep recorded the same throughput it plotted, with portable run paths
     recorded = pd.read_csv(SWEEP / "efficiency.csv")
     assert recorded["tokens_per_s_per_gpu"].tolist() == pytest.approx(
         table["tokens_per_s_per_gpu"].tolist()
     )
+    assert all((SWEEP / run / "run.json").exists() for run in recorded["run"])
 
 
-def test_plot_from_run_directories(tmp_path):
+def test_committed_sweep_figures_come_from_its_analysis_json():
+    """The traces were left out: exposed % and recompute % come from each point's
+    analysis.json (1 GPU: no exposed figure), with or without --no-traces."""
+    for with_traces in (True, False):
+        notices: list[str] = []
+        table = run_table(find_runs([SWEEP]), with_traces=with_traces, notify=notices.append)
+        assert notices == [] and (table["figures_from"] == "analysis.json").all()
+        for row in table.itertuples():
+            saved = json.loads((Path(row.run) / "analysis.json").read_text())
+            assert saved["source"] == "efficiency.csv" and "traces" in saved["made_by"]
+            assert row.recompute_pct == pytest.approx(saved["recompute_pct"])
+            if row.world_size == 1:
+                assert np.isnan(row.exposed_pct)
+            else:
+                assert row.exposed_pct == pytest.approx(saved["exposed_pct"])
+                assert 30 < row.exposed_pct < 40  # about a third of the step at batch 1
+    # The committed CSV is exactly what the tool writes from these runs (paths relative to it).
+    assert sweep.table_csv(table, SWEEP) == (SWEEP / "efficiency.csv").read_text()
+    recorded = pd.read_csv(SWEEP / "efficiency.csv")
+    assert recorded["exposed_pct"].tolist() == pytest.approx(
+        table["exposed_pct"].tolist(), nan_ok=True
+    )
+    assert recorded["recompute_pct"].tolist() == pytest.approx(table["recompute_pct"].tolist())
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-traces"]])
+def test_plot_from_run_directories(tmp_path, flag):
     out = tmp_path / "efficiency.html"
-    done = run_cli("plot", str(SWEEP), "--no-traces", "--out", str(out))
+    done = run_cli("plot", str(SWEEP), *flag, "--out", str(out))
     assert done.returncode == 0, done.stderr
     html = out.read_text()
     assert html.count("plotly.js v") >= 1 and "<script src=" not in html
     assert "Scaling efficiency" in html and "best tokens\\u002fs\\u002fGPU" in html
-    assert (tmp_path / "efficiency.csv").exists()
+    assert "from analysis.json for 10 of 10 runs" in html
+    assert '"responsive": true' in html and "width:100%" in html.replace(" ", "")
+    table = pd.read_csv(tmp_path / "efficiency.csv")
+    assert table["exposed_pct"].notna().sum() == 5 and table["recompute_pct"].notna().all()
+
+
+def sample_point(folder: Path) -> Path:
+    """gpt-small-2gpu as a run directory of its own (traces linked, not copied)."""
+    folder.mkdir(parents=True)
+    source = SAMPLES / "gpt-small-2gpu"
+    shutil.copy(source / "run.json", folder / "run.json")
+    for trace in source.glob("rank*.json.gz"):
+        (folder / trace.name).symlink_to(trace)
+    return folder
+
+
+def test_point_summary_traces_then_analysis_json_then_blanks(tmp_path, monkeypatch):
+    point = sample_point(tmp_path / "point")
+    summary = sweep.summarize_point(point)
+    written = json.loads((point / "analysis.json").read_text())
+    assert written == json.loads(json.dumps(summary))
+    # Against the analysis, computed here: medians over each rank's timing steps.
+    steps = analyze(point, detailed=False).steps
+    assert written["exposed_pct"] == pytest.approx(steps["exposed_pct"].median())
+    assert written["step_ms"] == pytest.approx(steps["step_us"].median() / 1e3)
+    for rank in written["ranks"]:
+        own = steps[steps["rank"] == rank["rank"]]
+        assert rank["steps"] == len(own) == 5
+        assert rank["exposed_pct"] == pytest.approx(own["exposed_pct"].median())
+        assert rank["overlap_pct"] == pytest.approx(own["overlap_pct"].median())
+        assert rank["step_ms"] == pytest.approx(own["step_us"].median() / 1e3)
+        assert rank["recompute_pct"] == 0.0  # no activation checkpointing
+    assert written["traces"] == {
+        p.name: p.stat().st_size for p in sorted(point.glob("rank*.timing.json.gz"))
+    }
+    # Traces present and analysis.json made from them: reused, not re-analyzed.
+    monkeypatch.setattr(sweep, "analyze_point", lambda *a: pytest.fail("re-analyzed"))
+    table = run_table([point])
+    assert table["figures_from"].tolist() == ["traces"]
+    assert table["exposed_pct"].iloc[0] == pytest.approx(written["exposed_pct"])
+    # Traces gone: the same figures from analysis.json.
+    for trace in point.glob("rank*.json.gz"):
+        trace.unlink()
+    table = run_table([point])
+    assert table["figures_from"].tolist() == ["analysis.json"]
+    assert table["exposed_pct"].iloc[0] == pytest.approx(written["exposed_pct"])
+    # Neither: blanks and one notice, never an error; plot still writes its page.
+    (point / "analysis.json").unlink()
+    notices: list[str] = []
+    table = run_table([point], notify=notices.append)
+    assert np.isnan(table["exposed_pct"].iloc[0]) and np.isnan(table["recompute_pct"].iloc[0])
+    assert len(notices) == 1 and "no timing traces and no analysis.json" in notices[0]
+    done = run_cli("plot", str(point), "--out", str(tmp_path / "e.html"))
+    assert done.returncode == 0, done.stderr
+    assert "left blank for 1 run" in done.stderr and (tmp_path / "e.html").exists()
+
+
+def test_unreadable_analysis_json_is_a_user_error(tmp_path):
+    point = sample_point(tmp_path / "point")
+    (point / "analysis.json").write_text("{not json")
+    done = run_cli("plot", str(point), "--no-traces", "--out", str(tmp_path / "e.html"))
+    assert done.returncode == 2 and "analysis.json: unreadable" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "e.html").exists()
 
 
 def test_compare_names_what_changed(tmp_path):
@@ -61,6 +158,53 @@ def test_compare_names_what_changed(tmp_path):
     done = run_cli("compare", *map(str, runs), "--no-traces", "--html", str(html))
     assert done.returncode == 0, done.stderr
     assert "GPUs: 1 → 2" in done.stdout and html.exists()
+
+
+def test_compare_falls_back_to_a_1gpu_run_with_other_knobs_and_shows_deltas(tmp_path):
+    runs = [
+        SAMPLES / "gpt-small-1gpu",
+        SAMPLES / "gpt-small-2gpu",
+        SAMPLES / "gpt-small-2gpu-fullac",  # AC 1: no 1-GPU run with AC 1 in the list
+    ]
+    table = compare_table(runs, with_traces=True)
+    tps = table["tokens_per_s_per_gpu"].tolist()
+    assert table["baseline"].tolist() == [
+        "",
+        "gpt-small-1gpu",
+        "gpt-small-1gpu (differs: AC coverage)",
+    ]
+    assert table["scaling_efficiency"].iloc[2] == pytest.approx(tps[2] / tps[0])
+    # Exposed % (from the traces, computed here): none on 1 GPU; its change in points.
+    exposed = [analyze(r, detailed=False).steps["exposed_pct"].median() for r in runs[1:]]
+    assert np.isnan(table["exposed_pct"].iloc[0])
+    assert table["exposed_pct"].iloc[1:].tolist() == pytest.approx(exposed)
+    assert np.isnan(table["exposed_pct_change"].iloc[1])
+    assert table["exposed_pct_change"].iloc[2] == pytest.approx(exposed[1] - exposed[0])
+    memory = [
+        json.loads((r / "run.json").read_text())["figures"]["peak_allocated_gib"] for r in runs
+    ]
+    assert table["peak_allocated_gib_change"].iloc[1:].tolist() == pytest.approx(
+        np.diff(memory).tolist()
+    )
+    page = render_html(table)
+    header = re.findall(r"<th[^>]*>(.*?)</th>", page)
+    assert {"baseline (1 GPU)", "Δ exposed", "Δ mem", "what changed"} <= set(header)
+    assert "gpt-small-1gpu (differs: AC coverage)" in page and "ac_coverage: 0.0 → 1.0" in page
+    # The chart: bars and lines only (the table is HTML, cells wrap); the % panel has its own
+    # axis with round ticks and room above the highest label, no secondary axis.
+    chart = compare_figure(table).to_plotly_json()
+    assert {t["type"] for t in chart["data"]} == {"bar", "scatter"}
+    assert chart["layout"]["yaxis2"]["tickvals"] == [0, 20, 40, 60, 80, 100]
+    assert chart["layout"]["yaxis2"]["range"][1] > 100
+    assert "yaxis3" not in chart["layout"]
+    assert {t.get("yaxis", "y") for t in chart["data"] if t["type"] == "scatter"} == {"y2"}
+
+
+def test_compare_without_a_1gpu_run_uses_run_json_and_names_it(tmp_path):
+    table = compare_table([SAMPLES / "gpt-small-2gpu"], with_traces=False, notify=None)
+    saved = json.loads((SAMPLES / "gpt-small-2gpu" / "run.json").read_text())["figures"]
+    assert table["scaling_efficiency"].iloc[0] == pytest.approx(saved["scaling_efficiency"])
+    assert table["baseline"].iloc[0].startswith("run.json")
 
 
 def test_sweep_end_to_end_on_cpu(tmp_path):
@@ -90,6 +234,20 @@ def test_sweep_end_to_end_on_cpu(tmp_path):
     assert full["parallel"]["ac_blocks"] == [f"layers.{i}" for i in range(4)]
     assert full["config"]["baseline"].endswith("ac1.00-1gpu")
     assert (out / "efficiency.html").exists() and (out / "efficiency.csv").exists()
+    # Each point's analysis.json, from its traces: the plot survives deleting them.
+    for name in runs:
+        saved = json.loads((out / name / "analysis.json").read_text())
+        assert saved["source"] == "traces" and set(saved["traces"]) == {
+            p.name for p in (out / name).glob("rank*.timing.json.gz")
+        }
+    for trace in out.glob("*/rank*.json.gz"):
+        trace.unlink()
+    done = run_cli("plot", str(out), "--out", str(tmp_path / "again.html"))
+    assert done.returncode == 0, done.stderr
+    again = pd.read_csv(tmp_path / "again.csv")
+    first = pd.read_csv(out / "efficiency.csv")
+    assert again["recompute_pct"].tolist() == pytest.approx(first["recompute_pct"].tolist())
+    assert (again["figures_from"] == "analysis.json").all()
 
 
 def test_sweep_refuses_bad_options_and_points(tmp_path):

@@ -1,113 +1,189 @@
 """compare.html: the efficiency table users write by hand — 1 GPU, N GPUs, then each tuning
-step — as a chart and a table, self-contained."""
+step — as a chart and a table, self-contained (plotly.js inlined, opens offline).
+
+The chart has two panels on one run axis: tokens/s per GPU (bars, labelled) above, scaling
+efficiency and exposed communication (%, one fixed 0–100 axis) below, so that no line crosses
+a bar label. The table is plain HTML: long cells ("what changed") wrap instead of being cut.
+"""
 
 from __future__ import annotations
 
+import html
+import math
 from pathlib import Path
 
 import pandas as pd
 
 from fsdp_trace.render.export import write_text_atomically
 
+THROUGHPUT = "#4e79a7"
+EFFICIENCY = "#59a14f"
+EXPOSED = "#e15759"
 
-def _fmt(value, spec: str) -> str:
-    return "—" if pd.isna(value) else format(value, spec)
+
+def _fmt(value, spec: str, unit: str = "") -> str:
+    return "—" if pd.isna(value) else format(value, spec) + unit
+
+
+def run_labels(table: pd.DataFrame) -> list[str]:
+    return [f"{i + 1}. {label}" for i, label in enumerate(table["label"])]
 
 
 def figure(table: pd.DataFrame):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    labels = [f"{i + 1}. {label}" for i, label in enumerate(table["label"])]
+    labels = run_labels(table)
     fig = make_subplots(
         rows=2,
         cols=1,
-        row_heights=[0.55, 0.45],
-        vertical_spacing=0.08,
-        specs=[[{"secondary_y": True}], [{"type": "table"}]],
+        shared_xaxes=True,
+        row_heights=[0.58, 0.42],
+        vertical_spacing=0.1,
+        subplot_titles=["Tokens/s per GPU", "Scaling efficiency and exposed communication, %"],
     )
-    throughput = table["tokens_per_s_per_gpu"].map(lambda v: _fmt(v, ",.0f"))
+    tps = table["tokens_per_s_per_gpu"].astype(float)
     fig.add_trace(
         go.Bar(
             x=labels,
-            y=table["tokens_per_s_per_gpu"],
+            y=tps,
             name="tokens/s/GPU",
-            marker_color="#1f77b4",
-            text=throughput,
+            marker_color=THROUGHPUT,
+            text=tps.map(lambda v: _fmt(v, ",.0f")),
             textposition="outside",
-            hovertext=table["change"],
+            cliponaxis=False,
+            hovertext=table["change"].map(lambda c: c or "first run"),
+            hovertemplate="%{x}<br>%{y:,.0f} tokens/s/GPU<br>%{hovertext}<extra></extra>",
         ),
         row=1,
         col=1,
     )
-    fig.add_trace(
-        go.Scatter(
-            x=labels,
-            y=100 * table["scaling_efficiency"],
-            name="scaling efficiency %",
-            mode="lines+markers",
-            marker_color="#2ca02c",
-        ),
-        row=1,
-        col=1,
-        secondary_y=True,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=labels,
-            y=table["exposed_pct"],
-            name="exposed comm %",
-            mode="lines+markers",
-            marker_color="#d62728",
-        ),
-        row=1,
-        col=1,
-        secondary_y=True,
-    )
-    fig.update_yaxes(title_text="tokens/s per GPU", row=1, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="%", row=1, col=1, secondary_y=True, rangemode="tozero")
-    fig.add_trace(
-        go.Table(
-            columnwidth=[3, 1, 1.2, 1, 1, 1, 1, 4],
-            header={
-                "values": [
-                    "run",
-                    "GPUs",
-                    "tok/s/GPU",
-                    "Δ vs previous",
-                    "efficiency",
-                    "exposed %",
-                    "mem GiB",
-                    "what changed",
-                ]
-            },
-            cells={
-                "values": [
-                    labels,
-                    table["world_size"],
-                    throughput,
-                    table["tokens_per_s_per_gpu_change_pct"].map(
-                        lambda v: _fmt(v, "+.1f") + " %" if pd.notna(v) else "—"
-                    ),
-                    table["scaling_efficiency"].map(lambda v: _fmt(v, ".1%")),
-                    table["exposed_pct"].map(lambda v: _fmt(v, ".1f")),
-                    table["peak_allocated_gib"].map(lambda v: _fmt(v, ".1f")),
-                    table["change"],
-                ]
-            },
-        ),
-        row=2,
-        col=1,
-    )
+    # Headroom for the labels above the bars; plotly picks round ticks inside the range.
+    top = 1.15 * float(tps.max()) if tps.notna().any() and tps.max() > 0 else 1.0
+    fig.update_yaxes(title_text="tokens/s per GPU", range=[0, top], row=1, col=1)
+    highest = 100.0
+    for column, name, color in (
+        ("scaling_efficiency", "scaling efficiency", EFFICIENCY),
+        ("exposed_pct", "exposed communication", EXPOSED),
+    ):
+        values = table[column].astype(float) * (100.0 if column == "scaling_efficiency" else 1.0)
+        if values.notna().any():
+            highest = max(highest, float(values.max()))
+        fig.add_trace(
+            go.Scatter(
+                x=labels,
+                y=values,
+                name=name + " %",
+                mode="lines+markers+text",
+                line={"color": color, "width": 2},
+                marker={"color": color, "size": 9},
+                text=values.map(lambda v: _fmt(v, ".1f")),
+                textposition="top center",
+                textfont={"color": color},
+                cliponaxis=False,
+                connectgaps=False,
+                hovertemplate="%{x}<br>" + name + " %{y:.1f} %<extra></extra>",
+            ),
+            row=2,
+            col=1,
+        )
+    # One fixed axis in steps of 20 (no secondary axis: its ticks never land on round values),
+    # with room above the highest point for its label.
+    ticks = list(range(0, math.ceil(highest / 20.0) * 20 + 1, 20))
+    fig.update_yaxes(title_text="%", range=[0, highest * 1.12 + 2], tickvals=ticks, row=2, col=1)
     fig.update_layout(
-        title="Runs compared, in the order given",
         template="plotly_white",
-        height=900,
-        width=1300,
-        legend={"orientation": "h", "y": 1.05},
+        height=720,
+        autosize=True,
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "x": 0},
+        margin={"l": 70, "r": 30, "t": 70, "b": 40},
+        bargap=0.45,
     )
     return fig
 
 
+TABLE_COLUMNS = (
+    # header, formatter, numeric
+    ("#", lambda i, row: str(i + 1), True),
+    ("run", lambda i, row: str(row["label"]), False),
+    ("GPUs", lambda i, row: str(row["world_size"]), True),
+    ("tok/s/GPU", lambda i, row: _fmt(row["tokens_per_s_per_gpu"], ",.0f"), True),
+    (
+        "Δ tok/s/GPU",
+        lambda i, row: _fmt(row["tokens_per_s_per_gpu_change_pct"], "+.1f", " %"),
+        True,
+    ),
+    ("efficiency", lambda i, row: _fmt(100 * row["scaling_efficiency"], ".1f", " %"), True),
+    ("baseline (1 GPU)", lambda i, row: str(row["baseline"] or "—"), False),
+    ("exposed %", lambda i, row: _fmt(row["exposed_pct"], ".1f"), True),
+    ("Δ exposed", lambda i, row: _fmt(row["exposed_pct_change"], "+.1f", " pt"), True),
+    ("MFU", lambda i, row: _fmt(100 * row["mfu"], ".1f", " %"), True),
+    ("mem GiB", lambda i, row: _fmt(row["peak_allocated_gib"], ".2f"), True),
+    ("Δ mem", lambda i, row: _fmt(row["peak_allocated_gib_change"], "+.2f", " GiB"), True),
+    ("what changed", lambda i, row: str(row["change"] or "—"), False),
+)
+
+
+def table_html(table: pd.DataFrame) -> str:
+    head = "".join(
+        f'<th class="{"num" if numeric else ""}">{html.escape(header)}</th>'
+        for header, _, numeric in TABLE_COLUMNS
+    )
+    rows = []
+    for i, row in enumerate(table.to_dict("records")):
+        cells = "".join(
+            f'<td class="{"num" if numeric else ""}">{html.escape(fmt(i, row))}</td>'
+            for _, fmt, numeric in TABLE_COLUMNS
+        )
+        rows.append(f"<tr>{cells}</tr>")
+    return (
+        f'<table data-table="compare"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+CSS = """
+body { margin:0; font:14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, Arial, sans-serif;
+  color:#2a2f36; background:#fff; }
+main { max-width:1400px; margin:0 auto; padding:18px 28px 32px; }
+h1 { font-size:20px; font-weight:600; margin:0 0 4px; }
+p.caption { color:#6b7480; margin:0 0 10px; font-size:13px; }
+table { border-collapse:collapse; font-size:13px; margin:8px 0; width:100%; }
+th, td { padding:5px 10px; border-bottom:1px solid #e3e6ea; text-align:left; vertical-align:top; }
+th { color:#6b7480; font-weight:600; white-space:nowrap; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+td { overflow-wrap:anywhere; }
+td:nth-child(2) { min-width:170px; }
+ul.notices { color:#8a6d1a; font-size:13px; }
+"""
+
+
+def render_html(table: pd.DataFrame) -> str:
+    chart = figure(table).to_html(
+        include_plotlyjs=True,
+        full_html=False,
+        default_width="100%",
+        default_height="720px",
+        config={"responsive": True, "displaylogo": False},
+    )
+    notices = table.attrs.get("notices") or []
+    notes = (
+        '<ul class="notices">' + "".join(f"<li>{html.escape(n)}</li>" for n in notices) + "</ul>"
+        if notices
+        else ""
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>fsdp-trace compare</title><style>{CSS}</style></head><body><main>"
+        "<h1>Runs compared, in the order given</h1>"
+        '<p class="caption">Each run against the previous one: what changed and what it bought. '
+        "Efficiency = tokens/s/GPU ÷ tokens/s of the 1-GPU run named under baseline (same "
+        "model, batch and sequence; knobs that differ are named). Exposed % is blank on one "
+        "GPU: there is no communication. Δ exposed is in points of the step.</p>"
+        f"{chart}{table_html(table)}{notes}</main></body></html>\n"
+    )
+
+
 def write_compare_html(table: pd.DataFrame, path: Path) -> None:
-    write_text_atomically(path, figure(table).to_html(include_plotlyjs=True, full_html=True))
+    write_text_atomically(path, render_html(table))

@@ -1,6 +1,6 @@
 """efficiency.html: scaling efficiency, throughput, exposed communication, recompute and
 memory against activation-checkpoint coverage, best point marked. Self-contained (plotly.js
-inlined), opens offline."""
+inlined), opens offline, fills the browser's width."""
 
 from __future__ import annotations
 
@@ -11,13 +11,21 @@ import pandas as pd
 from fsdp_trace.render.export import write_text_atomically
 
 PANELS = (
-    ("scaling_efficiency", "Scaling efficiency (tok/s/GPU ÷ 1-GPU tok/s)", ".0%"),
+    ("scaling_efficiency", "Scaling efficiency (vs 1 GPU)", ".0%"),
     ("tokens_per_s_per_gpu", "Tokens/s per GPU", ",.0f"),
     ("exposed_pct", "Exposed communication, % of step", ".1f"),
     ("recompute_pct", "Recompute (AC) compute, % of step", ".1f"),
     ("peak_allocated_gib", "Peak memory allocated, GiB", ".1f"),
 )
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+# Figures that mean nothing on one GPU (1.0 by definition; no communication to expose).
+MULTI_GPU_ONLY = {"scaling_efficiency", "exposed_pct"}
+# Shares of the step start at zero: a few points of noise must not look like a trend.
+ZERO_BASED = {"exposed_pct", "recompute_pct"}
+
+
+def _cell(value, spec: str) -> str:
+    return "—" if pd.isna(value) else format(value, spec)
 
 
 def best_point(table: pd.DataFrame) -> pd.Series | None:
@@ -46,10 +54,11 @@ def figure(table: pd.DataFrame, title: str):
         vertical_spacing=0.14,
     )
     best = best_point(table)
+    points = sorted(table["ac_coverage"].dropna().unique().tolist())
     for index, (column, label, fmt) in enumerate(PANELS):
         row, col = divmod(index, 3)
         for color, (world, group) in zip(COLORS, table.groupby("world_size"), strict=False):
-            if column == "scaling_efficiency" and world == 1:
+            if column in MULTI_GPU_ONLY and world == 1:
                 continue
             group = group.sort_values("ac_coverage")
             fig.add_trace(
@@ -82,6 +91,7 @@ def figure(table: pd.DataFrame, title: str):
                     },
                     name="best tokens/s/GPU",
                     showlegend=index == 1,
+                    cliponaxis=False,
                     hovertemplate=f"best point: {best['label']}<extra></extra>",
                 ),
                 row=row + 1,
@@ -90,24 +100,44 @@ def figure(table: pd.DataFrame, title: str):
         fig.update_xaxes(
             title_text="AC coverage (fraction of blocks)",
             range=[-0.05, 1.05],
+            tickvals=points,
+            ticktext=[f"{p:g}" for p in points],
             row=row + 1,
             col=col + 1,
         )
-        fig.update_yaxes(tickformat=fmt.replace(",", ""), row=row + 1, col=col + 1)
+        fig.update_yaxes(
+            tickformat=fmt.replace(",", ""),
+            rangemode="tozero" if column in ZERO_BASED else "normal",
+            row=row + 1,
+            col=col + 1,
+        )
     shown = table.sort_values(["world_size", "ac_coverage"])
     fig.add_trace(
         go.Table(
-            header={"values": ["GPUs", "AC", "tok/s/GPU", "eff.", "exposed %", "mem GiB"]},
+            header={
+                "values": [
+                    "GPUs",
+                    "AC",
+                    "tok/s<br>/GPU",
+                    "eff.",
+                    "exposed<br>%",
+                    "recomp.<br>%",
+                    "mem<br>GiB",
+                ],
+                "font": {"size": 11},
+            },
             cells={
                 "values": [
                     shown["world_size"],
                     shown["ac_coverage"].map("{:.2f}".format),
-                    shown["tokens_per_s_per_gpu"].map("{:,.0f}".format),
-                    shown["scaling_efficiency"].map(lambda v: "—" if pd.isna(v) else f"{v:.1%}"),
-                    shown["exposed_pct"].map(lambda v: "—" if pd.isna(v) else f"{v:.1f}"),
-                    shown["peak_allocated_gib"].map(lambda v: "—" if pd.isna(v) else f"{v:.1f}"),
+                    shown["tokens_per_s_per_gpu"].map(lambda v: _cell(v, ",.0f")),
+                    shown["scaling_efficiency"].map(lambda v: _cell(v, ".1%")),
+                    shown["exposed_pct"].map(lambda v: _cell(v, ".1f")),
+                    shown["recompute_pct"].map(lambda v: _cell(v, ".1f")),
+                    shown["peak_allocated_gib"].map(lambda v: _cell(v, ".1f")),
                 ]
             },
+            columnwidth=[0.8, 0.9, 1.3, 1.2, 1.1, 1.1, 1],
         ),
         row=2,
         col=3,
@@ -120,17 +150,51 @@ def figure(table: pd.DataFrame, title: str):
             subtitle += f", efficiency {efficiency:.1%}"
         subtitle += "</sup>"
     fig.update_layout(
-        title=title + subtitle,
+        title={"text": title + subtitle, "x": 0.01, "xanchor": "left"},
         height=820,
-        width=1400,
+        autosize=True,
         template="plotly_white",
-        legend={"orientation": "h", "y": 1.08, "x": 0.7},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.07, "xanchor": "right", "x": 1},
+        margin={"l": 60, "r": 30, "t": 110, "b": 60 + 18 * len(footnotes(table))},
     )
+    for i, line in enumerate(footnotes(table)):
+        fig.add_annotation(
+            text=line,
+            xref="paper",
+            yref="paper",
+            x=0,
+            xanchor="left",
+            y=-0.08,
+            yanchor="top",
+            yshift=-18 * i,
+            showarrow=False,
+            font={"size": 12, "color": "#555"},
+        )
     return fig
 
 
+def footnotes(table: pd.DataFrame) -> list[str]:
+    """Where exposed % and recompute % came from, and the table's notices."""
+    lines = []
+    sources = table["figures_from"].fillna("") if "figures_from" in table else pd.Series()
+    saved = int((sources == "analysis.json").sum())
+    if saved:
+        lines.append(
+            f"Exposed % and recompute %: from analysis.json for {saved} of {len(table)} runs "
+            "(the figures the sweep computed from their timing traces, which are not here)."
+        )
+    lines += list(table.attrs.get("notices", []))
+    return lines
+
+
 def write_efficiency_html(table: pd.DataFrame, path: Path, title: str) -> None:
-    html = figure(table, title).to_html(include_plotlyjs=True, full_html=True)
+    html = figure(table, title).to_html(
+        include_plotlyjs=True,
+        full_html=True,
+        default_width="100%",
+        default_height="820px",
+        config={"responsive": True, "displaylogo": False},
+    )
     write_text_atomically(path, html)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -16,6 +17,7 @@ import pandas as pd
 
 from fsdp_trace import __version__, atomic
 from fsdp_trace.analyze.results import Analysis
+from fsdp_trace.errors import UserError
 
 
 def _clean(value: Any) -> Any:
@@ -92,23 +94,148 @@ def write_json(analysis: Analysis, path: Path) -> None:
     write_text_atomically(path, json.dumps(to_payload(analysis), indent=1) + "\n")
 
 
+CSV_NAMES = ("steps", "blocks", "collectives")
+
+
+def _csv_frames(analysis: Analysis) -> dict[str, pd.DataFrame]:
+    return {
+        "steps": analysis.steps,
+        "blocks": analysis.blocks,
+        "collectives": analysis.collectives,
+    }
+
+
 def write_csv(analysis: Analysis, folder: Path) -> list[Path]:
     """steps.csv, blocks.csv and collectives.csv in `folder` (all or nothing)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    problem = output_problem(folder, folder=True)
+    if problem:
+        raise UserError(f"{folder}: {problem}")
+    with StagedOutputs() as staged:
+        write_csv_files(analysis, staged.folder(folder))
+        staged.commit()
+    return [folder / f"{name}.csv" for name in CSV_NAMES]
+
+
+def write_csv_files(analysis: Analysis, folder: Path) -> None:
     try:
-        names = {
-            "steps": analysis.steps,
-            "blocks": analysis.blocks,
-            "collectives": analysis.collectives,
-        }
-        for name, frame in names.items():
-            frame.to_csv(staging / f"{name}.csv", index=False)
-        folder.mkdir(exist_ok=True)
-        written = []
-        for name in names:
-            os.replace(staging / f"{name}.csv", folder / f"{name}.csv")
-            written.append(folder / f"{name}.csv")
-        return written
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        for name, frame in _csv_frames(analysis).items():
+            frame.to_csv(folder / f"{name}.csv", index=False)
+    except OSError as exc:
+        raise UserError(f"{folder}: cannot write ({exc.strerror or exc})") from None
+
+
+def _first_existing(path: Path) -> Path:
+    """`path` or its nearest ancestor that exists (the folder that new folders go into)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            return candidate
+    return Path.cwd()
+
+
+def output_problem(path: Path, folder: bool = False) -> str | None:
+    """Why `path` cannot be written as an output file (or, with folder, an output folder);
+    None when it can. Checked before anything is written, so a bad path costs nothing."""
+    path = Path(path)
+    if path.exists():
+        if folder and not path.is_dir():
+            return "exists and is not a folder: give a folder path"
+        if not folder and path.is_dir():
+            return "is a folder: give a file path"
+        if not folder and not path.is_file():
+            return "exists and is not a regular file: give a file path"
+    parent = path if folder and path.is_dir() else path.parent
+    base = _first_existing(parent)
+    if not base.is_dir():
+        return f"{base} is a file, not a folder: choose another path"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return f"no permission to write in {base}"
+    return None
+
+
+def check_outputs(files: dict[str, Path | None], folders: dict[str, Path | None]) -> None:
+    """Every output path of one command (option name -> path), before anything is written:
+    one UserError naming the first bad one, or two options that would write the same file."""
+    seen: dict[Path, str] = {}
+    for option, path, is_folder in [
+        *((o, p, False) for o, p in files.items()),
+        *((o, p, True) for o, p in folders.items()),
+    ]:
+        if path is None:
+            continue
+        problem = output_problem(path, folder=is_folder)
+        if problem:
+            raise UserError(f"{option} {path}: {problem}")
+        key = Path(os.path.abspath(path))
+        if key in seen:
+            raise UserError(f"{option} {path}: {seen[key]} writes there too: give another path")
+        seen[key] = option
+
+
+class StagedOutputs:
+    """Outputs written beside their targets under temporary names, then moved into place
+    together by `commit`: a failure before that leaves no output behind, half-written or
+    whole, and removes the folders it created."""
+
+    def __init__(self) -> None:
+        self.files: list[tuple[Path, Path]] = []  # (staged, final)
+        self.folders: list[tuple[Path, Path]] = []
+        self.created: list[Path] = []  # folders made for the outputs, outermost first
+
+    def __enter__(self) -> StagedOutputs:
+        return self
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def _make_parent(self, path: Path) -> None:
+        missing = [p for p in (path, *path.parents) if not p.exists()]
+        try:
+            for folder in reversed(missing):
+                folder.mkdir()
+                self.created.append(folder)
+        except OSError as exc:
+            raise UserError(f"{path}: cannot create the folder ({exc.strerror or exc})") from None
+
+    def file(self, final: Path) -> Path:
+        """Where to write the output that will become `final`."""
+        final = Path(final)
+        self._make_parent(final.parent)
+        staged = final.parent / f".{final.name}.staged-{os.getpid()}"
+        self.files.append((staged, final))
+        return staged
+
+    def folder(self, final: Path) -> Path:
+        """A folder to write the files that will go into the folder `final`."""
+        final = Path(final)
+        self._make_parent(final.parent)
+        try:
+            staged = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        except OSError as exc:
+            raise UserError(f"{final}: cannot write ({exc.strerror or exc})") from None
+        self.folders.append((staged, final))
+        return staged
+
+    def commit(self) -> None:
+        """Move every staged output into place."""
+        try:
+            for staged, final in self.folders:
+                final.mkdir(exist_ok=True)
+                for item in sorted(staged.iterdir()):
+                    os.replace(item, final / item.name)
+                staged.rmdir()
+            for staged, final in self.files:
+                os.replace(staged, final)
+        except OSError as exc:
+            raise UserError(f"cannot move an output into place ({exc})") from None
+        self.files, self.folders, self.created = [], [], []
+
+    def abort(self) -> None:
+        for staged, _ in self.files:
+            staged.unlink(missing_ok=True)
+        for staged, _ in self.folders:
+            shutil.rmtree(staged, ignore_errors=True)
+        for folder in reversed(self.created):
+            with contextlib.suppress(OSError):  # not empty: something else wrote there
+                folder.rmdir()
+        self.files, self.folders, self.created = [], [], []

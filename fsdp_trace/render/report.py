@@ -18,6 +18,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,9 @@ COLORS = {
     "compute": "#4e79a7",
     "AllGather": "#59a14f",
     "AllGather forward": "#59a14f",
-    "AllGather backward": "#a0cf8f",
+    "AllGather backward": "#8c6bb1",
     "ReduceScatter": "#f28e2b",
-    "other": "#b07aa1",
+    "other": "#9c755f",
     "memory": "#bab0ac",
     "exposed": "#e15759",
 }
@@ -379,12 +380,47 @@ def hta_table(analysis: Analysis) -> str | None:
     return _table(headers, rows, "hta")
 
 
-def findings_html(analysis: Analysis) -> str | None:
-    """The diagnosis (what was seen, why it matters, what to change), when the analysis has
-    one (`Analysis.findings`: objects with number, title, saw, why, change)."""
-    items = getattr(analysis, "findings", None) or []
+@dataclass
+class Diagnosis:
+    """What the report shows of `fsdp_trace.diagnose`: the findings and the cross-rank view
+    (None when it could not be computed: `error` says why)."""
+
+    findings: list[Any]
+    crossrank: Any | None
+    error: str = ""
+
+
+def diagnosis_of(analysis: Analysis) -> Diagnosis:
+    """The analysis' own diagnosis when the caller ran it (the CLI does), else run it here, so
+    that a report written from the Python API shows the findings and the cross-rank view too.
+    A failing diagnosis must not cost the user the rest of the report: it becomes a notice."""
+    if analysis.crossrank is not None:
+        return Diagnosis(list(analysis.findings or []), analysis.crossrank)
+    try:
+        from fsdp_trace.diagnose import diagnose
+
+        findings, crossrank = diagnose(analysis)
+    except Exception as exc:  # reported on the page: the rest of the report is still written
+        return Diagnosis(list(analysis.findings or []), None, f"{type(exc).__name__}: {exc}")
+    return Diagnosis(list(findings), crossrank)
+
+
+def findings_html(diagnosis: Diagnosis) -> str | None:
+    """The diagnosis (what was seen, why it matters, what to change), most costly first
+    (`Finding`s: objects with number, title, saw, why, change)."""
+    items = diagnosis.findings
+    if diagnosis.error:
+        return (
+            '<section class="panel" id="diagnosis"><h2>Diagnosis</h2>'
+            f'<p class="missing">The diagnosis could not run ({html.escape(diagnosis.error)}): '
+            "the figures below are unaffected.</p></section>"
+        )
     if not items:
-        return None
+        return (
+            '<section class="panel" id="diagnosis"><h2>Diagnosis</h2>'
+            '<p class="caption">No rule found a problem (the rules and their thresholds are '
+            "listed in the README).</p></section>"
+        )
     rows = []
     for f in items:
         number = getattr(f, "number", "")
@@ -402,6 +438,138 @@ def findings_html(analysis: Analysis) -> str | None:
         '<section class="panel" id="diagnosis"><h2>Diagnosis</h2><p class="caption">'
         f"{len(items)} finding{'s' * (len(items) != 1)}, most costly first.</p>"
         + "".join(rows)
+        + "</section>"
+    )
+
+
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A column of the cross-rank frames, all-NaN when this version does not have it."""
+    if name in frame:
+        return pd.to_numeric(frame[name], errors="coerce")
+    return pd.Series(np.nan, index=frame.index, dtype=np.float64)
+
+
+def crossrank_usable(crossrank: Any) -> bool:
+    """A cross-rank view with matched collectives and the per-rank table the report reads."""
+    if crossrank is None:
+        return False
+    per_rank = getattr(crossrank, "per_rank", None)
+    matched = getattr(crossrank, "matched", None)
+    return (
+        isinstance(per_rank, pd.DataFrame)
+        and isinstance(matched, pd.DataFrame)
+        and not matched.empty
+        and "rank" in per_rank
+        and len(per_rank) > 0
+    )
+
+
+def crossrank_table(analysis: Analysis, crossrank: Any) -> str | None:
+    """Per rank: waiting inside NCCL kernels for peers (ms per step and share of the rank's
+    median step), how often it arrived last, and its clock offset."""
+    if not crossrank_usable(crossrank):
+        return None
+    per_rank = crossrank.per_rank
+    steps = _timing(analysis.steps)
+    median_step = steps.groupby("rank")["step_us"].median() if len(steps) else pd.Series()
+    wait = _column(per_rank, "wait_us_per_step")
+    share = _column(per_rank, "wait_pct")
+    last, last_share = _column(per_rank, "arrived_last"), _column(per_rank, "arrived_last_share")
+    offset, matched = _column(per_rank, "clock_offset_us"), _column(per_rank, "n_matched")
+    rows = []
+    for i, rank in enumerate(per_rank["rank"].tolist()):
+        pct = share.iloc[i]
+        if not _finite(pct) and _finite(wait.iloc[i]) and _finite(median_step.get(rank)):
+            pct = 100.0 * wait.iloc[i] / median_step.get(rank)
+        arrived = "—"
+        if _finite(last.iloc[i]):
+            arrived = f"{int(last.iloc[i])}"
+            if _finite(last_share.iloc[i]):
+                arrived += f" ({100 * last_share.iloc[i]:.0f} %)"
+        rows.append(
+            [
+                f"rank {rank}",
+                _fmt(matched.iloc[i], ",.0f") if _finite(matched.iloc[i]) else "—",
+                _fmt(wait.iloc[i] / 1e3 if _finite(wait.iloc[i]) else None, ".2f"),
+                _fmt(pct, ".1f"),
+                arrived,
+                _fmt(offset.iloc[i], "+.1f"),
+            ]
+        )
+    headers = [
+        "rank",
+        "matched collectives",
+        "waiting ms / step",
+        "waiting % of step",
+        "arrived last",
+        "clock offset µs",
+    ]
+    return _table(headers, rows, "crossrank")
+
+
+def transfer_table(analysis: Analysis, crossrank: Any) -> str | None:
+    """Per collective type: bus bandwidth from each kernel's own duration (waiting included,
+    a lower bound) beside bus bandwidth from the cross-rank transfer time."""
+    if not crossrank_usable(crossrank) or "collective" not in crossrank.matched:
+        return None
+    matched = crossrank.matched
+    transfer_bw = _column(matched, "transfer_busbw_gbps")
+    sizes = _column(matched, "bytes")
+    coll = _timing(analysis.collectives)
+    rows = []
+    for kind in sorted(matched["collective"].dropna().astype(str).unique()):
+        mine = (matched["collective"].astype(str) == kind).to_numpy()
+        bw = transfer_bw[mine].to_numpy()
+        bw = bw[np.isfinite(bw)]
+        kernel = _values(coll[coll["collective"] == kind], "busbw_gbps") if len(coll) else []
+        rows.append(
+            [
+                kind,
+                f"{int(mine.sum()):,}",
+                _fmt(float(np.nanmedian(sizes[mine])) / 1e6 if mine.any() else None, ",.1f"),
+                _fmt(float(np.median(kernel)) if len(kernel) else None, ",.1f"),
+                _fmt(float(np.median(bw)) if bw.size else None, ",.1f"),
+                _fmt(float(np.percentile(bw, 90)) if bw.size else None, ",.1f"),
+            ]
+        )
+    if not rows:
+        return None
+    headers = [
+        "collective",
+        "matched",
+        "median MB",
+        "busbw from kernel time, median GB/s",
+        "busbw from transfer time, median GB/s",
+        "p90 GB/s",
+    ]
+    return _table(headers, rows, "transfer")
+
+
+def crossrank_html(analysis: Analysis, crossrank: Any, shown: Collection[str] = ()) -> str | None:
+    """The "Across ranks" panel: per-rank waiting and arrival, transfer-based bandwidth, and the
+    cross-rank notices not `shown` already among the page's notices."""
+    ranks_table = crossrank_table(analysis, crossrank)
+    if ranks_table is None:
+        return None
+    n = len(crossrank.matched)
+    notes = [str(x) for x in getattr(crossrank, "notices", None) or [] if str(x) not in shown]
+    caption = (
+        f"{n:,} collectives matched across ranks. A collective ends at about the same moment on "
+        "every rank, so the shortest duration across ranks approximates the transfer; each "
+        "rank's excess is waiting for the last to arrive (a straggler shows as the others' "
+        "waiting). Clocks are aligned by matched end times when they disagree."
+    )
+    transfer = transfer_table(analysis, crossrank)
+    return (
+        '<section class="panel" id="crossrank"><h2>Across ranks</h2>'
+        f'<p class="caption">{html.escape(caption)}</p>{ranks_table}'
+        + (
+            '<p class="caption">Bandwidth: a kernel\'s duration includes waiting for peers; '
+            "the transfer time does not.</p>" + transfer
+            if transfer
+            else ""
+        )
+        + "".join(f'<p class="caption">{html.escape(note)}</p>' for note in notes)
         + "</section>"
     )
 
@@ -912,7 +1080,10 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
     return ticks
 
 
-def bandwidth_figure(analysis: Analysis):
+def bandwidth_figure(analysis: Analysis, crossrank: Any = None):
+    """Bus bandwidth against message size: every kernel (its duration includes waiting for
+    peers: a lower bound), and, with a cross-rank view, every matched collective's transfer
+    time (the shortest duration across ranks: closer to what the link did)."""
     import plotly.graph_objects as go
 
     c = _timing(analysis.collectives)
@@ -952,7 +1123,35 @@ def bandwidth_figure(analysis: Analysis):
                 },
                 hovertext=hover,
                 hoverinfo="text",
-                meta={"kind": kind},
+                meta={"kind": kind, "basis": "kernel"},
+            )
+        )
+    for kind, part in _transfer_points(crossrank):
+        name = f"{kind if kind != 'other' else 'other collectives'}, transfer time"
+        if len(part) > MAX_SCATTER_POINTS:
+            name += f" ({MAX_SCATTER_POINTS:,} of {len(part):,}, sampled)"
+            part = part.sample(n=MAX_SCATTER_POINTS, random_state=0).sort_index()
+        fig.add_trace(
+            go.Scatter(
+                x=part["bytes"].to_numpy(dtype=np.float64) / 1e6,
+                y=np.round(part["transfer_busbw_gbps"].to_numpy(dtype=np.float64), 3),
+                mode="markers",
+                name=name,
+                marker={
+                    "color": COLORS[kind],
+                    "symbol": "diamond",
+                    "size": 9,
+                    "line": {"width": 1, "color": "#2a2f36"},
+                },
+                hovertext=[
+                    f"<b>{row['collective']}</b> {row.get('block', '')} · {row.get('phase', '')}"
+                    f", step {row.get('step', '?')}<br>matched across ranks: transfer "
+                    f"{_fmt(row.get('transfer_us'), ',.1f')} µs for {_mb(row['bytes'])}<br>"
+                    f"busbw {row['transfer_busbw_gbps']:,.1f} GB/s"
+                    for row in part.to_dict("records")
+                ],
+                hoverinfo="text",
+                meta={"kind": kind, "basis": "transfer"},
             )
         )
     sizes = c["bytes"].to_numpy(dtype=np.float64) / 1e6
@@ -975,24 +1174,88 @@ def bandwidth_figure(analysis: Analysis):
     return fig
 
 
-def heatmap_figure(analysis: Analysis):
-    import plotly.graph_objects as go
+def _transfer_points(crossrank: Any):
+    """(kind, matched collectives with a finite transfer busbw and size) per collective kind."""
+    if not crossrank_usable(crossrank):
+        return
+    m = crossrank.matched
+    if not {"collective", "bytes", "transfer_busbw_gbps"} <= set(m.columns):
+        return
+    m = m[
+        (pd.to_numeric(m["bytes"], errors="coerce") > 0)
+        & np.isfinite(pd.to_numeric(m["transfer_busbw_gbps"], errors="coerce").astype(float))
+    ]
+    yield from _by_collective(m)
 
+
+# Heatmap cells carry their value as text only where it is legible: "0.12" at 11 px needs about
+# 30 px of cell width. Plot-area widths of the panel at the page's full width (1480 px), half
+# (beside the bandwidth figure) or full width (the page puts it alone past WIDE_HEATMAP_BLOCKS).
+HEATMAP_TEXT_MIN_CELL_PX = 36
+HEATMAP_PLOT_PX = {"half": 560, "full": 1250}
+WIDE_HEATMAP_BLOCKS = 12
+# Colour cap: a unit far above the others (usually the root's first gather) would otherwise
+# take the whole colour scale and leave every block the same pale shade.
+HEATMAP_CAP_PERCENTILE = 95
+HEATMAP_CAP_RATIO = 1.5
+
+
+def heatmap_grid(analysis: Analysis) -> tuple[pd.DataFrame, bool] | None:
+    """Rank × block per-step time (µs) of exposed communication (communication time on CPU
+    traces), blocks in execution order; None with fewer than two ranks."""
     b = _timing(analysis.blocks)
     ranks = [r for r in _timing_ranks(analysis) if not r.blocks.empty]
     if b.empty or len(ranks) < 2:
         return None
-    exposed = b["exposed_us_per_step"].notna().any()
+    exposed = bool(b["exposed_us_per_step"].notna().any())
     column = "exposed_us_per_step" if exposed else "time_us_per_step"
     grid = b.groupby(["rank", "block"])[column].sum(min_count=1).unstack("block")
     blocks = _block_order(analysis, list(grid.columns))
     rank_ids = [r.rank for r in ranks if r.rank in grid.index]
-    grid = grid.reindex(index=list(dict.fromkeys(rank_ids)), columns=blocks)
+    return grid.reindex(index=list(dict.fromkeys(rank_ids)), columns=blocks), exposed
+
+
+def heatmap_wide(analysis: Analysis) -> bool:
+    """Whether the heatmap gets the page's full width (many blocks) instead of half."""
+    found = heatmap_grid(analysis)
+    return found is not None and found[0].shape[1] > WIDE_HEATMAP_BLOCKS
+
+
+def colour_cap(z: np.ndarray, blocks: list[str], root: str = "root") -> float | None:
+    """The top of the colour scale when the root (or another outlier) would saturate it: the
+    HEATMAP_CAP_PERCENTILE-th percentile of the other cells, if the largest cell exceeds it
+    HEATMAP_CAP_RATIO times; None when the plain scale reads fine."""
+    others = z[:, [i for i, b in enumerate(blocks) if b != root]]
+    others = others[np.isfinite(others)]
+    every = z[np.isfinite(z)]
+    if others.size < 2 or not every.size:
+        return None
+    cap = float(np.percentile(others, HEATMAP_CAP_PERCENTILE))
+    return cap if cap > 0 and float(every.max()) > HEATMAP_CAP_RATIO * cap else None
+
+
+def heatmap_figure(analysis: Analysis):
+    import plotly.graph_objects as go
+
+    found = heatmap_grid(analysis)
+    if found is None:
+        return None
+    grid, exposed = found
+    blocks = list(grid.columns)
     labels = dict(zip([r.rank for r in analysis.ranks], _rank_labels(analysis.ranks), strict=False))
     ylabels = [labels.get(r, f"rank {r}") for r in grid.index]
     z = np.round(grid.to_numpy(dtype=np.float64) / 1e3, 4)
     what = "exposed communication" if exposed else "communication time"
-    small = z.size <= 400
+    width = HEATMAP_PLOT_PX["full" if len(blocks) > WIDE_HEATMAP_BLOCKS else "half"]
+    legible = width / max(len(blocks), 1) >= HEATMAP_TEXT_MIN_CELL_PX
+    root = (analysis.run or {}).get("parallel", {}).get("root") or "root"
+    cap = colour_cap(z, blocks, root)
+    colorbar_title = "ms / step"
+    if cap is not None:
+        colorbar_title += f"<br><sup>colour capped at {cap:.2f}<br>(95th pct. of blocks)</sup>"
+    hover = "%{y} · %{x}<br>" + what + " %{z:.3f} ms per step"
+    if cap is not None:
+        hover += f"<br><i>colour capped at {cap:.3f} ms</i>"
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -1000,25 +1263,30 @@ def heatmap_figure(analysis: Analysis):
             y=ylabels,
             colorscale="Reds" if exposed else "Blues",
             zmin=0,
-            colorbar={"title": {"text": "ms / step", "side": "right"}, "thickness": 14},
-            texttemplate="%{z:.2f}" if small else None,
-            hovertemplate="%{y} · %{x}<br>" + what + " %{z:.3f} ms per step<extra></extra>",
+            zmax=cap,
+            colorbar={"title": {"text": colorbar_title, "side": "right"}, "thickness": 14},
+            texttemplate="%{z:.2f}" if legible else None,
+            textfont={"size": 11} if legible else None,
+            hovertemplate=hover + "<extra></extra>",
             xgap=2,
             ygap=2,
-            meta={"value": column},
+            meta={"value": "exposed_us_per_step" if exposed else "time_us_per_step", "cap": cap},
         )
     )
     fig.update_layout(
-        height=max(420, 30 * len(ylabels) + 140),
-        xaxis={"title": "block (execution order)", "type": "category"},
+        height=max(360, 34 * len(ylabels) + 190),
+        xaxis={"title": "block (execution order)", "type": "category", "tickangle": -45},
         yaxis={"autorange": "reversed", "type": "category"},
-        margin={"l": 10, "r": 20, "t": 20, "b": 50},
+        # Room at the top for plotly's toolbar, which otherwise sits on the first row.
+        margin={"l": 10, "r": 20, "t": 44, "b": 60},
     )
     return fig
 
 
-def figures(analysis: Analysis) -> list[Figure]:
+def figures(analysis: Analysis, diagnosis: Diagnosis | None = None) -> list[Figure]:
     """Every figure of the report, in page order (None where there is nothing to draw)."""
+    crossrank = (diagnosis or diagnosis_of(analysis)).crossrank
+    transfer = crossrank_usable(crossrank)
     gpu = any(r.device == "gpu" for r in analysis.ranks)
     no_comm = _timing(analysis.collectives).empty
     shown, total = len(timeline_ranks(analysis)), len([r for r in analysis.ranks if len(r.steps)])
@@ -1058,15 +1326,23 @@ def figures(analysis: Analysis) -> list[Figure]:
         Figure(
             "bandwidth",
             "Bandwidth per collective",
-            "Bus bandwidth (nccl-tests convention) of every collective against its message "
-            "size. A kernel's duration includes waiting for peers: these are lower bounds.",
-            bandwidth_figure(analysis),
+            "Bus bandwidth (nccl-tests convention) against message size. Circles: each kernel's "
+            "own duration, which includes waiting for peers (lower bounds)."
+            + (
+                " Diamonds: each collective matched across ranks, over its transfer time (the "
+                "shortest duration across ranks)."
+                if transfer
+                else ""
+            ),
+            bandwidth_figure(analysis, crossrank),
             "No collectives with a known size and duration." if not no_comm else "No collectives.",
         ),
         Figure(
             "heatmap",
             "Exposed communication, rank × block" if gpu else "Communication time, rank × block",
-            "Per step, summed over phases and collectives: a straggler shows as a row."
+            "Per step, summed over phases and collectives: a straggler shows as a row. Where one "
+            "unit (usually the root) is far above the blocks, the colour is capped at the 95th "
+            "percentile of the other cells (said on the colour bar); hover shows every value."
             if gpu
             else "Communication time per step (exposure is not measured on CPU traces).",
             heatmap_figure(analysis),
@@ -1243,7 +1519,8 @@ def render_html(analysis: Analysis) -> str:
     """The whole page as one string."""
     from plotly.offline import get_plotlyjs
 
-    figs = figures(analysis)
+    diagnosis = diagnosis_of(analysis)
+    figs = figures(analysis, diagnosis)
     parts = [_header(analysis), "<main>", _cards_html(summary_cards(analysis))]
     items = notices(analysis)
     if items:
@@ -1262,14 +1539,17 @@ def render_html(analysis: Analysis) -> str:
         )
     )
     by_key = {f.key: f for f in figs}
-    diagnosis = findings_html(analysis)
-    if diagnosis:
-        parts.append(diagnosis)
+    findings = findings_html(diagnosis)
+    if findings:
+        parts.append(findings)
     parts.append(
         '<section class="panel" id="ranks"><h2>Per rank</h2><p class="caption">Median and '
         f"min–max over the profiled steps. Colors used throughout: {legend}</p>"
         f"{rank_table(analysis)}</section>"
     )
+    across = crossrank_html(analysis, diagnosis.crossrank, shown=set(items))
+    if across:
+        parts.append(across)
     parts.append(_panel(by_key["timeline"]))
     if _timing(analysis.collectives).empty:
         # Nothing to attribute (single GPU, or no collectives found): one note, not three.
@@ -1280,9 +1560,12 @@ def render_html(analysis: Analysis) -> str:
         )
     else:
         parts.append(_panel(by_key["blocks"]))
-        parts.append(
-            f'<div class="row">{_panel(by_key["bandwidth"])}{_panel(by_key["heatmap"])}</div>'
-        )
+        if heatmap_wide(analysis):  # many blocks: each figure gets the full width
+            parts += [_panel(by_key["bandwidth"]), _panel(by_key["heatmap"])]
+        else:
+            parts.append(
+                f'<div class="row">{_panel(by_key["bandwidth"])}{_panel(by_key["heatmap"])}</div>'
+            )
     tables = []
     distortion = distortion_table(analysis)
     if distortion:

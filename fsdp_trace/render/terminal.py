@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -75,37 +76,10 @@ def render(analysis: Analysis, console: Console | None = None, top: int = 15) ->
         figures = run_figures(run)
         if figures:
             console.print("  ".join(f"{k}: [bold]{v}[/]" for k, v in figures))
-    notices = list(dict.fromkeys(analysis.notices + [n for r in analysis.ranks for n in r.notices]))
-    for notice in notices:
-        console.print(f"[yellow]notice:[/] {notice}")
+    for notice in notice_lines(analysis):
+        console.print(f"[yellow]notice:[/] {escape(notice)}")
 
-    table = Table(
-        title="Per rank (median and min–max over the profiled steps)", title_justify="left"
-    )
-    for header in (
-        "rank",
-        "steps",
-        "step ms",
-        "exposed comm %",
-        "overlap %",
-        "comm ms",
-        "compute ms",
-        "idle %",
-    ):
-        table.add_column(header, justify="right")
-    for r in analysis.ranks:
-        s = r.summary()
-        table.add_row(
-            str(r.rank),
-            str(s["n_steps"]),
-            _spread(s["step_us"], lambda v: f"{v / 1e3:.2f}"),
-            _spread(s["exposed_pct"], lambda v: f"{v:.1f}"),
-            _spread(s["overlap_pct"], lambda v: f"{v:.1f}"),
-            _spread(s["comm_us"], lambda v: f"{v / 1e3:.2f}"),
-            _spread(s["compute_us"], lambda v: f"{v / 1e3:.2f}"),
-            _spread(s["idle_pct"], lambda v: f"{v:.1f}"),
-        )
-    console.print(table)
+    console.print(rank_table(analysis))
 
     for item in analysis.distortion():
         console.print(
@@ -142,6 +116,73 @@ def render(analysis: Analysis, console: Console | None = None, top: int = 15) ->
         console.print(hta)
 
 
+def _ranks(numbers: list[int]) -> str:
+    return ("ranks " if len(numbers) > 1 else "rank ") + ", ".join(map(str, numbers))
+
+
+def _owners(traces: list) -> str:
+    """Who a notice came from: 'rank 1', 'ranks 0, 1 (timing and detailed traces)',
+    'rank 1; rank 0 (detailed)', or file names where ranks cannot tell traces apart."""
+    numbers = [r.rank for r in traces]
+    if None in numbers or len({(r.rank, r.source) for r in traces}) < len(traces):
+        return ", ".join(dict.fromkeys(Path(r.path).name for r in traces))
+    plain = sorted({r.rank for r in traces if r.source != "detailed"})
+    detailed = sorted({r.rank for r in traces if r.source == "detailed"})
+    if plain and plain == detailed:
+        return f"{_ranks(plain)} (timing and detailed traces)"
+    parts = [_ranks(plain)] if plain else []
+    parts += [f"{_ranks(detailed)} (detailed)"] if detailed else []
+    return "; ".join(parts)
+
+
+def notice_lines(analysis: Analysis) -> list[str]:
+    """Notices of the run (run.json's figures.notices), of the analysis, and of each trace,
+    each trace's prefixed by who gave it; one line for a notice that several traces share."""
+    figures = (analysis.run or {}).get("figures") or {}
+    lines = [f"run.json: {n}" for n in figures.get("notices") or []]
+    lines += list(analysis.notices)
+    owners: dict[str, list] = {}
+    for r in analysis.ranks + analysis.detailed:
+        for notice in dict.fromkeys(r.notices):
+            owners.setdefault(notice, []).append(r)
+    lines += [f"{_owners(traces)}: {notice}" for notice, traces in owners.items()]
+    return list(dict.fromkeys(lines))
+
+
+def rank_table(analysis: Analysis) -> Table:
+    """Per rank: the medians and spreads of the headline figures; recompute % when the
+    steps recompute (activation checkpointing)."""
+    table = Table(
+        title="Per rank (median and min–max over the profiled steps)", title_justify="left"
+    )
+    steps = analysis.steps
+    with_recompute = bool(len(steps)) and bool(
+        (pd.to_numeric(steps["recompute_us"], errors="coerce").fillna(0) > 0).any()
+    )
+    headers = ["rank", "steps", "step ms", "exposed comm %", "overlap %", "comm ms"]
+    headers += (
+        ["compute ms", "recompute %", "idle %"] if with_recompute else ["compute ms", "idle %"]
+    )
+    for header in headers:
+        table.add_column(header, justify="right")
+    for r in analysis.ranks:
+        s = r.summary()
+        cells = [
+            str(r.rank),
+            str(s["n_steps"]),
+            _spread(s["step_us"], lambda v: f"{v / 1e3:.2f}"),
+            _spread(s["exposed_pct"], lambda v: f"{v:.1f}"),
+            _spread(s["overlap_pct"], lambda v: f"{v:.1f}"),
+            _spread(s["comm_us"], lambda v: f"{v / 1e3:.2f}"),
+            _spread(s["compute_us"], lambda v: f"{v / 1e3:.2f}"),
+        ]
+        if with_recompute:
+            cells.append(_spread(s.get("recompute_pct"), lambda v: f"{v:.1f}"))
+        cells.append(_spread(s["idle_pct"], lambda v: f"{v:.1f}"))
+        table.add_row(*cells)
+    return table
+
+
 def block_table(blocks: pd.DataFrame, top: int) -> Table:
     """Per block × phase × collective, averaged over ranks, worst exposed first."""
     grouped = (
@@ -156,6 +197,7 @@ def block_table(blocks: pd.DataFrame, top: int) -> Table:
             nbytes=("bytes_per_step", "mean"),
             busbw=("busbw_gbps", "mean"),
             compute=("compute_us_per_step", "mean"),
+            recompute=("recompute_us_per_step", "mean"),
             ranks=("rank", "nunique"),
         )
         .reset_index()
@@ -170,7 +212,8 @@ def block_table(blocks: pd.DataFrame, top: int) -> Table:
         f"{len(shown)} of {len(grouped)} rows)",
         title_justify="left",
     )
-    for header in (
+    with_recompute = bool(grouped["recompute"].notna().any())
+    headers = [
         "block",
         "phase",
         "collective",
@@ -180,7 +223,10 @@ def block_table(blocks: pd.DataFrame, top: int) -> Table:
         "MB",
         "busbw GB/s",
         "block compute ms",
-    ):
+    ]
+    if with_recompute:  # under AC the unit's backward window also recomputes its forward
+        headers.append("+ recompute ms")
+    for header in headers:
         table.add_column(
             header, justify="right" if header not in ("block", "phase", "collective") else "left"
         )
@@ -200,6 +246,7 @@ def block_table(blocks: pd.DataFrame, top: int) -> Table:
             "—" if math.isnan(row.nbytes) else f"{row.nbytes / 1e6:.1f}",
             "—" if math.isnan(row.busbw) else f"{row.busbw:.0f}",
             _ms(row.compute),
+            *([_ms(row.recompute)] if with_recompute else []),
         )
     return table
 
@@ -237,6 +284,10 @@ def render_findings(findings: list, console: Console) -> None:
         console.print(f"    [bold]change:[/] {escape(f.change)}")
 
 
+def _signed(value: float, unit: str) -> str:
+    return "—" if value is None or pd.isna(value) else f"{value:+.1f}{unit}"
+
+
 def compare_view(table: pd.DataFrame, console: Console | None = None) -> None:
     """`fsdp-trace compare`: one row per run, with the change each step bought."""
     console = console or make_console()
@@ -248,12 +299,17 @@ def compare_view(table: pd.DataFrame, console: Console | None = None) -> None:
         "tok/s/GPU",
         "Δ",
         "efficiency",
+        "baseline",
         "exposed %",
+        "Δ exposed",
         "MFU",
         "mem GiB",
+        "Δ mem",
         "what changed",
     ):
-        view.add_column(header, justify="left" if header in ("run", "what changed") else "right")
+        view.add_column(
+            header, justify="left" if header in ("run", "baseline", "what changed") else "right"
+        )
     for i, row in enumerate(table.itertuples(), start=1):
         change = row.tokens_per_s_per_gpu_change_pct
         view.add_row(
@@ -263,9 +319,12 @@ def compare_view(table: pd.DataFrame, console: Console | None = None) -> None:
             f"{row.tokens_per_s_per_gpu:,.0f}",
             "—" if math.isnan(change) else f"{change:+.1f} %",
             "—" if pd.isna(row.scaling_efficiency) else f"{100 * row.scaling_efficiency:.1f} %",
+            escape(str(getattr(row, "baseline", "") or "—")),
             _pct(row.exposed_pct),
+            _signed(getattr(row, "exposed_pct_change", math.nan), " pt"),
             "—" if pd.isna(row.mfu) else f"{100 * row.mfu:.1f} %",
             "—" if pd.isna(row.peak_allocated_gib) else f"{row.peak_allocated_gib:.1f}",
+            _signed(getattr(row, "peak_allocated_gib_change", math.nan), ""),
             escape(str(row.change)),
         )
     console.print(view)
