@@ -115,11 +115,19 @@ def capture(
         str, typer.Option(help="auto (CUDA+NCCL if GPUs, else CPU+gloo), cuda or cpu.")
     ] = "auto",
     batch_size: Annotated[
-        int | None, typer.Option(help="Local batch per GPU (default: the preset's).")
+        int | None,
+        typer.Option(
+            help="Local batch per GPU (default: the preset's; required for a "
+            "package.module:factory model)."
+        ),
     ] = None,
     seq_len: Annotated[
-        int | None, typer.Option(help="Sequence length (default: the preset's).")
-    ] = (None),
+        int | None,
+        typer.Option(
+            help="Sequence length (default: the preset's; required for a "
+            "package.module:factory model)."
+        ),
+    ] = None,
     dtype: Annotated[
         str,
         typer.Option(
@@ -177,7 +185,11 @@ def capture(
     seed: Annotated[int, typer.Option(help="Seed for weights and synthetic tokens.")] = 0,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-4,
     timeout_s: Annotated[
-        int, typer.Option(help="Process-group timeout: a stuck collective fails, never hangs.")
+        int,
+        typer.Option(
+            help="Process-group timeout in seconds (at least 1): a stuck collective fails, "
+            "never hangs."
+        ),
     ] = 300,
     baseline: Annotated[
         str | None,
@@ -286,7 +298,16 @@ def analyze(
         from fsdp_trace.diagnose import diagnose, gate
         from fsdp_trace.render import export, terminal
 
+        if top < 0:
+            raise UserError(f"--top {top}: give a number of rows, 0 or more")
         conditions = [gate.parse(text) for text in fail_on or []]
+        outputs = {
+            "--json": Path(json_out) if json_out else None,
+            "--report": None if no_report else Path(report),
+            "--perfetto": Path(perfetto) if perfetto else None,
+        }
+        # Every output path is checked before the analysis runs and anything is written.
+        export.check_outputs(outputs, {"--csv": Path(csv_out) if csv_out else None})
         result = run_analysis(paths, jobs=jobs, detailed=detailed, cache=not no_cache)
         result.findings, result.crossrank = diagnose(result)
         result.notices.extend(result.crossrank.notices)
@@ -295,30 +316,57 @@ def analyze(
 
             result.hta, hta_notices = cross_check(result.ranks, cache=not no_cache)
             result.notices.extend(hta_notices)
-        terminal.render(result, top=top)
-        if json_out:
-            export.write_json(result, Path(json_out))
-        if csv_out:
-            export.write_csv(result, Path(csv_out))
-        if not no_report:
-            from fsdp_trace.render.report import write_report
-
-            write_report(result, Path(report))
-            print(f"fsdp-trace: wrote {report}", file=sys.stderr)
-        if perfetto:
-            from fsdp_trace.render.perfetto import write_perfetto
-
-            counts = write_perfetto(result, Path(perfetto))
-            print(
-                f"fsdp-trace: wrote {perfetto} ({sum(counts['slices'].values()):,} slices, "
-                f"{counts['flows']} flows); open it with `fsdp-trace view {perfetto}`",
-                file=sys.stderr,
-            )
+        # The gate can refuse a condition (a run metric without run.json): before any output.
         violated = gate.violations(conditions, result, len(result.findings))
+        terminal.render(result, top=top)
+        written = _write_outputs(result, outputs, Path(csv_out) if csv_out else None)
+    for line in written:
+        print(f"fsdp-trace: wrote {line}", file=sys.stderr)
     for line in violated:
         print(f"fsdp-trace analyze: fail-on: {line}", file=sys.stderr)
     if violated:
         raise typer.Exit(1)
+
+
+def _write_outputs(result, outputs: dict[str, Path | None], csv_dir: Path | None) -> list[str]:
+    """Write every requested output, all or nothing: each is staged beside its target and
+    moved into place only once all are written. Returns what to announce."""
+    from fsdp_trace.render import export
+
+    written: list[str] = []
+    current = ""
+    try:
+        with export.StagedOutputs() as staged:
+            if outputs["--json"] is not None:
+                current = f"--json {outputs['--json']}"
+                export.write_json(result, staged.file(outputs["--json"]))
+                written.append(str(outputs["--json"]))
+            if csv_dir is not None:
+                current = f"--csv {csv_dir}"
+                export.write_csv_files(result, staged.folder(csv_dir))
+                written.append(f"{csv_dir}/ ({', '.join(f'{n}.csv' for n in export.CSV_NAMES)})")
+            if outputs["--report"] is not None:
+                from fsdp_trace.render.report import write_report
+
+                current = f"--report {outputs['--report']}"
+                write_report(result, staged.file(outputs["--report"]))
+                written.append(str(outputs["--report"]))
+            if outputs["--perfetto"] is not None:
+                from fsdp_trace.render.perfetto import write_perfetto
+
+                path = outputs["--perfetto"]
+                current = f"--perfetto {path}"
+                counts = write_perfetto(result, staged.file(path))
+                written.append(
+                    f"{path} ({sum(counts['slices'].values()):,} slices, {counts['flows']} "
+                    f"flows); open it with `fsdp-trace view {path}`"
+                )
+            staged.commit()
+    except OSError as exc:  # e.g. the disk filled up: nothing was moved into place
+        raise UserError(
+            f"{current}: cannot write ({exc.strerror or exc}); nothing written"
+        ) from None
+    return written
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -344,7 +392,7 @@ def sweep(
     """
     from fsdp_trace import sweep as sweeping
     from fsdp_trace.capture.launcher import CaptureFailed
-    from fsdp_trace.capture.runner import out_dir_problem
+    from fsdp_trace.capture.outputs import out_dir_problem
 
     with user_errors("sweep"):
         points = sweeping.parse_points(ac_coverage)
@@ -375,7 +423,7 @@ def write_efficiency(runs: list[Path], html: Path, with_traces: bool) -> None:
     from fsdp_trace.render.export import write_text_atomically
 
     table = sweeping.run_table(runs, with_traces=with_traces)
-    write_text_atomically(html.with_suffix(".csv"), table.to_csv(index=False))
+    write_text_atomically(html.with_suffix(".csv"), sweeping.table_csv(table, html.parent))
     try:
         from fsdp_trace.render.efficiency import sweep_title, write_efficiency_html
 
@@ -400,7 +448,11 @@ def plot(
     ],
     out: Annotated[str, typer.Option(help="The HTML file to write.")] = "efficiency.html",
     traces: Annotated[
-        bool, typer.Option(help="Read the timing traces for exposed % and recompute %.")
+        bool,
+        typer.Option(
+            help="Read the timing traces (else each run's analysis.json) for exposed % and "
+            "recompute %."
+        ),
     ] = True,
 ) -> None:
     """The efficiency-vs-AC-coverage plot from existing run directories."""
@@ -422,7 +474,11 @@ def compare(
         str | None, typer.Option(help="Also write the comparison as self-contained HTML.")
     ] = "compare.html",
     traces: Annotated[
-        bool, typer.Option(help="Read the timing traces for exposed communication %.")
+        bool,
+        typer.Option(
+            help="Read the timing traces (else each run's analysis.json) for exposed "
+            "communication %."
+        ),
     ] = True,
 ) -> None:
     """The table users write by hand: 1 GPU, N GPUs, then each tuning step, with

@@ -8,6 +8,30 @@ from pathlib import Path
 from typing import Any
 
 CPU_PID, MAIN, AUTOGRAD = 100, 100, 101
+# The PyTorch 1.12-era layout: capitalised categories, no `Collective name` (or message size)
+# arguments on NCCL kernels, and NCCL <= 2.18 kernel names.
+LEGACY_CATEGORIES = {
+    "kernel": "Kernel",
+    "cuda_runtime": "Runtime",
+    "cuda_driver": "Runtime",
+    "cpu_op": "Operator",
+    "user_annotation": "Operator",
+    "gpu_memcpy": "Memcpy",
+    "gpu_memset": "Memset",
+}
+LEGACY_NCCL = {
+    "AllGather": "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)",
+    "ReduceScatter": "ncclKernel_ReduceScatter_RING_LL_Sum_float(ncclWorkElem)",
+    "AllReduce": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+}
+MODERN_ONLY_ARGS = (
+    "Collective name",
+    "dtype",
+    "In msg nelems",
+    "Out msg nelems",
+    "Group size",
+    "Process Group Name",
+)
 
 
 class TraceBuilder:
@@ -132,7 +156,39 @@ class TraceBuilder:
             }
         return doc
 
-    def write(self, path: Path) -> Path:
-        data = json.dumps(self.document()).encode()
+    def legacy_events(self) -> list[dict[str, Any]]:
+        """The events as PyTorch 1.12 wrote them: capitalised categories, GPU threads named
+        like "stream 7", whole-µs integer timestamps, NCCL kernels named `ncclKernel_*`
+        without collective arguments."""
+        out = []
+        for event in self.events:
+            e = {**event, "args": dict(event["args"])}
+            e["cat"] = LEGACY_CATEGORIES.get(event["cat"], event["cat"])
+            assert float(e["ts"]).is_integer() and float(e["dur"]).is_integer()
+            e["ts"], e["dur"] = int(e["ts"]), int(e["dur"])
+            if "Collective name" in e["args"]:
+                kind = next(k for k in LEGACY_NCCL if k in e["name"])
+                e["name"] = LEGACY_NCCL[kind]
+            for key in MODERN_ONLY_ARGS:
+                e["args"].pop(key, None)
+            if event["cat"] in ("kernel", "gpu_memcpy", "gpu_memset"):
+                e["tid"] = f"stream {event['tid']}"
+            out.append(e)
+        return out
+
+    def legacy_document(self) -> dict[str, Any]:
+        doc = {**self.document(), "traceEvents": self.legacy_events()}
+        doc["computeProperties"] = [{"id": 0, "name": "Tesla V100-SXM2-16GB"}]  # pre-2.0 key
+        return doc
+
+    def write(self, path: Path, layout: str = "current") -> Path:
+        """`layout`: "current", "legacy" (1.12-era events in a Kineto object) or
+        "legacy-list" (the same events as a bare top-level JSON list)."""
+        document = {
+            "current": self.document,
+            "legacy": self.legacy_document,
+            "legacy-list": self.legacy_events,
+        }[layout]()
+        data = json.dumps(document).encode()
         path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
         return path

@@ -3,6 +3,7 @@ here in plain Python (json + sorted lists), sharing no code with fsdp_trace.anal
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -205,3 +206,263 @@ def test_recompute_appears_only_under_activation_checkpointing():
     ratio = layers["recompute"] / layers["forward"]
     assert ratio.between(0.6, 1.0).all(), ratio
     assert pd.isna(per_block.loc["root", "recompute"])  # the root is not checkpointed
+
+
+# --- attribution, phase and recompute from the raw JSON (README "Per collective", "Per block")
+
+FORWARD_HOOKS = {
+    "pre_forward",
+    "forward_prefetch",
+    "post_forward",
+    "root_pre_forward",
+    "all_gather_copy_out",
+    "cast_forward_inputs",
+    "cast_forward_outputs",
+}
+BACKWARD_HOOKS = {
+    "pre_backward",
+    "backward_prefetch",
+    "post_backward_accumulate",
+    "post_backward_reshard",
+    "post_backward_reduce",
+    "post_backward_rs_wait",
+    "root_post_backward_callback",
+    "finalize_backward",
+}
+ISSUERS = {
+    "pre_forward",
+    "pre_backward",
+    "post_forward",
+    "post_backward_reduce",
+    "root_pre_forward",
+    "root_post_backward_callback",
+}
+
+
+def parse_label(name: str) -> tuple[str, str]:
+    """('all_gather', 'layers.3') from 'FSDP::all_gather (layers.3)'; no path: the root."""
+    body = name.removeprefix("FSDP::")
+    if " for " in body:  # FSDP::backward_prefetch for layers.3
+        kind, unit = body.split(" for ", 1)
+        return kind, unit
+    if body.endswith(")") and " (" in body:
+        kind, unit = body[:-1].split(" (", 1)
+        return kind, unit or "root"
+    return body, "root"
+
+
+class ThreadIntervals:
+    """Closed intervals of one kind per (pid, tid), with their payload, searched by bisect."""
+
+    def __init__(self, items) -> None:  # items: (pid, tid, start, end, payload)
+        self.by_thread: dict = {}
+        for pid, tid, start, end, payload in sorted(items, key=lambda i: (i[2], -i[3])):
+            self.by_thread.setdefault((pid, tid), []).append((start, end, payload))
+        self.starts = {k: [s for s, _, _ in v] for k, v in self.by_thread.items()}
+
+    def around(self, pid, tid, t) -> list:
+        """Payloads of the intervals holding t, innermost (latest start) first."""
+        items = self.by_thread.get((pid, tid), [])
+        last = bisect.bisect_right(self.starts.get((pid, tid), []), t)
+        return [p for s, e, p in reversed(items[:last]) if s <= t <= e]
+
+
+def recompute_regions(events: list[dict]) -> ThreadIntervals:
+    """Forward ops (they carry a `Sequence number`) that start inside the autograd engine's
+    `evaluate_function` on the same thread: activation-checkpoint recomputation."""
+    engine = ThreadIntervals(
+        (e["pid"], e["tid"], e["ts"], e["ts"] + e["dur"], None)
+        for e in events
+        if e.get("cat") == "cpu_op" and e["name"].startswith("autograd::engine::evaluate_function")
+    )
+    return ThreadIntervals(
+        (e["pid"], e["tid"], e["ts"], e["ts"] + e["dur"], None)
+        for e in events
+        if e.get("cat") == "cpu_op"
+        and "Sequence number" in e.get("args", {})
+        and "Backward" not in e["name"]
+        and not e["name"].startswith("autograd::engine::evaluate_function")
+        and engine.around(e["pid"], e["tid"], e["ts"])
+    )
+
+
+def independent_context(path: Path) -> dict[int, dict]:
+    """correlation → block, phase, issued_by (NCCL kernels) and recompute (every kernel), from
+    the FSDP labels, the autograd engine and the optimizer around the launch, on its thread."""
+    events = raw_events(path)
+    labels = ThreadIntervals(
+        (e["pid"], e["tid"], e["ts"], e["ts"] + e["dur"], parse_label(e["name"]))
+        for e in events
+        if e.get("cat") == "user_annotation" and e["name"].startswith("FSDP::")
+    )
+    recompute = recompute_regions(events)
+    engine = ThreadIntervals(
+        (e["pid"], e["tid"], e["ts"], e["ts"] + e["dur"], None)
+        for e in events
+        if e["name"].startswith("autograd::engine::evaluate_function")
+    )
+    optimizer = ThreadIntervals(
+        (e["pid"], e["tid"], e["ts"], e["ts"] + e["dur"], None)
+        for e in events
+        if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#")
+    )
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    out = {}
+    for e in events:
+        if e.get("cat") != "kernel":
+            continue
+        launch = launches.get(e["args"].get("correlation"))
+        if launch is None:
+            continue
+        where = (launch["pid"], launch["tid"], launch["ts"])
+        info = {"recompute": bool(recompute.around(*where))}
+        if e["name"].startswith("nccl"):
+            around = labels.around(*where)  # (kind, unit), innermost first
+            wanted = "all_gather" if "AllGather" in e["name"] else "post_backward_reduce"
+            block = next(u for k, u in around if k == wanted)
+            hook = next((k for k, _ in around if k in FORWARD_HOOKS | BACKWARD_HOOKS), None)
+            if info["recompute"]:
+                phase = "recompute"
+            elif hook is not None:
+                phase = "forward" if hook in FORWARD_HOOKS else "backward"
+            elif engine.around(*where):
+                phase = "backward"
+            elif optimizer.around(*where):
+                phase = "optimizer"
+            else:
+                phase = "forward"
+            issuer = next((u for k, u in around if k in ISSUERS), block)
+            info.update(block=block, phase=phase, issued_by=issuer)
+        out[e["args"]["correlation"]] = info
+    return out
+
+
+@pytest.mark.parametrize("run", [GPU_RUN, AC_RUN], ids=["no-ac", "full-ac"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_block_phase_and_issuer_of_every_nccl_kernel(run, rank):
+    path = run / f"rank{rank}.timing.json.gz"
+    coll = analyze(path).ranks[0].collectives
+    expected = independent_context(path)
+    assert len(coll) > 100
+    for row in coll.itertuples():
+        e = expected[row.correlation]
+        assert (row.block, row.phase, row.issued_by) == (e["block"], e["phase"], e["issued_by"]), (
+            row.correlation,
+            row.kernel,
+        )
+    assert set(coll["block"]) == BLOCKS
+    assert {"forward", "backward"} <= set(coll["phase"])
+
+
+@pytest.mark.parametrize("run", [GPU_RUN, AC_RUN], ids=["no-ac", "full-ac"])
+def test_recompute_phase_marks_exactly_the_recomputed_kernels(run):
+    path = run / "rank0.timing.json.gz"
+    kernels = analyze(path).ranks[0].kernels
+    expected = independent_context(path)
+    compute = kernels[kernels["kind"] == "compute"]
+    ours = set(compute.loc[compute["phase"] == "recompute", "correlation"])
+    theirs = {c for c in compute["correlation"] if expected[c]["recompute"]}
+    assert ours == theirs
+    if run == AC_RUN:
+        assert len(ours) > 100  # every block recomputes under full AC
+    else:
+        assert not ours and "recompute" not in set(kernels["phase"])
+
+
+def backward_windows(events: list[dict]) -> ThreadIntervals:
+    """Unit X's backward window: end of `pre_backward (X)` to the start of X's first
+    `post_backward_*` on the same thread (README "Per block")."""
+    closers = {
+        "post_backward_accumulate",
+        "post_backward_reshard",
+        "post_backward_reduce",
+        "post_backward_rs_wait",
+        "finalize_backward",
+    }
+    labels = [
+        (e["pid"], e["tid"], e["ts"], e["ts"] + e["dur"], *parse_label(e["name"]))
+        for e in events
+        if e.get("cat") == "user_annotation" and e["name"].startswith("FSDP::")
+    ]
+    windows = []
+    for pid, tid, _, opened, kind, unit in labels:
+        if kind != "pre_backward":
+            continue
+        ends = [
+            ts
+            for p, t, ts, _, k, u in labels
+            if (p, t, u) == (pid, tid, unit) and k in closers and ts >= opened
+        ]
+        if ends:
+            windows.append((pid, tid, opened, min(ends), unit))
+    return ThreadIntervals(windows)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_recompute_time_per_step_and_per_block(rank):
+    """recompute_us = |union of recompute kernels| in the step window; per block, the union
+    of the unit's recompute kernels (launched in its backward window) per step."""
+    path = AC_RUN / f"rank{rank}.timing.json.gz"
+    result = analyze(path).ranks[0]
+    events = raw_events(path)
+    regions = recompute_regions(events)
+    windows = backward_windows(events)
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    steps = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("cat") == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"])
+    )
+    recompute: list[tuple[float, float]] = []
+    per_unit: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("cat") != "kernel" or e["name"].startswith("nccl"):
+            continue
+        launch = launches.get(e["args"].get("correlation"))
+        if launch is None or not any(s <= launch["ts"] <= end for s, end in steps):
+            continue
+        where = (launch["pid"], launch["tid"], launch["ts"])
+        if regions.around(*where):
+            interval = (e["ts"], e["ts"] + e["dur"])
+            recompute.append(interval)
+            unit = windows.around(*where)
+            per_unit.setdefault(unit[0] if unit else "none", []).append(interval)
+    merged = merge(recompute)
+    for row in result.steps.itertuples():
+        expected = total(clip(merged, row.start_us, row.end_us))
+        assert row.recompute_us == pytest.approx(expected, rel=1e-9, abs=1e-6)
+        assert row.recompute_pct == pytest.approx(100 * expected / row.step_us)
+        assert 2 < row.recompute_pct < 15  # full AC of gpt-small: a real share of the step
+    assert set(per_unit) == BLOCKS - {"root"}  # every checkpointed block, nothing else
+    blocks = result.blocks[result.blocks["phase"] == "backward"]
+    n_steps = len(result.steps)
+    for unit, intervals in per_unit.items():
+        ours = set(blocks.loc[blocks["block"] == unit, "recompute_us_per_step"])
+        assert len(ours) == 1
+        assert ours.pop() == pytest.approx(total(merge(intervals)) / n_steps, rel=1e-9)
+    root = result.blocks[result.blocks["block"] == "root"]
+    assert root["recompute_us_per_step"].isna().all()
+    forward = result.blocks[result.blocks["phase"] == "forward"]
+    assert forward["recompute_us_per_step"].isna().all()
+
+
+def test_no_recompute_without_activation_checkpointing():
+    result = analyze(GPU_RUN, detailed=False)
+    assert (result.steps["recompute_us"] == 0).all()
+    assert result.blocks["recompute_us_per_step"].isna().all()
+
+
+def test_block_busbw_follows_block_algbw():
+    """Block busbw = block algbw × (n−1)/n for n = 2, exactly (not a mean of kernels)."""
+    blocks = analyze(GPU_RUN, detailed=False).blocks
+    assert set(blocks["collective"]) == {"AllGather", "ReduceScatter"}
+    ratio = blocks["busbw_gbps"] / blocks["algbw_gbps"]
+    assert ratio.to_numpy() == pytest.approx(0.5, abs=1e-12)

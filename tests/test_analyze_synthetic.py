@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fsdp_trace.analyze import analyze
+from fsdp_trace.analyze import Expectations, analyze, analyze_trace, load_trace
 from tests.synth import AUTOGRAD, TraceBuilder
 
 
@@ -176,3 +176,179 @@ def test_rank_from_file_name_when_trace_has_none(tmp_path):
     b.kernel("gemm", 10, 10, launch_ts=1)
     r = one_rank(tmp_path, b, name="rank3_trace.json.gz")
     assert r.rank == 3
+
+
+def _two_kernels(b: TraceBuilder, launches: bool) -> None:
+    b.kernel("gemm", 100, 100, launch_ts=5 if launches else None)  # [100, 200]
+    b.nccl("AllGather", 150, 100, launch_ts=6 if launches else None)  # [150, 250]
+
+
+@pytest.mark.parametrize("with_steps", [True, False], ids=["profiler-steps", "no-steps"])
+def test_kernels_without_launch_events_fall_back_to_one_window(tmp_path, with_steps):
+    """A GPU-only export (no cuda_runtime/cuda_driver launches): one window over the trace."""
+    b = TraceBuilder()
+    if with_steps:
+        b.step(1, 0, 1000)
+    _two_kernels(b, launches=False)
+    r = one_rank(tmp_path, b)
+    (step,) = r.steps.to_dict("records")
+    assert (step["start_us"], step["end_us"]) == (100, 250)
+    assert step["compute_us"] == pytest.approx(100) and step["comm_us"] == pytest.approx(100)
+    assert step["overlap_us"] == pytest.approx(50) and step["exposed_us"] == pytest.approx(50)
+    assert len(r.kernels) == 2  # nothing left out
+    assert any("none of the 2 GPU events has its launch" in n for n in r.notices)
+    (coll,) = r.collectives.to_dict("records")
+    assert (coll["block"], coll["phase"]) == ("unattributed", "unattributed")
+    assert math.isnan(r.blocks.iloc[0]["expected_per_step"])  # no unit: nothing to flag
+
+
+def test_nccl_kernels_all_launched_outside_the_steps_say_so(tmp_path):
+    b = TraceBuilder()
+    b.nccl("AllGather", 50, 30, launch_ts=-200)  # launched before the profiled step
+    b.step(1, 0, 1000)
+    b.kernel("gemm", 100, 100, launch_ts=5)
+    r = one_rank(tmp_path, b)
+    assert not any("no NCCL kernels" in n for n in r.notices)
+    assert any(
+        "all 1 NCCL kernels were launched outside the profiled steps" in n for n in r.notices
+    )
+    assert r.steps.iloc[0]["comm_us"] == 0
+
+
+def test_bare_cpu_trace_claims_no_gloo_collectives(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.cpu("aten::mm", 10, 100)
+    r = one_rank(tmp_path, b)
+    assert r.collectives.empty
+    assert r.notices == [
+        "no GPU kernels and no collectives (neither NCCL kernels nor gloo ops): a CPU-only "
+        "trace, nothing to measure"
+    ]
+
+
+def _root_and_block_gathers(b: TraceBuilder) -> None:
+    """One step: the root gathers once, layers.0 twice (forward and backward)."""
+    b.step(1, 0, 3000)
+    b.label("FSDP::all_gather", 10, 10)
+    b.nccl("AllGather", 100, 10, launch_ts=12)
+    for t in (200, 1200):
+        b.label("FSDP::all_gather (layers.0)", t, 10)
+        b.nccl("AllGather", t + 300, 10, launch_ts=t + 2)
+
+
+def _gathers(rank) -> dict[str, tuple[float, float]]:
+    ag = rank.blocks[rank.blocks["collective"] == "AllGather"].drop_duplicates("block")
+    return {
+        b: (u, e)
+        for b, u, e in zip(
+            ag["block"], ag["unit_count_per_step"], ag["expected_per_step"], strict=True
+        )
+    }
+
+
+def test_root_expects_one_all_gather_without_run_json(tmp_path):
+    """FSDP2's defaults (torch >= 2.8): the root keeps its parameters, other units reshard."""
+    b = TraceBuilder()
+    _root_and_block_gathers(b)
+    r = one_rank(tmp_path, b)
+    assert _gathers(r) == {"root": (1, 1), "layers.0": (2, 2)}
+    assert (r.blocks["excess"] == 0).all()
+
+
+@pytest.mark.parametrize(
+    ("setting", "root_expected", "block_expected"),
+    [
+        ({"layers.0": True, "root": "default"}, 1, 2),  # what capture records
+        ({"layers.0": False, "root": "default"}, 1, 1),  # no reshard: one gather
+        ({"layers.0": 2, "root": True}, 2, 2),  # explicit True on the root is obeyed
+        ({"layers.0": True, "root": False}, 1, 2),
+    ],
+)
+def test_expected_gathers_follow_run_json(setting, root_expected, block_expected):
+    run = {"parallel": {"reshard_after_forward": setting}, "environment": {"torch": "2.11.0"}}
+    expect = Expectations.from_run(run)
+    assert expect.expected("root", "AllGather") == root_expected
+    assert expect.expected("layers.0", "AllGather") == block_expected
+    assert expect.expected("layers.5", "AllGather") == 2  # unlisted unit: the default
+    assert expect.expected("layers.0", "ReduceScatter") == 1
+
+
+def test_root_before_torch_2_8_never_reshards():
+    run = {"parallel": {"reshard_after_forward": {"root": True}}, "environment": {"torch": "2.6"}}
+    assert Expectations.from_run(run).expected("root", "AllGather") == 1
+
+
+def test_reshard_false_expects_one_gather_and_flags_two(tmp_path):
+    b = TraceBuilder()
+    _root_and_block_gathers(b)
+    trace = load_trace(b.write(tmp_path / "rank0.json"), cache=False)
+    run = {"parallel": {"reshard_after_forward": {"layers.0": False, "root": "default"}}}
+    r = analyze_trace(trace, Expectations.from_run(run))
+    assert _gathers(r) == {"root": (1, 1), "layers.0": (2, 1)}
+    assert r.blocks.set_index("block").loc["layers.0", "excess"] == 1
+
+
+def test_block_busbw_is_block_algbw_times_the_bus_factor(tmp_path):
+    """Two gathers of one unit, of different speed: busbw = (Σ bytes / Σ time) × (n−1)/n,
+    not the mean of the kernels' busbw (which weights the fast one too much)."""
+    b = TraceBuilder(world_size=4)
+    b.step(1, 0, 3000)
+    for t, dur in ((100, 100), (1100, 300)):
+        b.label("FSDP::all_gather (layers.0)", t, 10)
+        b.nccl("AllGather", t + 200, dur, launch_ts=t + 2, nelems=1_000_000)
+    r = one_rank(tmp_path, b)
+    row = r.blocks.iloc[0]
+    algbw = 2 * 2e6 / 400e-6 / 1e9  # 4 MB in 400 µs: 10 GB/s
+    assert row["algbw_gbps"] == pytest.approx(algbw)
+    assert row["busbw_gbps"] == pytest.approx(algbw * 3 / 4)
+    kernel_mean = r.collectives["busbw_gbps"].mean()
+    assert kernel_mean == pytest.approx((20 + 20 / 3) / 2 * 3 / 4)  # what it used to report
+    assert kernel_mean != pytest.approx(row["busbw_gbps"])
+
+
+def _legacy_trace() -> TraceBuilder:
+    """Two steps with every number worked out by hand (see the test)."""
+    b = TraceBuilder(rank=1)
+    b.step(1, 0, 1000)
+    b.kernel("gemm_a", 100, 200, launch_ts=5)  # [100, 300] stream 7
+    b.kernel("gemm_b", 350, 150, launch_ts=6)  # [350, 500]
+    b.nccl("AllGather", 250, 200, launch_ts=20)  # [250, 450] stream 20
+    b.step(2, 1000, 1000)
+    b.kernel("Memcpy HtoD (Pageable -> Device)", 1050, 40, 1002, cat="gpu_memcpy")
+    b.kernel("gemm_c", 1100, 300, launch_ts=1005)  # [1100, 1400]
+    b.nccl("ReduceScatter", 1300, 300, launch_ts=1010, stream=21)  # [1300, 1600]
+    return b
+
+
+@pytest.mark.parametrize("layout", ["legacy", "legacy-list"])
+def test_pytorch_1_12_layout(tmp_path, layout):
+    path = _legacy_trace().write(tmp_path / "rank1_trace.json", layout=layout)
+    r = one_rank(tmp_path, _legacy_trace(), name="unused.json")  # the current layout
+    legacy = analyze(path).ranks[0]
+    assert legacy.rank == 1  # distributedInfo, or the file name for a bare list
+    s1, s2 = legacy.steps.to_dict("records")
+    # Step 1 ends where step 2's first GPU work starts: the batch copy at 1050.
+    assert (s1["start_us"], s1["end_us"], s2["start_us"], s2["end_us"]) == (100, 1050, 1050, 1600)
+    assert (s1["compute_us"], s1["comm_us"], s1["overlap_us"], s1["exposed_us"]) == (
+        350,
+        200,
+        150,  # [250, 300] and [350, 450]
+        50,
+    )
+    assert s1["idle_us"] == 950 - 400  # busy [100, 500]
+    assert (s2["compute_us"], s2["comm_us"], s2["overlap_us"], s2["exposed_us"]) == (
+        300,
+        300,
+        100,
+        200,
+    )
+    assert s2["idle_us"] == 550 - 500 and s2["step_us"] == 550
+    coll = legacy.collectives.sort_values("start_us")
+    assert coll["collective"].tolist() == ["AllGather", "ReduceScatter"]  # from legacy names
+    assert coll["kernel"].str.startswith("ncclKernel_").all()
+    assert coll["bytes"].isna().all()  # no message sizes recorded: no bandwidth, no guess
+    assert coll["step"].tolist() == [1, 2]
+    # The same numbers as the current layout of the same trace.
+    columns = ["step_us", "compute_us", "comm_us", "overlap_us", "exposed_us", "idle_us"]
+    assert legacy.steps[columns].to_numpy().tolist() == r.steps[columns].to_numpy().tolist()

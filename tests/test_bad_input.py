@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import SAMPLES, run_cli
 from tests.synth import TraceBuilder
 
 
@@ -102,3 +102,148 @@ def test_single_gpu_trace_is_a_notice(tmp_path):
     done = run_cli("analyze", str(path.write(tmp_path / "t.json")), "--no-report")
     assert done.returncode == 0
     assert "no NCCL kernels" in done.stdout
+
+
+def _trace(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.kernel("gemm", 100, 100, launch_ts=5)
+    b.nccl("AllGather", 150, 100, launch_ts=6)
+    return b.write(tmp_path / "rank0.json")
+
+
+def _one_line_error(done, *fragments: str) -> None:
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fsdp-trace analyze: error: "), done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize("bad", ["csv", "report", "perfetto", "json", "same"])
+def test_bad_output_path_writes_nothing(tmp_path, bad):
+    """Every output path is checked before anything is written: --json is not left behind
+    when --csv (or another output) cannot be written."""
+    trace = _trace(tmp_path)
+    a_file = tmp_path / "plain_file"
+    a_file.write_text("keep me")
+    out = tmp_path / "out"
+    paths = {
+        "--json": out / "a.json",
+        "--csv": out / "csv",
+        "--report": out / "r.html",
+        "--perfetto": out / "v.pftrace",
+    }
+    option = {"same": "--perfetto"}.get(bad, f"--{bad}")
+    paths[option] = {
+        "csv": a_file,  # an existing plain file as the CSV folder
+        "report": a_file / "r.html",  # a folder that is a file
+        "perfetto": a_file / "deeper" / "v.pftrace",
+        "json": tmp_path,  # a folder as the JSON file
+        "same": out / "a.json",  # two outputs to one file
+    }[bad]
+    args = [a for option_, path in paths.items() for a in (option_, str(path))]
+    done = run_cli("analyze", str(trace), *args)
+    _one_line_error(done, option)
+    assert not out.exists()  # nothing written, no folder made
+    assert a_file.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain_file", "rank0.json"]
+
+
+def test_all_outputs_written_into_new_folders(tmp_path):
+    trace = _trace(tmp_path)
+    out = tmp_path / "new" / "deeper"
+    done = run_cli(
+        "analyze",
+        str(trace),
+        "--json",
+        str(out / "a.json"),
+        "--csv",
+        str(out / "csv"),
+        "--report",
+        str(out / "r.html"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "csv", "r.html"]  # no leftovers
+    assert sorted(p.name for p in (out / "csv").iterdir()) == [
+        "blocks.csv",
+        "collectives.csv",
+        "steps.csv",
+    ]
+    assert json.loads((out / "a.json").read_text())["steps"][0]["comm_us"] == 100
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [
+        "exposed_pct>1.2.3",
+        "exposed_pct>.",
+        "exposed_pct>>5",
+        "nonsense<1",
+        "mfu<0.4",  # a trace file has no run.json to read MFU from: refused after analysis
+    ],
+)
+def test_bad_fail_on_is_one_line_and_writes_nothing(tmp_path, condition):
+    out_json = tmp_path / "out.json"
+    done = run_cli(
+        "analyze",
+        str(_trace(tmp_path)),
+        "--json",
+        str(out_json),
+        "--report",
+        str(tmp_path / "r.html"),
+        "--fail-on",
+        condition,
+    )
+    _one_line_error(done, "--fail-on", condition.split("<")[0].split(">")[0])
+    assert not out_json.exists() and not (tmp_path / "r.html").exists()
+
+
+def test_trace_without_launch_events_is_analyzed(tmp_path):
+    """No cuda_runtime/cuda_driver events: a notice and one window, never a traceback."""
+    for with_steps in (True, False):
+        b = TraceBuilder()
+        if with_steps:
+            b.step(1, 0, 1000)
+        b.kernel("gemm", 100, 100, launch_ts=None)
+        b.nccl("AllGather", 150, 100, launch_ts=None)
+        done = run_cli("analyze", str(b.write(tmp_path / "rank0.json")), "--no-report")
+        assert done.returncode == 0, done.stderr
+        assert "rank 0: none of the 2 GPU events has its launch in the trace" in " ".join(
+            done.stdout.split()
+        )
+
+
+def test_notices_name_their_rank_and_run_json_notices_are_shown():
+    done = run_cli("analyze", str(SAMPLES / "cpu-gloo-2proc"), "--no-report")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "notice: run.json: MFU omitted: not a GPU run" in text
+    assert "notice: ranks 0, 1 (timing and detailed traces): no GPU kernels" in text
+    done = run_cli("analyze", str(SAMPLES / "gpt-small-2gpu"), "--no-report")
+    notices = [ln for ln in done.stdout.splitlines() if ln.startswith("notice:")]
+    assert notices and all(ln.startswith("notice: rank") for ln in notices), notices
+    assert len(notices) == len(set(notices))
+
+
+def test_a_failing_output_leaves_none_behind(tmp_path, monkeypatch):
+    """The report fails after the JSON and CSV were written (a full disk): neither is moved
+    into place, no staging file or folder it made is left, and the error is one line."""
+    from fsdp_trace import cli
+    from fsdp_trace.analyze import analyze
+    from fsdp_trace.errors import UserError
+    from fsdp_trace.render import report
+
+    result = analyze(_trace(tmp_path))
+
+    def full_disk(analysis, path):
+        path.write_text("<html>half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "write_report", full_disk)
+    out = tmp_path / "new"
+    outputs = {"--json": out / "a.json", "--report": out / "r.html", "--perfetto": None}
+    with pytest.raises(UserError, match=r"--report .*r.html: cannot write \(No space left"):
+        cli._write_outputs(result, outputs, out / "csv")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,41 @@ def test_cross_check_table_and_cli():
     )
     assert done.returncode == 0, done.stderr
     assert "Cross-check with HTA" in done.stdout
+
+
+def _without_profiler_steps(source: Path, target: Path) -> Path:
+    """The trace with its ProfilerStep annotations (CPU and GPU side) and the GPU events whose
+    launch is not in it removed: HTA then reads every kernel, and so does our one window."""
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    events = doc["traceEvents"]
+    launched = {
+        e["args"]["correlation"]
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    doc["traceEvents"] = [
+        e
+        for e in events
+        if "ProfilerStep" not in e.get("name", "")
+        and not (
+            e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+            and e["args"].get("correlation") not in launched
+        )
+    ]
+    target.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return target
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_main_analysis_over_one_window_equals_hta(tmp_path, rank):
+    """The per-step analysis itself (not a separate function): on a trace without ProfilerStep
+    it measures one window over every kernel, which is exactly HTA's window there."""
+    path = _without_profiler_steps(
+        SAMPLES / "gpt-small-2gpu" / f"rank{rank}.timing.json.gz", tmp_path / f"rank{rank}.json.gz"
+    )
+    r = analyze(path).ranks[0]
+    assert len(r.steps) == 1 and any("no ProfilerStep" in n for n in r.notices)
+    assert not any("left out" in n for n in r.notices)  # every GPU event is in the window
+    ours = r.steps.iloc[0]["overlap_pct"]
+    assert ours == pytest.approx(hta_overlap(path, rank, rounding=False), abs=0.01)
+    assert ours == pytest.approx(overlap_with_hta_rules(load_trace(path)), abs=1e-9)

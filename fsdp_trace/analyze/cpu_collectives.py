@@ -33,7 +33,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
 
     events = trace.events
     names = events["name"]  # categorical: string tests run once per distinct name
-    notices = ["no GPU kernels: a CPU (gloo) trace; reporting CPU-side collectives, no overlap"]
+    notices: list[str] = []
     cpu_mask = np.isin(kinds, (classify.CPU_OP, classify.ANNOTATION, classify.LAUNCH))
     cpu = events[cpu_mask]
     cpu_steps = steps_mod.cpu_steps(events, kinds)
@@ -67,8 +67,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
                 f"{gloo_name}: {ops.size} issued vs {runs.size} run; paired {m} in order"
             )
     if not pairs:
-        if not cpu_steps.empty or len(cpu):
-            notices.append("no collectives found: a single-process trace")
+        notices.append(_nothing_to_report(gloo_rows.size, issue_rows.size))
         empty = _empty(COLLECTIVE_COLUMNS)
         return RankAnalysis(
             rank=trace.rank,
@@ -84,6 +83,9 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
             notices=notices,
             meta={"world_size": trace.world_size},
         )
+    notices.insert(
+        0, "no GPU kernels: a CPU (gloo) trace; reporting CPU-side collectives, no overlap"
+    )
     issue = np.array([p[0] for p in pairs])
     run = np.array([p[1] for p in pairs])
     ctype = np.array([p[2] for p in pairs], dtype=object)
@@ -145,6 +147,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
             "busbw_gbps": algbw * factor,
             "dtype": None,
             "pg_name": None,
+            "pg_ranks": None,
             "seq": MISSING,
             "stream": events["tid"].to_numpy()[run],
             "correlation": MISSING,
@@ -179,6 +182,19 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
     )
 
 
+def _nothing_to_report(n_gloo: int, n_issued: int) -> str:
+    """Why a trace without GPU kernels gave no collectives: none at all, or none paired."""
+    if n_gloo == 0 and n_issued == 0:
+        return (
+            "no GPU kernels and no collectives (neither NCCL kernels nor gloo ops): a CPU-only "
+            "trace, nothing to measure"
+        )
+    return (
+        f"no GPU kernels, and its {n_gloo} gloo ops and {n_issued} issuing c10d collectives "
+        "could not be paired: no collectives to report"
+    )
+
+
 def _cpu_steps_frame(trace: Trace, cpu_steps: pd.DataFrame, comm, source: str) -> pd.DataFrame:
     """Per step: CPU step time and the union of collective time; overlap columns are NaN."""
     if cpu_steps.empty:
@@ -209,6 +225,8 @@ def _cpu_steps_frame(trace: Trace, cpu_steps: pd.DataFrame, comm, source: str) -
             "overlap_pct": nan,
             "ag_us": nan,
             "rs_us": nan,
+            "recompute_us": nan,
+            "recompute_pct": nan,
             "n_comm_kernels": 0,
             "n_compute_kernels": 0,
         }

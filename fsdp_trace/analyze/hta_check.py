@@ -20,36 +20,45 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analyze import classify
-from fsdp_trace.analyze import intervals as iv
 from fsdp_trace.analyze.context import name_mask
 from fsdp_trace.analyze.loader import Trace, load_trace
+from fsdp_trace.analyze.rank import Coverage, overlap_pct
 from fsdp_trace.analyze.results import RankAnalysis
 
 
-def overlap_with_hta_rules(trace: Trace) -> float:
-    """Our overlap % over HTA's kernel window (exact timestamps, our kernel classes)."""
+def hta_window(trace: Trace, kinds: np.ndarray) -> np.ndarray:
+    """Which events HTA 0.5.0's overlap reads: GPU events launched (by correlation) from a CPU
+    row that starts before the last `ProfilerStep` — every GPU event when the trace has fewer
+    than two ProfilerStep names (HTA then filters nothing)."""
     events = trace.events
-    kinds = classify.event_kinds(events)
-    is_gpu = np.isin(kinds, classify.GPU_KINDS)
-    correlation = events["correlation"].to_numpy()
+    is_gpu = classify.kind_mask(kinds, *classify.GPU_KINDS)
     is_profiler_step = name_mask(events["name"], lambda n: "ProfilerStep" in n)
     keep = is_gpu.copy()
     if events["name"][is_profiler_step].astype(str).nunique() >= 2:
         # HTA treats every non-kernel row as a CPU op, GPU-side ProfilerStep annotations too.
+        correlation = events["correlation"].to_numpy()
         cpu = ~is_gpu
         cutoff = events["ts"].to_numpy()[cpu & is_profiler_step].max()
         launched = np.unique(
             correlation[cpu & (events["ts"].to_numpy() < cutoff) & (correlation >= 0)]
         )
         keep &= np.isin(correlation, launched)
-    ts, end = events["ts"].to_numpy(), events["end"].to_numpy()
-    comm = keep & (kinds == classify.COMM)
-    compute = keep & (kinds == classify.COMPUTE)
-    comm_u = iv.union(ts[comm], end[comm])
-    total = iv.length(comm_u)
-    if total == 0:
+    return keep
+
+
+def overlap_with_hta_rules(trace: Trace) -> float:
+    """Our overlap % over HTA's kernel window (exact timestamps): the main analysis' classifier
+    and `Coverage`, measured over one window spanning every kept event."""
+    events = trace.events
+    kinds = classify.event_kinds(events)
+    keep = hta_window(trace, kinds)
+    if not keep.any():
         return float("nan")
-    return 100.0 * iv.length(iv.intersect(comm_u, iv.union(ts[compute], end[compute]))) / total
+    ts, end = events["ts"].to_numpy()[keep], events["end"].to_numpy()[keep]
+    figures = Coverage.of(ts, end, kinds[keep]).in_windows(
+        np.array([ts.min()]), np.array([end.max()])
+    )
+    return float(overlap_pct(figures["comm_us"], figures["overlap_us"])[0])
 
 
 def hta_overlap(path: str | Path, rank: int, rounding: bool = True) -> float:

@@ -3,6 +3,7 @@ attributed to its FSDP2 unit and phase. Pure: no printing, no files."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +47,7 @@ ISSUER_LABELS = {
     "root_pre_forward",
     "root_post_backward_callback",
 }
+UNATTRIBUTED = "unattributed"
 AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"
 OPTIMIZER_PREFIX = "Optimizer.step#"
 C10D_COLLECTIVES = {
@@ -64,31 +66,62 @@ class Expectations:
 
     Per optimizer step, not per micro-batch: FSDP2 re-gathers every micro-batch under
     gradient accumulation, and that excess is exactly what the diagnosis should point at.
+    Without run.json the FSDP2 defaults are assumed (torch >= 2.8: `reshard_after_forward`
+    True for every unit but the root, which keeps its parameters after forward).
     """
 
     ag_per_step: dict[str, int] = field(default_factory=dict)
-    default_ag: int = 2  # fully_shard's default reshard_after_forward=True
+    default_ag: int = 2  # fully_shard's default for non-root units: reshard after forward
+    root_ag: int = 1  # the root's default: no reshard after forward (backward reuses them)
     rs_per_step: int = 1
     micro_batches: int = 1
 
     @classmethod
     def from_run(cls, run: dict | None) -> Expectations:
+        """The recorded `parallel.reshard_after_forward` of every unit, root included
+        ("default" or absent: FSDP2's default for that unit)."""
         if not run:
             return cls()
-        parallel = run.get("parallel", {})
+        parallel = run.get("parallel", {}) or {}
         micro = int(parallel.get("grad_accum", 1) or 1)
+        torch_version = str((run.get("environment") or {}).get("torch") or "")
         ag: dict[str, int] = {}
-        for unit, setting in parallel.get("reshard_after_forward", {}).items():
-            # The root keeps its parameters after forward (torch >= 2.8): one gather.
-            ag[unit] = 1 if unit == "root" or setting is False else 2
+        for unit, setting in (parallel.get("reshard_after_forward") or {}).items():
+            count = gathers_per_step(setting, unit == context.ROOT, torch_version)
+            if count is not None:
+                ag[unit] = count
         return cls(ag_per_step=ag, micro_batches=micro)
 
     def expected(self, block: str, collective: str) -> float:
+        if block == UNATTRIBUTED:
+            return float("nan")  # no unit to hold a count against
         if collective == "AllGather":
-            return float(self.ag_per_step.get(block, self.default_ag))
+            default = self.root_ag if block == context.ROOT else self.default_ag
+            return float(self.ag_per_step.get(block, default))
         if collective == "ReduceScatter":
             return float(self.rs_per_step)
         return float("nan")
+
+
+def gathers_per_step(setting: object, is_root: bool, torch_version: str = "") -> int | None:
+    """All-gathers per step that a unit's `reshard_after_forward` implies: 2 when it reshards
+    (True, or an int: backward re-gathers from the smaller group), 1 when it does not;
+    None (the default's) for "default"/None. Before torch 2.8 FSDP2 never resharded the root
+    after forward, whatever it was given."""
+    if setting is None or setting == "default":
+        return None
+    if is_root and _torch_before(torch_version, (2, 8)):
+        return 1
+    if setting is False:
+        return 1
+    if isinstance(setting, int):  # True, or a group size to reshard to
+        return 2
+    return None
+
+
+def _torch_before(version: str, limit: tuple[int, int]) -> bool:
+    match = re.match(r"^(\d+)\.(\d+)", version)
+    return bool(match) and (int(match.group(1)), int(match.group(2))) < limit
 
 
 @dataclass
@@ -149,24 +182,100 @@ def _empty(columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
 
 
+def _text_column(events: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
+    """A sparse text column of `events` at `rows` (None where absent or not loaded)."""
+    if name not in events:
+        return np.full(rows.size, None, dtype=object)
+    return np.asarray(events[name].array[rows], dtype=object)
+
+
+def device_names(trace: Trace) -> list[str]:
+    """The GPU names in the trace's deviceProperties (rule 8 infers NVLink from SXM parts)."""
+    return [
+        str(p["name"]) for p in trace.device_properties if isinstance(p, dict) and p.get("name")
+    ]
+
+
 def _link_launches(events: pd.DataFrame, kinds: np.ndarray, gpu_idx: np.ndarray) -> np.ndarray:
     """Row of the launch event (same `correlation`) of each GPU event, or -1."""
-    launch_rows = np.flatnonzero(
-        (kinds == classify.LAUNCH) & (events["correlation"].to_numpy() >= 0)
-    )
-    launch_corr = events["correlation"].to_numpy()[launch_rows]
+    correlation = events["correlation"].to_numpy()
+    launch_rows = np.flatnonzero((kinds == classify.LAUNCH) & (correlation >= 0))
+    if launch_rows.size == 0:  # no launch events at all (e.g. a GPU-only export)
+        return np.full(gpu_idx.size, -1, dtype=np.int64)
+    launch_corr = correlation[launch_rows]
     order = np.argsort(launch_corr, kind="stable")
     sorted_corr = launch_corr[order]
-    corr = events["correlation"].to_numpy()[gpu_idx]
+    corr = correlation[gpu_idx]
     pos = np.searchsorted(sorted_corr, corr)
-    safe = np.minimum(pos, max(sorted_corr.size - 1, 0))
-    found = (sorted_corr.size > 0) & (pos < sorted_corr.size) & (corr >= 0)
-    found &= sorted_corr[safe] == corr
+    safe = np.minimum(pos, sorted_corr.size - 1)
+    found = (pos < sorted_corr.size) & (corr >= 0) & (sorted_corr[safe] == corr)
     return np.where(found, launch_rows[order][safe], -1)
 
 
 def _windowed_lengths(u: iv.Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return iv.covered_up_to(u, ends) - iv.covered_up_to(u, starts)
+
+
+@dataclass
+class Coverage:
+    """Unions of communication and compute kernels, and what follows from them. The one
+    place overlap figures are made: the per-step analysis and the HTA cross-check both
+    measure through it."""
+
+    comm: iv.Intervals
+    compute: iv.Intervals
+    exposed: iv.Intervals  # comm \ compute
+    busy: iv.Intervals  # comm ∪ compute
+
+    @classmethod
+    def of(cls, ts: np.ndarray, end: np.ndarray, kinds: np.ndarray) -> Coverage:
+        """From GPU events and their classify kinds (memcpy, memset, sync count as neither)."""
+        is_comm, is_compute = kinds == classify.COMM, kinds == classify.COMPUTE
+        comm = iv.union(ts[is_comm], end[is_comm])
+        compute = iv.union(ts[is_compute], end[is_compute])
+        busy = iv.union(
+            np.concatenate([comm[0], compute[0]]), np.concatenate([comm[1], compute[1]])
+        )
+        return cls(comm, compute, iv.subtract(comm, compute), busy)
+
+    def in_windows(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
+        """|C|, |K|, |C ∩ K|, |C \\ K| and |C ∪ K| within each window [start, end]."""
+        comm = _windowed_lengths(self.comm, starts, ends)
+        exposed = _windowed_lengths(self.exposed, starts, ends)
+        return {
+            "comm_us": comm,
+            "compute_us": _windowed_lengths(self.compute, starts, ends),
+            "overlap_us": comm - exposed,
+            "exposed_us": exposed,
+            "busy_us": _windowed_lengths(self.busy, starts, ends),
+        }
+
+
+def overlap_pct(comm_us: np.ndarray, overlap_us: np.ndarray) -> np.ndarray:
+    """HTA's comp_comm_overlap_pctg: overlap / comm (NaN without communication)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(comm_us > 0, 100.0 * overlap_us / comm_us, np.nan)
+
+
+def _assign_steps(
+    cpu_steps: pd.DataFrame, linked: np.ndarray, launch_ts: np.ndarray, notices: list[str]
+) -> np.ndarray:
+    """The step of each GPU event (-1: left out), from where its launch lies."""
+    if not linked.any():
+        # Without launches nothing tells steps apart (the GPU-side ProfilerStep is not the
+        # step): every GPU event goes into one window.
+        notices.append(
+            f"none of the {linked.size} GPU events has its launch in the trace (no "
+            "cuda_runtime/cuda_driver launch with the same correlation): steps cannot be told "
+            "apart, so one window covers the whole trace and blocks and phases are unattributed"
+        )
+        return np.zeros(linked.size, dtype=np.int64)
+    if cpu_steps.empty:
+        notices.append("no ProfilerStep annotations: one window over the whole trace")
+        step_of = np.zeros(linked.size, dtype=np.int64)
+    else:
+        step_of = steps_mod.step_of_time(cpu_steps, np.nan_to_num(launch_ts, nan=-np.inf))
+    return np.where(linked, step_of, -1)
 
 
 def analyze_trace(
@@ -180,7 +289,7 @@ def analyze_trace(
     gpu_idx = np.flatnonzero(
         classify.kind_mask(kinds, classify.COMM, classify.COMPUTE, classify.MEMCPY, classify.MEMSET)
     )
-    if gpu_idx.size == 0:
+    if not classify.kind_mask(kinds[gpu_idx], classify.COMM, classify.COMPUTE).any():
         from fsdp_trace.analyze.cpu_collectives import analyze_cpu_trace
 
         return analyze_cpu_trace(trace, kinds, expectations, source)
@@ -191,14 +300,8 @@ def analyze_trace(
     launch_row = _link_launches(events, kinds, gpu_idx)
     linked = launch_row >= 0
     launch_ts = np.where(linked, events["ts"].to_numpy()[np.maximum(launch_row, 0)], np.nan)
-    if cpu_steps.empty:
-        notices.append("no ProfilerStep annotations: one window over the whole trace")
-        keep = linked if linked.any() else np.ones(gpu_idx.size, dtype=bool)
-        step_of = np.where(keep, 0, -1)
-    else:
-        step_of = steps_mod.step_of_time(cpu_steps, np.nan_to_num(launch_ts, nan=-np.inf))
-        step_of = np.where(linked, step_of, -1)
-        keep = step_of >= 0
+    step_of = _assign_steps(cpu_steps, linked, launch_ts, notices)
+    keep = step_of >= 0
     dropped = int((~keep).sum())
     if dropped:
         notices.append(
@@ -217,24 +320,24 @@ def analyze_trace(
             "name": events["name"].array[kidx],
             "step": step_of[keep],
             "correlation": events["correlation"].to_numpy()[kidx],
+            # Launch shape (JSON text): tells apart kernels of one name (rule 7).
+            "grid": _text_column(events, "grid", kidx),
+            "block_dim": _text_column(events, "block", kidx),
             "launch_row": launch_row[keep],
         }
     )
-    if cpu_steps.empty:
+    if cpu_steps.empty or not linked.any():
         windows = pd.DataFrame({"step": [0], "start": [k["ts"].min()], "end": [k["end"].max()]})
     else:
         windows = steps_mod.gpu_windows(
             cpu_steps, k["step"].to_numpy(), k["ts"].to_numpy(), k["end"].to_numpy()
         )
 
-    is_comm = (k["kind"] == classify.COMM).to_numpy()
-    is_compute = (k["kind"] == classify.COMPUTE).to_numpy()
-    comm_u = iv.union(k["ts"][is_comm], k["end"][is_comm])
-    compute_u = iv.union(k["ts"][is_compute], k["end"][is_compute])
-    exposed_u = iv.subtract(comm_u, compute_u)
-    busy_u = iv.union(
-        np.concatenate([comm_u[0], compute_u[0]]), np.concatenate([comm_u[1], compute_u[1]])
-    )
+    kind_arr = k["kind"].to_numpy()
+    is_comm = kind_arr == classify.COMM
+    is_compute = kind_arr == classify.COMPUTE
+    ts_arr, end_arr = k["ts"].to_numpy(), k["end"].to_numpy()
+    cover = Coverage.of(ts_arr, end_arr, kind_arr)
 
     # Context of every kept GPU event's launch: block, phase.
     cpu_ctx = _Cpu.build(cpu)
@@ -264,26 +367,32 @@ def analyze_trace(
             np.where(in_optimizer, "optimizer", "forward"),
         ),
     )
-    k["phase"] = phase
+    k["phase"] = np.where(has_launch, phase, UNATTRIBUTED)  # no launch: no CPU context
 
     # Steps.
     starts = windows["start"].to_numpy(dtype=np.float64)
     ends = windows["end"].to_numpy(dtype=np.float64)
     step_us = ends - starts
-    comm_us = _windowed_lengths(comm_u, starts, ends)
-    compute_us = _windowed_lengths(compute_u, starts, ends)
-    exposed_us = _windowed_lengths(exposed_u, starts, ends)
-    busy_us = _windowed_lengths(busy_u, starts, ends)
+    figures = cover.in_windows(starts, ends)
     coll = (
         classify.collective_types(events.iloc[kidx[is_comm]])
         if is_comm.any()
         else np.array([], dtype=object)
     )
-    ag_u = iv.union(k["ts"][is_comm][coll == "AllGather"], k["end"][is_comm][coll == "AllGather"])
-    rs_u = iv.union(
-        k["ts"][is_comm][coll == "ReduceScatter"], k["end"][is_comm][coll == "ReduceScatter"]
+    comm_ts, comm_end = ts_arr[is_comm], end_arr[is_comm]
+    ag_u = iv.union(comm_ts[coll == "AllGather"], comm_end[coll == "AllGather"])
+    rs_u = iv.union(comm_ts[coll == "ReduceScatter"], comm_end[coll == "ReduceScatter"])
+    is_recompute = is_compute & (k["phase"].to_numpy() == "recompute")
+    recompute_us = _windowed_lengths(
+        iv.union(ts_arr[is_recompute], end_arr[is_recompute]), starts, ends
     )
     per_step_counts = k.groupby(["step", "kind"]).size().unstack(fill_value=0)
+
+    def count(kind: int) -> np.ndarray:
+        column = per_step_counts.get(kind, pd.Series(0, index=per_step_counts.index))
+        return column.reindex(windows["step"]).fillna(0).to_numpy(dtype=np.int64)
+
+    idle_us = step_us - figures["busy_us"]
     with np.errstate(invalid="ignore", divide="ignore"):
         step_frame = pd.DataFrame(
             {
@@ -293,31 +402,31 @@ def analyze_trace(
                 "start_us": starts,
                 "end_us": ends,
                 "step_us": step_us,
-                "compute_us": compute_us,
-                "comm_us": comm_us,
-                "overlap_us": comm_us - exposed_us,
-                "exposed_us": exposed_us,
-                "exposed_pct": 100.0 * exposed_us / step_us,
-                "idle_us": step_us - busy_us,
-                "idle_pct": 100.0 * (step_us - busy_us) / step_us,
-                "overlap_pct": np.where(
-                    comm_us > 0, 100.0 * (comm_us - exposed_us) / comm_us, np.nan
-                ),
+                "compute_us": figures["compute_us"],
+                "comm_us": figures["comm_us"],
+                "overlap_us": figures["overlap_us"],
+                "exposed_us": figures["exposed_us"],
+                "exposed_pct": 100.0 * figures["exposed_us"] / step_us,
+                "idle_us": idle_us,
+                "idle_pct": 100.0 * idle_us / step_us,
+                "overlap_pct": overlap_pct(figures["comm_us"], figures["overlap_us"]),
                 "ag_us": _windowed_lengths(ag_u, starts, ends),
                 "rs_us": _windowed_lengths(rs_u, starts, ends),
-                "n_comm_kernels": per_step_counts.reindex(windows["step"])
-                .get(classify.COMM, pd.Series(0, index=windows["step"]))
-                .fillna(0)
-                .to_numpy(dtype=np.int64),
-                "n_compute_kernels": per_step_counts.reindex(windows["step"])
-                .get(classify.COMPUTE, pd.Series(0, index=windows["step"]))
-                .fillna(0)
-                .to_numpy(dtype=np.int64),
+                "recompute_us": recompute_us,
+                "recompute_pct": 100.0 * recompute_us / step_us,
+                "n_comm_kernels": count(classify.COMM),
+                "n_compute_kernels": count(classify.COMPUTE),
             }
         )[STEP_COLUMNS]
-    if not is_comm.any():
+    n_comm_in_trace = int((kinds[gpu_idx] == classify.COMM).sum())
+    if n_comm_in_trace == 0:
         notices.append(
             "no NCCL kernels: a single-GPU (or non-distributed) trace, nothing to overlap"
+        )
+    elif not is_comm.any():
+        notices.append(
+            f"all {n_comm_in_trace} NCCL kernels were launched outside the profiled steps (or "
+            "their launches are not in the trace): no communication in the analyzed steps"
         )
 
     collectives = _collectives(
@@ -328,18 +437,18 @@ def analyze_trace(
         coll,
         cpu_ctx,
         label_chain[is_comm],
-        compute_u,
+        cover.compute,
         source,
     )
     k_compute = k[is_compute]
     blocks = _blocks(collectives, k_compute, len(windows), expectations, trace.rank, source)
-    compute_phases = k_compute.assign(step=k_compute["step"]).pipe(
-        lambda f: iv.grouped_union_length(
-            f["step"].astype(str) + "|" + f["phase"], f["ts"], f["end"]
-        )
+    compute_phases = iv.grouped_union_length(
+        k_compute["step"].astype(str) + "|" + k_compute["phase"],
+        k_compute["ts"],
+        k_compute["end"],
     )
     phases_frame = _phase_table(compute_phases, trace.rank, source)
-    exposed = pd.DataFrame({"start_us": exposed_u[0], "end_us": exposed_u[1]})
+    exposed = pd.DataFrame({"start_us": cover.exposed[0], "end_us": cover.exposed[1]})
     exposed["step"] = steps_mod.step_of_time(
         windows, exposed["start_us"].to_numpy(), "start", "end"
     )
@@ -359,7 +468,11 @@ def analyze_trace(
         compute_phases=phases_frame,
         streams=_stream_roles(kernels, collectives),
         notices=notices,
-        meta={"world_size": trace.world_size, "distributed": trace.distributed},
+        meta={
+            "world_size": trace.world_size,
+            "distributed": trace.distributed,
+            "device_names": device_names(trace),
+        },
     )
 
 
@@ -444,6 +557,7 @@ def _collectives(
             "busbw_gbps": algbw * factor,
             "dtype": col("dtype", None),
             "pg_name": col("pg_name", None),
+            "pg_ranks": sub["pg_ranks"].array if "pg_ranks" in sub else None,
             "seq": col("seq", MISSING),
             "stream": comm["stream"].to_numpy(),
             "correlation": comm["correlation"].to_numpy(),
@@ -462,23 +576,27 @@ def _blocks(
     rank: int | None,
     source: str,
 ) -> pd.DataFrame:
-    """Per block × phase × collective, per step: counts vs expected, time, exposed, bandwidth."""
+    """Per block × phase × collective, per step: counts vs expected, time, exposed, bandwidth,
+    and the unit's own compute in that phase (plus, on backward rows, its recomputation)."""
     if collectives.empty or n_steps == 0:
         return _empty(BLOCK_COLUMNS)
     c = collectives.copy()
     c["key"] = c["block"].astype(str) + "|" + c["phase"] + "|" + c["collective"]
+    known = c["bytes"].notna() & (c["dur_us"] > 0)
+    c["timed_bytes"] = c["bytes"].where(known)
+    c["timed_dur"] = c["dur_us"].where(known)
     grouped = c.groupby(["block", "phase", "collective"], sort=False)
     agg = grouped.agg(
         count=("dur_us", "size"),
         exposed=("exposed_us", "sum"),
         bytes=("bytes", lambda s: s.sum(min_count=1)),
-        busy=("dur_us", "sum"),
-        busbw=("busbw_gbps", "mean"),
+        timed_bytes=("timed_bytes", lambda s: s.sum(min_count=1)),
+        timed_dur=("timed_dur", "sum"),
+        group_size=("group_size", "max"),
     ).reset_index()
     union = iv.grouped_union_length(c["key"], c["start_us"], c["end_us"])
-    agg["time"] = (agg["block"].astype(str) + "|" + agg["phase"] + "|" + agg["collective"]).map(
-        union
-    )
+    keys = agg["block"].astype(str) + "|" + agg["phase"] + "|" + agg["collective"]
+    agg["time"] = keys.map(union)
     # Expectations are per unit and step, over both phases (e.g. 2 AG with reshard).
     per_unit = c.groupby(["block", "collective"]).size() / n_steps
     pairs = list(zip(agg["block"], agg["collective"], strict=True))
@@ -489,7 +607,24 @@ def _blocks(
         compute["ts"],
         compute["end"],
     )
-    factor = agg["bytes"] / agg["busy"].where(agg["busy"] > 0)
+    # algbw over the kernels whose bytes and duration are known: Σ bytes / Σ duration. busbw
+    # is that × the collective's bus factor, so the two stay in the nccl-tests ratio.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        algbw = (agg["timed_bytes"] / agg["timed_dur"].where(agg["timed_dur"] > 0)) * 1e6 / 1e9
+    factor = np.array(
+        [
+            classify.bus_factor(col, int(g)) if pd.notna(g) else np.nan
+            for col, g in zip(agg["collective"], agg["group_size"], strict=True)
+        ],
+        dtype=np.float64,
+    )
+    recompute = np.array(
+        [
+            block_compute.get(f"{b}|recompute", np.nan) / n_steps if p == "backward" else np.nan
+            for b, p in zip(agg["block"], agg["phase"], strict=True)
+        ],
+        dtype=np.float64,
+    )
     out = pd.DataFrame(
         {
             "rank": rank,
@@ -504,12 +639,13 @@ def _blocks(
             "time_us_per_step": agg["time"] / n_steps,
             "exposed_us_per_step": agg["exposed"] / n_steps,
             "bytes_per_step": agg["bytes"] / n_steps,
-            "algbw_gbps": factor * 1e6 / 1e9,
-            "busbw_gbps": agg["busbw"],
+            "algbw_gbps": algbw,
+            "busbw_gbps": algbw * factor,
             "compute_us_per_step": [
                 block_compute.get(f"{b}|{p}", np.nan) / n_steps
                 for b, p in zip(agg["block"], agg["phase"], strict=True)
             ],
+            "recompute_us_per_step": recompute,
         }
     )
     return out.sort_values("exposed_us_per_step", ascending=False, kind="stable").reset_index(

@@ -26,6 +26,8 @@ STEP_COLUMNS = [
     "overlap_pct",
     "ag_us",
     "rs_us",
+    "recompute_us",
+    "recompute_pct",
     "n_comm_kernels",
     "n_compute_kernels",
 ]
@@ -49,6 +51,7 @@ COLLECTIVE_COLUMNS = [
     "busbw_gbps",
     "dtype",
     "pg_name",
+    "pg_ranks",
     "seq",
     "stream",
     "correlation",
@@ -71,6 +74,7 @@ BLOCK_COLUMNS = [
     "algbw_gbps",
     "busbw_gbps",
     "compute_us_per_step",
+    "recompute_us_per_step",
 ]
 
 
@@ -116,6 +120,7 @@ class RankAnalysis:
             "idle_pct",
             "comm_us",
             "compute_us",
+            "recompute_pct",
         ):
             values = (
                 self.steps[column].to_numpy(dtype=np.float64) if len(self.steps) else np.empty(0)

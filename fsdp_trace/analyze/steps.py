@@ -1,7 +1,8 @@
 """Step windows. The GPU-side `ProfilerStep#N` annotation covers only part of a step on real
-traces, so windows are built from the kernels launched inside the CPU-side `ProfilerStep#N`:
-step N runs from the start of its first kernel to the start of the first kernel of step N+1
-(the last step: to the end of its last kernel)."""
+traces, so windows are built from the GPU work launched inside the CPU-side `ProfilerStep#N`:
+step N runs from the start of its first GPU event (kernel, memcpy or memset: the batch's
+host-to-device copy is the step's first work) to the start of the first GPU event of step N+1
+(the last step: to the end of its last one)."""
 
 from __future__ import annotations
 
