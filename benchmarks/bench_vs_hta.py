@@ -3,6 +3,9 @@
     python benchmarks/bench_vs_hta.py                      # everything; writes results/speed.md
     python benchmarks/bench_vs_hta.py --quick              # shipped samples only (a minute)
 
+Runs in about 35 minutes on 2 cores, most of it HTA on the 1 GB inputs (~13 min for one rank,
+15 min until the limit on eight).
+
 Each measurement is a fresh Python process (imports included):
   HTA:  `TraceAnalysis(trace_files={rank: path, ...})` + `get_comm_comp_overlap()`;
   ours: `fsdp_trace.analyze.analyze(paths, jobs=J, cache=False)`, which computes the same
@@ -74,11 +77,14 @@ class Run:
     err: str = ""
 
 
-def measure(code: str, args: list[str], timeout: float, rss_cap: int, env: dict) -> Run:
-    """Run `python -c code args` in a fresh process; wall time, peak tree RSS, status."""
+def measure(
+    code: str | None, args: list[str], timeout: float, rss_cap: int, env: dict, json_out=True
+) -> Run:
+    """Run `python -c code args` (code None: `python args`) in a fresh process; wall time,
+    peak tree RSS, status; `json_out`: its last line of stdout is its JSON result."""
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
+        [sys.executable, *(["-c", code] if code is not None else []), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -129,7 +135,7 @@ def measure(code: str, args: list[str], timeout: float, rss_cap: int, env: dict)
     if status[0] == "ok" and proc.returncode != 0:
         status[0] = f"failed (rc {proc.returncode})"
     out = {}
-    if status[0] == "ok":
+    if status[0] == "ok" and json_out:
         try:
             out = json.loads(stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -269,22 +275,50 @@ def main(argv: list[str] | None = None) -> int:
         if len(paths) > 1:
             scaling.append((label, ours))
 
-    cached = None
-    if not args.quick:
-        # A second analysis of the 1 GB trace with the cache on (first run fills it).
-        cache_env = {
-            **env,
-            "FSDP_TRACE_CACHE": "1",
-            "FSDP_TRACE_CACHE_DIR": str(args.work / "cache"),
-        }
-        files = json.dumps(files_of(big))
-        first = measure(OURS_CODE, [files, "1", "1"], args.timeout, cap, cache_env)
-        second = measure(OURS_CODE, [files, "1", "1"], args.timeout, cap, cache_env)
-        cached = (first, second)
+    cached = measure_cache(args, env, cap, [] if args.quick else big)
 
     write_report(args, rows, scaling, cached, argv)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def measure_cache(args, env: dict, cap: int, big: list[Path]) -> list[tuple[str, str, Run]]:
+    """First and second analysis with the cache on, from an empty cache folder: the API on
+    the 2-rank sample run and on the large trace, then the whole `fsdp-trace analyze`
+    command on the sample (a second run: the entries exist). Second runs of small inputs:
+    the median of --repeat runs."""
+    import shutil
+
+    folder = args.work / "cache"
+    shutil.rmtree(folder, ignore_errors=True)
+    cache_env = {**env, "FSDP_TRACE_CACHE": "1", "FSDP_TRACE_CACHE_DIR": str(folder)}
+    sample = SAMPLES / "gpt-small-2gpu"
+    cases = [(f"{sample.name} (run directory: 2 ranks, timing + detailed)", [sample], True)]
+    if big:
+        cases.append((f"generated {args.size}, 1 rank", big, False))
+    code = OURS_CODE.replace("list(files.values())", "files")  # files: a list of paths here
+    out: list[tuple[str, str, Run]] = []
+    for label, paths, small in cases:
+        warm(
+            [p for p in paths if p.is_file()]
+            + [p for d in paths if d.is_dir() for p in d.iterdir()]
+        )
+        argv = [json.dumps([str(p) for p in paths]), "1", "1"]
+        for which in ("first", "second"):
+            repeat = args.repeat if small and which == "second" else 1
+            run = median_run(
+                [measure(code, argv, args.timeout, cap, cache_env) for _ in range(repeat)]
+            )
+            out.append((f"`analyze()` {label}", which, run))
+            print(
+                f"   cache, {which} run, {label}: {run.wall_s:.2f}s {run.status}", file=sys.stderr
+            )
+    cli = ["-m", "fsdp_trace", "analyze", str(sample.relative_to(REPO)), "--no-report"]
+    runs = [
+        measure(None, cli, args.timeout, cap, cache_env, json_out=False) for _ in range(args.repeat)
+    ]
+    out.append((f"`fsdp-trace {' '.join(cli[2:])}`", "second", median_run(runs)))
+    return out
 
 
 def fmt_run(run: Run | None) -> tuple[str, str]:
@@ -328,6 +362,22 @@ def _pct(run: Run | None, rank: str = "0") -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
+def _targets(hta: Run | None, ours: Run) -> str:
+    if hta is None or ours.status != "ok" or not hta.tree_rss:
+        return "—"
+    fast = hta.wall_s / ours.wall_s >= 10
+    small = ours.tree_rss * 3 <= hta.tree_rss
+    return f"{'✓' if fast else '✗'} {'✓' if small else '✗'}"
+
+
+def _in_process(hta: Run | None, ours: Run) -> str:
+    theirs = hta.out.get("in_process_s") if hta is not None and hta.status == "ok" else None
+    mine = ours.out.get("in_process_s") if ours.status == "ok" else None
+    if theirs is None or mine is None:
+        return "—"
+    return f"{theirs:.2f} / {mine:.2f} s ({theirs / mine:.0f}×)"
+
+
 def _ratio(hta: Run | None, ours: Run) -> tuple[str, str]:
     if hta is None or ours.status != "ok":
         return "—", "—"
@@ -364,8 +414,9 @@ def write_report(args, rows, scaling, cached, argv) -> None:
         "such, its time and memory then being lower bounds.",
         "",
         "| input | raw JSON | HTA wall | HTA peak RSS | fsdp-trace wall | fsdp-trace peak RSS "
-        "| speed-up | memory | overlap % rank 0: HTA / ours |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| speed-up | memory | targets ≥10×, ≤⅓ | in-process HTA / ours | "
+        "overlap % rank 0: HTA / ours |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, _paths, raw, hta, ours in rows:
         jobs = max(ours)
@@ -376,7 +427,8 @@ def write_report(args, rows, scaling, cached, argv) -> None:
         name = f"{label}" + (f" (`--jobs {jobs}`)" if jobs > 1 else "")
         lines.append(
             f"| {name} | {size_text(raw)} | {hta_wall} | {hta_rss} | {our_wall} | {our_rss} "
-            f"| {speed} | {memory} | {_pct(hta)} / {_pct(run)} |"
+            f"| {speed} | {memory} | {_targets(hta, run)} | {_in_process(hta, run)} "
+            f"| {_pct(hta)} / {_pct(run)} |"
         )
     lines += [
         "",
@@ -385,6 +437,11 @@ def write_report(args, rows, scaling, cached, argv) -> None:
         "ours here is Σ overlap / Σ comm over the steps as README 'Definitions' states them. "
         "They are different windows of the same quantity; `fsdp-trace analyze --hta` shows "
         "that with HTA's window both agree (README 'Cross-check with HTA').",
+        "",
+        "Targets: ✓/✗ for ≥ 10× HTA's speed and ≤ ⅓ of its peak RSS, whole processes. "
+        "In-process: the seconds each tool's own call takes (HTA's `TraceAnalysis` + "
+        "`get_comm_comp_overlap`; our `analyze`), without Python start-up and imports, and "
+        "their ratio.",
         "",
         "## `--jobs` scaling (fsdp-trace, several ranks)",
         "",
@@ -398,21 +455,23 @@ def write_report(args, rows, scaling, cached, argv) -> None:
         w1, r1 = fmt_run(one)
         w2, r2 = fmt_run(two)
         lines.append(f"| {label} | {w1} | {r1} | {w2} | {r2} | {one.wall_s / two.wall_s:.2f}× |")
-    if cached is not None:
-        first, second = cached
-        f1, r1 = fmt_run(first)
-        f2, r2 = fmt_run(second)
+    if cached:
         lines += [
             "",
-            "## Cache (1 rank of the generated trace, `cache=True`)",
+            "## Cache (`cache=True`, starting from an empty cache folder)",
             "",
-            "| run | wall | peak RSS | in-process |",
-            "|---|---|---|---|",
-            f"| first (parses, writes the entry) | {f1} | {r1} "
-            f"| {first.out.get('in_process_s', float('nan')):.2f} s |",
-            f"| second (hash + cached columns, then the analysis) | {f2} | {r2} "
-            f"| {second.out.get('in_process_s', float('nan')):.2f} s |",
+            "First run: parses, analyzes, writes the parsed-columns and analysis entries. "
+            "Second run: hashes the file, reads the analysis entry back (nothing parsed or "
+            "analyzed). Wall and RSS: the whole process; in-process: the `analyze()` call.",
+            "",
+            "| what | run | wall | peak RSS | in-process |",
+            "|---|---|---|---|---|",
         ]
+        for label, which, run in cached:
+            wall, rss = fmt_run(run)
+            inner = run.out.get("in_process_s")
+            inner_text = f"{inner:.3f} s" if inner is not None else "—"
+            lines.append(f"| {label} | {which} | {wall} | {rss} | {inner_text} |")
     lines += ["", MARKER]
     kept = ""  # notes written by hand below the marker survive a re-run
     if args.out.exists() and MARKER in args.out.read_text():

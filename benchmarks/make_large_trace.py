@@ -6,10 +6,12 @@
         --source sample_traces/gpt-small-2gpu/rank0.detailed.json.gz
 
 Every replica of the source's events is a copy of the real capture, shifted in time by the
-source's span (plus a gap), with correlation ids, External ids, flow ids, Python ids, autograd
-sequence numbers and `ProfilerStep#N` numbers renumbered, so every kernel still links to its
-launch and the steps stay distinct: N replicas of a trace with S steps hold N×S steps, and their
-analysis has N× the kernels, collectives and steps of the source's.
+source's span (plus a gap; with several ranks, the longest rank's span, the same for all, so the
+ranks stay aligned step by step as captured and all have the same steps), with correlation
+ids, External ids, flow ids, Python ids, autograd sequence numbers and `ProfilerStep#N`
+numbers renumbered, so every kernel still links to its launch and the steps stay distinct:
+N replicas of a trace with S steps hold N×S steps, and their analysis has N× the kernels,
+collectives and steps of the source's.
 
 The source's text is kept as written (Kineto's layout and its exact decimal timestamps): each
 event is parsed once into a template of literal text and numeric slots, and a replica is one
@@ -20,6 +22,7 @@ whole in memory. Metadata events (`ph: M`), global instants and the `Trace` span
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import math
@@ -111,6 +114,7 @@ class Template:
 
     @classmethod
     def build(cls, events: list[tuple[dict, str]], separator: str, gap_us: int) -> Template:
+        """The template of `events`; its period is their span plus `gap_us` (see `aligned`)."""
         literals: list[str] = []
         kinds: list[int] = []
         base: list[int] = []
@@ -153,6 +157,14 @@ class Template:
             n_steps=n_steps,
             n_events=len(events),
         )
+
+    def aligned(self, period_us: int) -> Template:
+        """This template with another period (at least its own: replicas must not overlap).
+        Ranks given one period stay as aligned in every replica as in the capture; each
+        rank's own span would let them drift apart by the spans' difference per replica."""
+        if period_us < self.period_us:
+            raise ValueError(f"period {period_us} µs is shorter than the span {self.period_us}")
+        return dataclasses.replace(self, period_us=period_us)
 
     def replica(self, k: int) -> str:
         """The text of replica k (0 is the source as written)."""
@@ -200,6 +212,17 @@ def source_files(source: Path) -> list[Path]:
     return found
 
 
+def template_of(src: Source, gap_us: int = 1000) -> Template:
+    """The template of the source's replicated events (all but `_once` ones)."""
+    return Template.build([(o, t) for o, t in src.events if not _once(o)], src.separator, gap_us)
+
+
+def replicas_for(template: Template, src: Source, size: int) -> int:
+    """Replicas that make about `size` bytes of raw JSON."""
+    replica_bytes = len(template.replica(0).encode()) + len(src.separator)
+    return max(1, round(size / replica_bytes))
+
+
 def write_trace(
     src: Source,
     out: Path,
@@ -210,14 +233,14 @@ def write_trace(
     rank: int | None = None,
     world_size: int | None = None,
     compress: bool = False,
+    template: Template | None = None,
 ) -> dict:
-    """Write one replicated trace; returns what was written (replicas, steps, bytes)."""
-    replicated = [(o, t) for o, t in src.events if not _once(o)]
+    """Write one replicated trace; returns what was written (replicas, steps, bytes).
+    `template`: the source's (with the period shared by all ranks), else built here."""
     once = [(o, t) for o, t in src.events if _once(o)]
-    template = Template.build(replicated, src.separator, gap_us)
-    replica_bytes = len(template.replica(0).encode()) + len(src.separator)
+    template = template or template_of(src, gap_us)
     if replicas is None:
-        replicas = max(1, round((size or replica_bytes) / replica_bytes))
+        replicas = replicas_for(template, src, size) if size else 1
     header = src.header
     if rank is not None:
         header = _set_rank(header, rank, world_size or rank + 1)
@@ -267,22 +290,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.size is None and args.replicas is None:
         args.size = _parse_size("1GB")
     sources = source_files(args.source)
-    parsed: dict[Path, Source] = {}
+    used = list(dict.fromkeys(sources[r % len(sources)] for r in range(args.ranks)))
+    parsed = {path: Source.read(path) for path in used}
+    templates = {path: template_of(parsed[path], args.gap_us) for path in used}
+    # One period and one replica count for every rank: replica k of each rank is its source
+    # shifted by the same k·period, so the ranks stay aligned step by step as captured, and
+    # every rank has the same steps.
+    period = max(t.period_us for t in templates.values())
+    templates = {path: t.aligned(period) for path, t in templates.items()}
+    replicas = args.replicas or replicas_for(templates[used[0]], parsed[used[0]], args.size)
     for r in range(args.ranks):
         path = sources[r % len(sources)]
-        if path not in parsed:
-            parsed[path] = Source.read(path)
         start = time.perf_counter()
         name = f"rank{r}.json" + (".gz" if args.gzip else "")
         info = write_trace(
             parsed[path],
             args.out / name,
-            replicas=args.replicas,
-            size=args.size,
+            replicas=replicas,
             gap_us=args.gap_us,
             rank=r if args.ranks > 1 else None,
             world_size=args.ranks if args.ranks > 1 else None,
             compress=args.gzip,
+            template=templates[path],
         )
         info["seconds"] = round(time.perf_counter() - start, 2)
         info["source"] = str(path)

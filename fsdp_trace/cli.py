@@ -280,7 +280,9 @@ def analyze(
     ] = 1,
     no_cache: Annotated[
         bool,
-        typer.Option("--no-cache", help="Neither read nor write the parsed-trace cache."),
+        typer.Option(
+            "--no-cache", help="Neither read nor write the cache (parsed traces and analyses)."
+        ),
     ] = False,
     top: Annotated[int, typer.Option(help="Rows of the per-block table in the terminal.")] = 15,
     fail_on: Annotated[
@@ -319,7 +321,9 @@ def analyze(
         # The gate can refuse a condition (a run metric without run.json): before any output.
         violated = gate.violations(conditions, result, len(result.findings))
         terminal.render(result, top=top)
-        written = _write_outputs(result, outputs, Path(csv_out) if csv_out else None)
+        written = _write_outputs(
+            result, outputs, Path(csv_out) if csv_out else None, cache=not no_cache
+        )
     for line in written:
         print(f"fsdp-trace: wrote {line}", file=sys.stderr)
     for line in violated:
@@ -328,7 +332,9 @@ def analyze(
         raise typer.Exit(1)
 
 
-def _write_outputs(result, outputs: dict[str, Path | None], csv_dir: Path | None) -> list[str]:
+def _write_outputs(
+    result, outputs: dict[str, Path | None], csv_dir: Path | None, cache: bool = True
+) -> list[str]:
     """Write every requested output, all or nothing: each is staged beside its target and
     moved into place only once all are written. Returns what to announce."""
     from fsdp_trace.render import export
@@ -356,7 +362,7 @@ def _write_outputs(result, outputs: dict[str, Path | None], csv_dir: Path | None
 
                 path = outputs["--perfetto"]
                 current = f"--perfetto {path}"
-                counts = write_perfetto(result, staged.file(path))
+                counts = write_perfetto(result, staged.file(path), cache=cache)
                 written.append(
                     f"{path} ({sum(counts['slices'].values()):,} slices, {counts['flows']} "
                     f"flows); open it with `fsdp-trace view {path}`"
@@ -519,6 +525,35 @@ def view(
 
     with user_errors("view"):
         serve(Path(file), port=port, open_browser=browser, once=not keep_serving)
+
+
+cache_app = typer.Typer(
+    help="The cache of parsed traces and analyses (see README 'Cache').", no_args_is_help=True
+)
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+def cache_info() -> None:
+    """Where the cache is, how large, and what it holds."""
+    from fsdp_trace.analyze import cache
+
+    with user_errors("cache info"):
+        for line in cache.info().lines():
+            print(line)
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Delete every cache entry (and leftover temporary files)."""
+    from fsdp_trace.analyze import cache
+
+    with user_errors("cache clear"):
+        files, freed = cache.clear()
+        print(
+            f"fsdp-trace: deleted {files} files ({freed / 1024**2:,.1f} MiB) "
+            f"from {cache.directory()}"
+        )
 
 
 def main() -> None:

@@ -1,31 +1,30 @@
-"""The parsed-trace cache: hits return the same frames, content or format changes miss,
-corrupt entries are ignored and rewritten, and `cache=False` writes nothing."""
+"""The cache of parsed traces and of analyses: hits return the same objects, a changed file,
+changed code or changed parameters miss, damaged entries (to the byte) are detected and
+rewritten, the size budget evicts least recently used entries only, and `cache=False` /
+`--no-cache` write nothing."""
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import json
+import os
 import shutil
+import struct
+import time
 
+import msgspec
+import numpy as np
 import pandas as pd
 import pytest
 
-from fsdp_trace.analyze import analyze, cache, loader
+from fsdp_trace.analyze import analyze, api, cache, loader
 from fsdp_trace.analyze.loader import load_trace
-from tests.conftest import SAMPLES
+from fsdp_trace.analyze.results import RankAnalysis
+from tests.conftest import SAMPLES, run_cli
 from tests.synth import TraceBuilder
 
 SAMPLE = SAMPLES / "gpt-small-2gpu" / "rank0.timing.json.gz"
-META = (
-    "rank",
-    "world_size",
-    "distributed",
-    "device_properties",
-    "base_time_ns",
-    "thread_names",
-    "process_names",
-    "string_ids",
-    "raw_event_count",
-    "path",
-)
 
 
 @pytest.fixture
@@ -33,6 +32,7 @@ def cache_dir(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(folder))
     monkeypatch.delenv("FSDP_TRACE_CACHE", raising=False)
+    monkeypatch.delenv("FSDP_TRACE_CACHE_MAX_GB", raising=False)
     return folder
 
 
@@ -43,8 +43,17 @@ def trace_file(tmp_path):
     return path
 
 
-def entries(folder):
-    return sorted(folder.glob("*.fsdptrace")) if folder.exists() else []
+@pytest.fixture
+def fresh_code_versions():
+    """Code versions recomputed from the (patched) sources, before and after the test."""
+    cache.code_version.cache_clear()
+    yield
+    cache.code_version.cache_clear()
+
+
+def entries(folder, kind: str = "") -> list:
+    found = folder.glob(f"{kind}*{cache.SUFFIX}") if folder.exists() else []
+    return sorted(found)
 
 
 def no_parsing(monkeypatch):
@@ -54,16 +63,39 @@ def no_parsing(monkeypatch):
     monkeypatch.setattr(loader, "_parse", fail)
 
 
-def assert_same(a: loader.Trace, b: loader.Trace) -> None:
-    pd.testing.assert_frame_equal(a.events, b.events, check_exact=True)
-    for attr in META:
-        assert getattr(a, attr) == getattr(b, attr), attr
+def no_analysis(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("analyzed although the cache holds this analysis")
+
+    monkeypatch.setattr(api, "analyze_trace", fail)
+    monkeypatch.setattr(api, "load_trace", fail)
+
+
+def assert_same(a, b) -> None:
+    """Every field equal, DataFrames to the bit with the same dtypes, index and column types,
+    and object columns holding the same types (None stays None, NaN stays NaN)."""
+    assert type(a) is type(b)
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, pd.DataFrame):
+            pd.testing.assert_frame_equal(
+                x, y, check_exact=True, check_index_type=True, check_column_type=True
+            )
+            assert list(x.dtypes) == list(y.dtypes), field.name
+            for column in x.columns:
+                if x[column].dtype == object:
+                    assert list(map(type, x[column])) == list(map(type, y[column])), column
+        else:
+            assert x == y and type(x) is type(y), field.name
+
+
+# --- parsed traces --------------------------------------------------------------------------
 
 
 def test_second_load_hits_the_cache_with_identical_frames(cache_dir, trace_file, monkeypatch):
     first = load_trace(trace_file)
     (entry,) = entries(cache_dir)
-    assert entry.name.startswith(f"v{loader.FORMAT_VERSION}-")
+    assert entry.name.startswith(f"trace-{cache.code_version('trace')}-")
     no_parsing(monkeypatch)
     second = load_trace(trace_file)
     assert_same(first, second)
@@ -103,68 +135,284 @@ def test_content_change_invalidates(cache_dir, tmp_path):
     assert_same(after, load_trace(path, cache=False))
 
 
-def test_format_version_invalidates(cache_dir, trace_file, monkeypatch):
+@pytest.mark.parametrize("change", ["format", "loader source"])
+def test_code_change_invalidates_and_keeps_the_other_versions_entries(
+    cache_dir, trace_file, tmp_path, monkeypatch, fresh_code_versions, change
+):
     load_trace(trace_file)
-    monkeypatch.setattr(loader, "FORMAT_VERSION", loader.FORMAT_VERSION + 1)
+    (old,) = entries(cache_dir)
+    if change == "format":
+        monkeypatch.setattr(loader, "FORMAT_VERSION", loader.FORMAT_VERSION + 1)
+    else:  # one more byte in a source file the entry depends on
+        edited = tmp_path / "loader.py"
+        edited.write_bytes((cache._sources("trace")[0]).read_bytes() + b"\n")
+        sources = cache._sources
+        monkeypatch.setattr(
+            cache, "_sources", lambda kind: [edited, *sources(kind)[1:]] if kind == "trace" else []
+        )
+    cache.code_version.cache_clear()
     calls = []
     parse = loader._parse
     monkeypatch.setattr(loader, "_parse", lambda *a: calls.append(1) or parse(*a))
     load_trace(trace_file)
     assert calls == [1]
-    # The entry of the old format is dropped when the new one is written.
-    assert [e.name.split("-")[0] for e in entries(cache_dir)] == [f"v{loader.FORMAT_VERSION}"]
+    # Both versions' entries stay: another installed version may still read its own.
+    assert old in entries(cache_dir) and len(entries(cache_dir)) == 2
+    info = cache.info()
+    assert (info.traces, info.other_versions) == (1, 1)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "header"])
+def _payload_offset_of_first_array(entry) -> tuple[int, int]:
+    """Where the first column array lies in an entry, read from its header."""
+    data = entry.read_bytes()
+    _, _, size = cache._PREFIX.unpack_from(data)
+    header = msgspec.json.decode(data[cache._PREFIX.size : cache._PREFIX.size + size])
+    offset, dtype, count = header["arrays"][0]
+    return cache._PREFIX.size + size + offset, np.dtype(dtype).itemsize * count
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "prefix", "payload byte"])
 def test_corrupt_entry_is_ignored_and_rewritten(cache_dir, trace_file, damage):
     good = load_trace(trace_file, cache=False)
     load_trace(trace_file)
     (entry,) = entries(cache_dir)
     data = entry.read_bytes()
-    entry.write_bytes(
-        {
+    if damage == "payload byte":  # one byte of the timestamps column: still decodes
+        start, nbytes = _payload_offset_of_first_array(entry)
+        damaged = bytearray(data)
+        damaged[start + nbytes // 2] ^= 0x10
+        damaged = bytes(damaged)
+    else:
+        damaged = {
             "garbage": b"not a cache entry at all" * 10,
             "truncated": data[: len(data) // 2],
             "empty": b"",
-            "header": data[:8] + b"\xff" * 8 + data[16:],
+            "prefix": data[:8] + b"\xff" * 16 + data[24:],
         }[damage]
-    )
+    entry.write_bytes(damaged)
     assert_same(good, load_trace(trace_file))
     assert entry.read_bytes() == data  # rewritten whole
     assert_same(good, load_trace(trace_file))
 
 
-def test_no_cache_writes_nothing(cache_dir, trace_file):
-    load_trace(trace_file, cache=False)
-    analyze(trace_file, cache=False)
-    assert not cache_dir.exists()
+def test_checksum_is_what_catches_a_flipped_payload_byte(cache_dir, trace_file):
+    """Without its checksum the damaged entry above would load, with another timestamp."""
+    load_trace(trace_file)
+    (entry,) = entries(cache_dir)
+    start, nbytes = _payload_offset_of_first_array(entry)
+    data = bytearray(entry.read_bytes())
+    data[start + nbytes // 2] ^= 0x10
+    raw = np.frombuffer(bytes(data), dtype=np.uint8).copy()
+    with pytest.raises(ValueError, match="checksum"):
+        cache._decode(raw, loader.Trace, "trace")
+    # Re-sealed with a matching checksum, the same bytes decode to different timestamps.
+    hasher = cache._checksum_hasher()
+    hasher.update(bytes(data[cache._PREFIX.size :]))
+    struct.pack_into("<Q", data, 8, hasher.intdigest())
+    forged = cache._decode(np.frombuffer(bytes(data), dtype=np.uint8).copy(), loader.Trace, "trace")
+    fresh = load_trace(trace_file, cache=False)
+    assert (forged.events["ts"] != fresh.events["ts"]).sum() == 1
 
 
-def test_analyze_threads_the_cache_flag(cache_dir, tmp_path):
+# --- analyses -------------------------------------------------------------------------------
+
+
+def test_second_analysis_reads_the_result_back_identical(cache_dir, tmp_path, monkeypatch):
     run = tmp_path / "run"
     shutil.copytree(SAMPLES / "gpt-small-2gpu", run)
     first = analyze(run)
-    assert len(entries(cache_dir)) == 4  # 2 ranks × (timing, detailed)
+    assert len(entries(cache_dir, "analysis")) == 4  # 2 ranks × (timing, detailed)
+    assert len(entries(cache_dir, "trace")) == 4
+    no_analysis(monkeypatch)
     second = analyze(run)
     for a, b in zip(first.ranks + first.detailed, second.ranks + second.detailed, strict=True):
-        pd.testing.assert_frame_equal(a.steps, b.steps)
-        pd.testing.assert_frame_equal(a.blocks, b.blocks)
-        pd.testing.assert_frame_equal(a.collectives, b.collectives)
+        assert_same(a, b)
+
+
+def test_cached_analyses_are_read_without_workers(cache_dir, tmp_path, monkeypatch):
+    """With every analysis cached, `jobs=2` reads them here and forks nothing."""
+    import concurrent.futures
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "gpt-small-2gpu", run)
+    monkeypatch.setattr(api, "POOL_MIN_BYTES", 0)
+    first = analyze(run, jobs=2)  # computed by workers, stored by them
+    assert len(entries(cache_dir, "analysis")) == 4
+
+    class NoPool:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a worker pool was started")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", NoPool)
+    second = analyze(run, jobs=2)
+    for a, b in zip(first.ranks + first.detailed, second.ranks + second.detailed, strict=True):
+        assert_same(a, b)
+
+
+def test_cached_analysis_equals_a_fresh_one(cache_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "cpu-gloo-2proc", run)  # CPU (gloo): None-filled object columns
+    analyze(run)
+    cached, fresh = analyze(run), analyze(run, cache=False)
+    for a, b in zip(cached.ranks + cached.detailed, fresh.ranks + fresh.detailed, strict=True):
+        assert_same(a, b)
+
+
+def test_analysis_key_holds_file_expectations_source_and_name_rank(
+    cache_dir, tmp_path, monkeypatch
+):
+    b = TraceBuilder(rank=None)  # no distributedInfo: the rank comes from the file name
+    b.step(1, 0, 1000)
+    b.kernel("gemm", 100, 100, launch_ts=5)
+    b.label("FSDP::all_gather (layers.0)", 25, 10)
+    b.nccl("AllGather", 150, 80, launch_ts=30)
+    path = b.write(tmp_path / "rank2.json")
+    base = api.analyze_file(path)
+    assert base.rank == 2
+    assert len(entries(cache_dir, "analysis")) == 1
+    # Other expectations (run.json without reshard) and another source: new entries.
+    run = {"parallel": {"reshard_after_forward": {"layers.0": False}}}
+    assert api.analyze_file(path, run).blocks["expected_per_step"].iloc[0] == 1.0
+    assert base.blocks["expected_per_step"].iloc[0] == 2.0
+    assert api.analyze_file(path, source="timing").steps["source"].iloc[0] == "timing"
+    assert len(entries(cache_dir, "analysis")) == 3
+    # The same bytes under another rank's name: that rank, not the cached one.
+    renamed = tmp_path / "rank5.json"
+    shutil.copy(path, renamed)
+    assert api.analyze_file(renamed).steps["rank"].iloc[0] == 5
+    assert len(entries(cache_dir, "analysis")) == 4
+    # Changed content: analyzed again.
+    b.nccl("AllGather", 400, 80, launch_ts=40)
+    b.write(path)
+    assert len(api.analyze_file(path).collectives) == 2
+    # And an unchanged one is a hit whose path is the file asked for.
+    no_analysis(monkeypatch)
+    again = api.analyze_file(renamed)
+    assert again.path == str(renamed) and again.rank == 5
+
+
+def test_analysis_code_change_invalidates(
+    cache_dir, trace_file, tmp_path, monkeypatch, fresh_code_versions
+):
+    api.analyze_file(trace_file)
+    edited = tmp_path / "rank.py"
+    edited.write_text("# another version of the analysis\n")
+    sources = cache._sources
+    monkeypatch.setattr(
+        cache, "_sources", lambda kind: [*sources(kind), edited] if kind == "analysis" else []
+    )
+    cache.code_version.cache_clear()
+    calls = []
+    analyze_trace = api.analyze_trace
+    monkeypatch.setattr(api, "analyze_trace", lambda *a: calls.append(1) or analyze_trace(*a))
+    api.analyze_file(trace_file)
+    api.analyze_file(trace_file)
+    assert calls == [1]
+    assert len(entries(cache_dir, "analysis")) == 2
+
+
+def test_damaged_analysis_entry_is_recomputed(cache_dir, trace_file):
+    good = api.analyze_file(trace_file, cache=False)
+    api.analyze_file(trace_file)
+    (entry,) = entries(cache_dir, "analysis")
+    start, nbytes = _payload_offset_of_first_array(entry)
+    data = bytearray(entry.read_bytes())
+    data[start + nbytes // 2] ^= 0x01
+    entry.write_bytes(bytes(data))
+    assert_same(good, api.analyze_file(trace_file))
+
+
+def test_no_cache_writes_nothing(cache_dir, trace_file):
+    load_trace(trace_file, cache=False)
+    analyze(trace_file, cache=False)
+    analyze(trace_file, jobs=2, cache=False)
+    assert not cache_dir.exists()
+
+
+def test_cli_no_cache_writes_nothing(tmp_path):
+    folder = tmp_path / "cli-cache"
+    env = {"FSDP_TRACE_CACHE_DIR": str(folder), "FSDP_TRACE_CACHE": "1"}
+    done = run_cli("analyze", str(SAMPLE), "--no-report", "--no-cache", env=env)
+    assert done.returncode == 0, done.stderr
+    assert not folder.exists()
+    done = run_cli("analyze", str(SAMPLE), "--no-report", env=env)
+    assert done.returncode == 0, done.stderr
+    assert len(entries(folder, "analysis")) == 1 and len(entries(folder, "trace")) == 1
+
+
+# --- the codec ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Holder:
+    path: str
+    frame: pd.DataFrame
+    empty: pd.DataFrame
+    value: object
+
+
+def test_codec_round_trips_every_column_kind_exactly(cache_dir):
+    frame = pd.DataFrame(
+        {
+            "f": [1.5, np.nan, -0.0],
+            "i": np.array([1, -2, 3], dtype=np.int32),
+            "b": [True, False, True],
+            "s": pd.array(["x", None, "y"], dtype="str"),
+            "o": pd.Series(["a", None, np.nan], dtype=object),
+            "c": pd.Categorical(["k", "l", None], categories=["l", "k"]),
+        },
+        index=pd.RangeIndex(10, 16, 2),
+    )
+    frame["o"] = pd.Series(["a", None, np.nan], dtype=object, index=frame.index)
+    assert frame["o"].dtype == object
+    empty = pd.DataFrame({"start": pd.Series(dtype=object), "n": pd.Series(dtype=np.int64)})
+    value = {"map": {(1, 2): "t", 3: [1.0, float("nan"), float("inf")]}, "t": (None, True)}
+    original = Holder("a", frame, empty, value)
+    entry = cache._Entry(cache_dir / f"x{cache.SUFFIX}", "trace")
+    assert entry._write(original)
+    back = entry._read(Holder, "b")
+    assert back.path == "b"
+    pd.testing.assert_frame_equal(back.frame, frame, check_exact=True, check_index_type=True)
+    assert list(map(type, back.frame["o"])) == [str, type(None), float]
+    assert back.frame["c"].cat.categories.tolist() == ["l", "k"]
+    pd.testing.assert_frame_equal(back.empty, empty, check_index_type=True)
+    assert back.value["map"][(1, 2)] == "t" and back.value["t"] == (None, True)
+    assert np.isnan(back.value["map"][3][1]) and back.value["map"][3][2] == float("inf")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pd.DataFrame({"x": [1, 2]}, index=[5, 7]),  # not a RangeIndex
+        pd.DataFrame({"x": np.array([1, "a"], dtype=object)}),  # objects other than str
+        pd.DataFrame({0: [1.0]}),  # a non-string column name
+    ],
+)
+def test_what_the_format_cannot_hold_is_not_written(cache_dir, bad):
+    entry = cache._Entry(cache_dir / f"x{cache.SUFFIX}", "trace")
+    assert not entry._write(Holder("a", bad, bad.iloc[:0], None))
+    assert not entry._write(Holder("a", pd.DataFrame(), pd.DataFrame(), {1, 2}))  # a set
+    assert not entries(cache_dir) and not list(cache_dir.glob(".tmp-*"))
+
+
+# --- where, when, how much ------------------------------------------------------------------
 
 
 def test_off_by_default_under_pytest_and_by_env(tmp_path, monkeypatch, trace_file):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("FSDP_TRACE_CACHE_DIR", raising=False)
-    assert "PYTEST_CURRENT_TEST" in __import__("os").environ
+    assert "PYTEST_CURRENT_TEST" in os.environ
     assert not cache.enabled()
     load_trace(trace_file)
+    analyze(trace_file)
     assert not (tmp_path / "home").exists() and not (tmp_path / "xdg").exists()
     monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(tmp_path / "c"))
     assert cache.enabled()
     monkeypatch.setenv("FSDP_TRACE_CACHE", "0")
     assert not cache.enabled()
     load_trace(trace_file)
+    analyze(trace_file)
     assert not (tmp_path / "c").exists()
 
 
@@ -173,6 +421,7 @@ def test_unwritable_cache_dir_is_not_an_error(tmp_path, monkeypatch, trace_file)
     blocker.write_text("a file where the cache folder should be")
     monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(blocker / "cache"))
     assert len(load_trace(trace_file).events) > 0
+    assert len(analyze(trace_file).steps) == 5
     assert not list(tmp_path.glob(".tmp-*"))
 
 
@@ -185,16 +434,151 @@ def test_default_location(monkeypatch, tmp_path):
     assert cache.directory() == tmp_path / "h" / ".cache" / "fsdp-trace"
 
 
-def test_size_budget_evicts_the_oldest(cache_dir, tmp_path, monkeypatch):
+def _small_traces(tmp_path, n: int) -> list:
     paths = []
-    for i in range(3):
+    for i in range(n):
         b = TraceBuilder()
         b.step(1, 0, 1000)
         b.kernel(f"gemm{i}", 100, 100, launch_ts=5)
         paths.append(b.write(tmp_path / f"t{i}.json"))
+    return paths
+
+
+def test_size_budget_evicts_the_least_recently_used(cache_dir, tmp_path, monkeypatch):
+    paths = _small_traces(tmp_path, 3)
+    files = [cache.TraceEntry.for_file(p).file for p in paths]
     load_trace(paths[0])
-    one = entries(cache_dir)[0].stat().st_size
-    monkeypatch.setenv("FSDP_TRACE_CACHE_MAX_GB", str(2.5 * one / 1024**3))
     load_trace(paths[1])
+    written = time.time() - 100
+    os.utime(files[0], (written, written))  # written first...
+    os.utime(files[1], (written + 10, written + 10))
+    no_parsing(monkeypatch)
+    load_trace(paths[0])  # ...but read last: the second is now the least recently used
+    monkeypatch.undo()
+    monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("FSDP_TRACE_CACHE_MAX_GB", str(2.5 * files[0].stat().st_size / 1024**3))
     load_trace(paths[2])
-    assert len(entries(cache_dir)) == 2
+    assert entries(cache_dir) == sorted([files[0], files[2]])
+
+
+def test_temporary_files_old_are_deleted_young_are_counted(cache_dir, tmp_path, monkeypatch):
+    paths = _small_traces(tmp_path, 2)
+    load_trace(paths[0])
+    (entry,) = entries(cache_dir)
+    stale = cache_dir / ".tmp-crashed"
+    stale.write_bytes(b"x" * 1000)
+    hour_ago = time.time() - 2 * cache.TMP_MAX_AGE_S
+    os.utime(stale, (hour_ago, hour_ago))
+    young = cache_dir / ".tmp-writing"
+    young.write_bytes(b"x" * 10 * entry.stat().st_size)
+    assert cache.info().temporary == 2
+    # The young file (another process writing) stays and counts: the budget leaves room
+    # for it plus one entry, so the older entry goes.
+    budget = young.stat().st_size + 1.5 * entry.stat().st_size
+    monkeypatch.setenv("FSDP_TRACE_CACHE_MAX_GB", str(budget / 1024**3))
+    os.utime(entry, (hour_ago, hour_ago))
+    load_trace(paths[1])
+    assert not stale.exists() and young.exists()
+    assert entries(cache_dir) != [] and entry not in entries(cache_dir)
+
+
+def test_info_and_clear(cache_dir, trace_file, tmp_path):
+    assert cache.clear() == (0, 0)  # no folder yet
+    api.analyze_file(trace_file)
+    (cache_dir / ".tmp-x").write_bytes(b"12345")
+    foreign = cache_dir / "notes.txt"
+    foreign.write_text("not ours")
+    info = cache.info()
+    sizes = sum(p.stat().st_size for p in cache_dir.iterdir() if p != foreign)
+    assert (info.traces, info.analyses, info.other_versions, info.temporary) == (1, 1, 0, 1)
+    assert info.total_bytes == sizes and info.directory == cache_dir and info.enabled
+    assert info.max_bytes == 20 * 1024**3
+    assert str(cache_dir) in info.lines()[0]
+    assert cache.clear() == (3, sizes)
+    assert list(cache_dir.iterdir()) == [foreign]  # only the cache's own files go
+    assert cache.info().total_bytes == 0
+
+
+# --- raw size of gzip files (progress bar, two-process decode) ------------------------------
+
+
+def _fake_gzip(path, stored: int, isize: int):
+    """A sparse file with gzip's magic and an ISIZE trailer: all `raw_size` reads."""
+    with open(path, "wb") as fh:
+        fh.write(b"\x1f\x8b\x08\x00")
+        fh.truncate(stored - 4)
+        fh.seek(stored - 4)
+        fh.write(struct.pack("<I", isize % (1 << 32)))
+    return path
+
+
+def test_raw_size_reads_gzip_isize(tmp_path):
+    assert loader.raw_size(SAMPLE) == len(gzip.decompress(SAMPLE.read_bytes()))
+    plain = tmp_path / "a.json"
+    plain.write_bytes(b"[]" * 100)
+    assert loader.raw_size(plain) == 200
+    assert loader.raw_size(_fake_gzip(tmp_path / "b.gz", 40 << 20, 450 << 20)) == 450 << 20
+    # 12 GB of JSON in 1 GB of gzip: ISIZE wrapped around 4 GiB twice.
+    big = _fake_gzip(tmp_path / "c.gz", 1 << 30, 12 * 10**9)
+    assert loader.raw_size(big) == 12 * 10**9
+    assert loader.raw_size(tmp_path / "missing.gz") == 0
+
+
+def test_progress_bar_threshold_is_the_raw_size(tmp_path, monkeypatch):
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, text: str) -> int:
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("sys.stderr", Terminal())
+    monkeypatch.delenv("FSDP_TRACE_QUIET", raising=False)
+    packed = _fake_gzip(tmp_path / "big.json.gz", 6 << 20, 60 << 20)  # 6 MB on disk
+    assert loader._ProgressBar(packed, None).progress is not None
+    small = _fake_gzip(tmp_path / "small.json.gz", 1 << 20, 10 << 20)
+    assert loader._ProgressBar(small, None).progress is None
+    assert loader._parallel_worth_it(packed) is False  # 60 MB: one process
+    huge = _fake_gzip(tmp_path / "huge.json.gz", 40 << 20, 400 << 20)
+    assert loader._parallel_worth_it(huge) is ((os.cpu_count() or 1) >= 2)
+
+
+def test_json_header_of_an_entry_is_plain_json(cache_dir, trace_file):
+    """No pickle anywhere: the header is JSON, the rest raw arrays it describes."""
+    load_trace(trace_file)
+    (entry,) = entries(cache_dir)
+    data = entry.read_bytes()
+    magic, _, size = cache._PREFIX.unpack_from(data)
+    assert magic == cache.MAGIC
+    header = json.loads(data[cache._PREFIX.size : cache._PREFIX.size + size])
+    assert set(header["fields"]) == {f.name for f in dataclasses.fields(loader.Trace)}
+    assert header["kind"] == "trace"
+    end = max(o + np.dtype(d).itemsize * n for o, d, n in header["arrays"])
+    assert cache._PREFIX.size + size + end <= len(data) < cache._PREFIX.size + size + end + 64
+
+
+def test_rank_analysis_fields_are_all_stored(cache_dir, trace_file):
+    api.analyze_file(trace_file)
+    (entry,) = entries(cache_dir, "analysis")
+    data = entry.read_bytes()
+    _, _, size = cache._PREFIX.unpack_from(data)
+    header = json.loads(data[cache._PREFIX.size : cache._PREFIX.size + size])
+    assert set(header["fields"]) == {f.name for f in dataclasses.fields(RankAnalysis)}
+
+
+
+def test_cache_commands_show_and_clear_the_folder(cache_dir, trace_file):
+    """`fsdp-trace cache info|clear` on a cache that holds one analysed trace."""
+    api.analyze_file(trace_file, cache=True)
+    assert len(entries(cache_dir)) == 2  # the parsed columns and the analysis
+    shown = run_cli("cache", "info")
+    assert shown.returncode == 0, shown.stderr
+    assert str(cache_dir) in shown.stdout
+    assert "1 parsed traces, 1 analyses of this version" in shown.stdout
+    cleared = run_cli("cache", "clear")
+    assert cleared.returncode == 0, cleared.stderr
+    assert "deleted 2 files" in cleared.stdout
+    assert entries(cache_dir) == []

@@ -4,20 +4,23 @@ against serial. No timing here: benchmarks/bench_vs_hta.py measures speed."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import importlib.util
 import json
 import re
 import sys
+import weakref
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pandas as pd
 import pytest
 
-from fsdp_trace.analyze import analyze, loader
+from fsdp_trace.analyze import analyze, api, loader
 from fsdp_trace.analyze.loader import load_trace
 from fsdp_trace.analyze.rank import analyze_trace
 from tests.conftest import REPO, SAMPLES
@@ -272,9 +275,28 @@ def test_bare_list_layout_still_loads(tmp_path):
 # --- parallel analysis ----------------------------------------------------------------------
 
 
-def test_parallel_ranks_equal_serial():
+class _NoPool:
+    def __init__(self, *args, **kwargs):
+        raise AssertionError("a worker pool was started")
+
+
+def test_small_inputs_start_no_pool(monkeypatch):
+    """A few small traces are analyzed here, not by `--jobs` workers (whose interpreters
+    would cost more memory than the second core saves time)."""
+    import concurrent.futures
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _NoPool)
+    result = analyze(SAMPLES / "gpt-small-2gpu", jobs=2, cache=False)
+    assert len(result.ranks) == 2
+    monkeypatch.setattr(api, "POOL_MIN_BYTES", 0)
+    with pytest.raises(AssertionError, match="pool was started"):
+        analyze(SAMPLES / "gpt-small-2gpu", jobs=2, cache=False)
+
+
+def test_parallel_ranks_equal_serial(monkeypatch):
     run = SAMPLES / "gpt-small-2gpu"
     serial = analyze(run, jobs=1, cache=False)
+    monkeypatch.setattr(api, "POOL_MIN_BYTES", 0)  # workers even for the small samples
     parallel = analyze(run, jobs=2, cache=False)
     assert [r.path for r in serial.ranks + serial.detailed] == [
         r.path for r in parallel.ranks + parallel.detailed
@@ -285,3 +307,65 @@ def test_parallel_ranks_equal_serial():
         for attr in ("steps", "collectives", "blocks", "kernels", "exposed", "compute_phases"):
             pd.testing.assert_frame_equal(getattr(a, attr), getattr(b, attr), check_exact=True)
         assert (a.streams, a.notices, a.rank) == (b.streams, b.notices, b.rank)
+
+
+def test_one_traces_events_at_a_time(monkeypatch):
+    """With one job, a rank's parsed events (its Trace, the events frame and their column
+    arrays) are freed, by reference counting alone, before the next trace is loaded: the
+    results keep copies of the few columns they need, never the events."""
+    alive: list[weakref.ref] = []
+    real = api.load_trace
+
+    def tracking(*args, **kwargs):
+        left = [r() for r in alive if r() is not None]
+        assert not left, f"{len(left)} objects of an earlier trace are still alive"
+        trace = real(*args, **kwargs)
+        alive.append(weakref.ref(trace))
+        alive.append(weakref.ref(trace.events))
+        for column in ("ts", "end", "correlation", "name"):
+            values = trace.events[column].array
+            alive.append(weakref.ref(values))
+            base = getattr(values, "_ndarray", getattr(values, "codes", None))
+            while isinstance(base, np.ndarray):  # the buffer behind the column
+                alive.append(weakref.ref(base))
+                base = base.base
+        return trace
+
+    monkeypatch.setattr(api, "load_trace", tracking)
+    gc.disable()  # freed by reference counting, not by a later collection
+    try:
+        result = analyze(SAMPLES / "gpt-small-2gpu", jobs=1, cache=False)
+        assert not [r for r in alive if r() is not None]
+    finally:
+        gc.enable()
+    assert len(result.ranks) == 2 and len(result.detailed) == 2
+    assert len(alive) >= 4 * 6  # 4 traces, each with its frame and column buffers
+
+
+def test_ranks_share_one_period_and_stay_aligned(tmp_path):
+    """Ranks made from different sources (rank 0 and rank 1 of a real capture, whose spans
+    differ) get the same period and replica count, so each replica's steps keep the
+    capture's offsets between ranks instead of drifting by the spans' difference."""
+    out = tmp_path / "aligned"
+    source = SAMPLES / "gpt-small-2gpu"
+    _generator().main(
+        ["--source", str(source), "--replicas", "3", "--ranks", "2", "--out", str(out)]
+    )
+
+    def step_starts(path: Path) -> dict[int, Decimal]:
+        return {
+            int(e["name"].split("#")[1]): e["ts"]
+            for e in _events(path)
+            if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+        }
+
+    src = [step_starts(source / f"rank{r}.timing.json.gz") for r in (0, 1)]
+    got = [step_starts(out / f"rank{r}.json") for r in (0, 1)]
+    n = len(src[0])
+    assert len(src[1]) == n and len(got[0]) == len(got[1]) == 3 * n
+    for step in got[0]:
+        original = (step - 1) % n + 1
+        assert got[1][step] - got[0][step] == src[1][original] - src[0][original]
+    # Replica k is k periods after the source, the same period for both ranks.
+    period = got[0][n + 1] - src[0][1]
+    assert got[1][n + 1] - src[1][1] == period

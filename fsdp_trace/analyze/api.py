@@ -8,6 +8,7 @@ per-rank traces, get an `Analysis` back (dataclasses holding DataFrames).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdp_trace.analyze.loader import load_trace
+from fsdp_trace.analyze import cache as cache_mod
+from fsdp_trace.analyze.loader import load_trace, rank_from_name, raw_size
 from fsdp_trace.analyze.rank import Expectations, analyze_trace
 from fsdp_trace.analyze.results import Analysis, RankAnalysis
 from fsdp_trace.errors import UserError
@@ -97,11 +99,60 @@ def analyze_file(
 ) -> RankAnalysis:
     """Load and analyze one trace file (used per rank, also by parallel workers).
 
-    `cache`: reuse the parsed columns of an unchanged file (see `fsdp_trace.analyze.cache`);
-    `progress`: a loading bar on stderr (None: for large files when stderr is a terminal);
-    `parallel`: decode a large file with two processes (None: when it is large)."""
-    trace = load_trace(path, cache=cache, progress=progress, parallel=parallel)
-    return analyze_trace(trace, Expectations.from_run(run), source)
+    `cache`: reuse the analysis (else the parsed columns) of an unchanged file, and store
+    them (see `fsdp_trace.analyze.cache`); `progress`: a loading bar on stderr (None: for
+    large files when stderr is a terminal); `parallel`: decode a large file with two
+    processes (None: when it is large).
+
+    Only one trace's parsed events live here, and only until its analysis is done: the
+    result holds copies of the few columns it keeps, never the events."""
+    lookup = _Lookup.of(Path(path), run, source, cache)
+    if lookup.hit is not None:
+        return lookup.hit
+    return lookup.compute(progress=progress, parallel=parallel)
+
+
+@dataclasses.dataclass
+class _Lookup:
+    """One trace's analysis looked up in the cache: the hit, or what computing it needs."""
+
+    path: Path
+    expectations: Expectations
+    source: str
+    cache: bool
+    entry: cache_mod.AnalysisEntry | None = None
+    content: str | None = None  # the file's content hash, shared with the parsed-trace entry
+    hit: RankAnalysis | None = None
+
+    @classmethod
+    def of(cls, path: Path, run: dict | None, source: str, cache: bool) -> _Lookup:
+        lookup = cls(path, Expectations.from_run(run), source, cache)
+        if not (cache and cache_mod.enabled() and path.is_file()):
+            return lookup
+        try:
+            lookup.content = cache_mod.content_hash(path)
+        except OSError:
+            return lookup  # the loader reports unreadable files
+        params = {
+            "expectations": dataclasses.asdict(lookup.expectations),
+            "source": source,
+            "rank_from_name": rank_from_name(path),  # the rank when the trace names none
+        }
+        lookup.entry = cache_mod.AnalysisEntry.for_file(path, params, lookup.content)
+        if lookup.entry is not None:
+            lookup.hit = lookup.entry.load(path)
+        return lookup
+
+    def compute(self, progress: bool | None = None, parallel: bool | None = None) -> RankAnalysis:
+        """Load, analyze, and store the result when caching."""
+        trace = load_trace(
+            self.path, cache=self.cache, progress=progress, parallel=parallel, content=self.content
+        )
+        result = analyze_trace(trace, self.expectations, self.source)
+        del trace  # before the entry is written: its events are not needed any more
+        if self.entry is not None:
+            self.entry.store(result)
+        return result
 
 
 def analyze(
@@ -143,34 +194,47 @@ def analyze(
     )
 
 
+# Worker processes pay off only for this much uncached JSON in all: below it, a pool's
+# interpreters (~60 MB of RSS each) cost more than the second core saves (shipped samples:
+# `--jobs 2` 1.04-1.13x faster, 2.2x the memory; benchmarks/results/speed.md).
+POOL_MIN_BYTES = 64 << 20
+
+
 def _run_all(
     work: list[tuple[TraceInput, dict | None]], jobs: int, cache: bool = True
 ) -> list[RankAnalysis]:
     """Every trace's analysis, in the order of `work`.
 
-    In parallel, each worker process loads and analyzes one trace at a time (decoding it
-    alone), so memory holds at most `jobs` traces' parsed events; results come back in
-    submission order. With one job, a large file is decoded by two processes instead."""
-    jobs = max(1, min(jobs, len(work)))
-    if jobs == 1:
-        return [analyze_file(t.path, run, t.source, cache=cache) for t, run in work]
+    Cached analyses are read here first. The rest: in parallel, each worker process loads
+    and analyzes one trace at a time (decoding it alone), so memory holds at most `jobs`
+    traces' parsed events; results come back in submission order. With one job (or little
+    to do), one at a time here, a large file decoded by two processes instead."""
+    lookups = [_Lookup.of(t.path, run, t.source, cache) for t, run in work]
+    results: list[RankAnalysis | None] = [lookup.hit for lookup in lookups]
+    todo = [i for i, lookup in enumerate(lookups) if lookup.hit is None]
+    raw = {i: raw_size(work[i][0].path) for i in todo}
+    jobs = max(1, min(jobs, len(todo)))
+    if jobs == 1 or sum(raw.values()) < POOL_MIN_BYTES:
+        for i in todo:
+            results[i] = lookups[i].compute()
+        return results  # type: ignore[return-value]
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    results: list[RankAnalysis | None] = [None] * len(work)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {
-            pool.submit(
-                analyze_file, t.path, run, t.source, cache=cache, progress=False, parallel=False
-            ): i
-            for i, (t, run) in enumerate(work)
-        }  # workers are forked here, before the progress bar starts its thread
-        progress = _Progress(sum(_size(t.path) for t, _ in work), "traces")
+        # Workers are forked here, before the progress bar starts its thread; each gets the
+        # lookup (parameters, cache entry, content hash: the file is not hashed again).
+        futures = {pool.submit(_compute_in_worker, lookups[i]): i for i in todo}
+        progress = _Progress(sum(_size(work[i][0].path) for i in todo), sum(raw.values()), "traces")
         with progress:
             for future in as_completed(futures):
                 i = futures[future]
                 results[i] = future.result()
                 progress.advance(_size(work[i][0].path))
     return results  # type: ignore[return-value]
+
+
+def _compute_in_worker(lookup: _Lookup) -> RankAnalysis:
+    return lookup.compute(progress=False, parallel=False)
 
 
 def _size(path: Path) -> int:
@@ -181,9 +245,11 @@ def _size(path: Path) -> int:
 
 
 class _Progress:
-    """Bytes of traces analyzed so far, on stderr, for large inputs on a terminal."""
+    """Bytes of traces analyzed so far, on stderr, for large inputs on a terminal.
+    `total`: the files' sizes on disk (what the bar counts); `raw`: their bytes of JSON
+    (what decides whether the input is large)."""
 
-    def __init__(self, total: int, what: str) -> None:
+    def __init__(self, total: int, raw: int, what: str) -> None:
         import os
         import sys
 
@@ -191,7 +257,7 @@ class _Progress:
 
         self.bar = None
         if (
-            total > PROGRESS_MIN_BYTES
+            raw > PROGRESS_MIN_BYTES
             and sys.stderr.isatty()
             and not os.environ.get("FSDP_TRACE_QUIET")
         ):

@@ -1,50 +1,77 @@
-"""A cache of parsed traces: the loader's columns, keyed by the trace file's content.
+"""A cache of parsed traces and of their analysis, keyed by the trace file's content.
+
+Two kinds of entry per trace file: the loader's columns (`Trace`), and one rank's analysis
+(`RankAnalysis`) for given expectations (run.json's reshard settings) and source. A second
+`analyze` of an unchanged file reads its analysis back and parses nothing; a `load_trace`
+(Perfetto view, HTA cross-check) reads the columns back.
 
 Where: $FSDP_TRACE_CACHE_DIR, else ~/.cache/fsdp-trace (under $XDG_CACHE_HOME when set).
-Off: `load_trace(..., cache=False)` / `fsdp-trace analyze --no-cache`, or FSDP_TRACE_CACHE=0.
+Off: `analyze(..., cache=False)` / `fsdp-trace analyze --no-cache`, or FSDP_TRACE_CACHE=0.
 Under pytest (PYTEST_CURRENT_TEST is set) the cache is off unless FSDP_TRACE_CACHE_DIR names
 a directory, so a test run never writes to the user's home.
+Size: FSDP_TRACE_CACHE_MAX_GB (default 20); beyond it the least recently used entries go.
 
-Key: a hash of the file's bytes (xxh3-128 when the `xxhash` package is installed, ~0.05 s per
-GB; else BLAKE2b) and its size, plus the loader's FORMAT_VERSION, so a changed file or a changed
-loader never reads a stale entry. An entry is one file, written under a temporary name and
-renamed into place (atomic): a small JSON header (the trace's metadata and column layout)
-followed by the raw column arrays, read back with one read and no parsing. No pickle: a
-corrupt or foreign entry can only fail to load, and then it is ignored and rewritten.
+Key: a hash of the file's bytes (xxh3-128, ~0.1 s per GB from the page cache; BLAKE2b without
+the `xxhash` package) and its size, plus the code version: fsdp-trace's version, the versions of
+numpy, pandas and msgspec, and a hash of the source files that produce the entry (the loader
+and this module for parsed columns, the whole analysis package for results). A changed file or
+changed code never reads a stale entry; entries of other versions are left alone (two installed
+versions can share the folder) until the size budget evicts them.
+
+An entry is one file, written under a temporary name and renamed into place (atomic): a prefix
+with a checksum (xxh3-64 of everything after it), a JSON header (the object's plain fields and
+the column layout of its DataFrames), then the raw column arrays, read back with one read and no
+parsing. No pickle: a corrupt or foreign entry can only fail to load (the checksum catches any
+flipped byte), and then it is ignored and rewritten.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import json
+import math
 import os
 import struct
 import tempfile
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import msgspec
 import numpy as np
 import pandas as pd
 
 from fsdp_trace.analyze import loader
 
-MAGIC = b"FSDPTRC\x00"
+MAGIC = b"FSDPTRC\x03"
+_PREFIX = struct.Struct("<8sQQ")  # magic, checksum of the rest, header length (padded)
 _ALIGN = 64
-MAX_BYTES_DEFAULT = 20 * 1024**3  # entries beyond this total are evicted, oldest first
+SUFFIX = ".fsdptrace"
+TMP_PREFIX = ".tmp-"
+TMP_MAX_AGE_S = 3600.0  # older temporary files are a crashed writer's: deleted
+MAX_GB_DEFAULT = 20.0
 
-try:  # optional: much faster than hashlib on large traces
+try:  # a declared dependency; the fallback keeps a broken install working, only slower
     import xxhash
 
-    def _hasher():
+    def _content_hasher():
         return xxhash.xxh3_128()
+
+    def _checksum_hasher():
+        return xxhash.xxh3_64()
 
     HASH_NAME = "xxh3"
 except ImportError:  # pragma: no cover - depends on the environment
 
-    def _hasher():
+    def _content_hasher():
         return hashlib.blake2b(digest_size=16)
+
+    def _checksum_hasher():
+        return hashlib.blake2b(digest_size=8)
 
     HASH_NAME = "b2b"
 
@@ -64,10 +91,19 @@ def directory() -> Path:
     return Path(base) / "fsdp-trace"
 
 
+def max_bytes() -> int:
+    """The size budget: FSDP_TRACE_CACHE_MAX_GB (default 20 GB)."""
+    try:
+        gb = float(os.environ.get("FSDP_TRACE_CACHE_MAX_GB", MAX_GB_DEFAULT))
+    except ValueError:
+        gb = MAX_GB_DEFAULT
+    return int(max(gb, 0.0) * 1024**3) if math.isfinite(gb) else int(MAX_GB_DEFAULT * 1024**3)
+
+
 def content_hash(path: Path) -> str:
-    """Hash of the file's bytes, read in blocks into one reused buffer (~0.2 s per GB from
+    """Hash of the file's bytes, read in blocks into one reused buffer (~0.1 s per GB from
     the page cache; memory-mapping pays a page fault per 4 KiB instead)."""
-    hasher = _hasher()
+    hasher = _content_hasher()
     buffer = bytearray(1 << 20)
     view = memoryview(buffer)
     size = 0
@@ -78,22 +114,48 @@ def content_hash(path: Path) -> str:
     return f"{HASH_NAME}-{hasher.hexdigest()}-{size}"
 
 
-@dataclass
-class Entry:
-    """The cache entry of one trace file's content."""
+@functools.cache
+def code_version(kind: str) -> str | None:
+    """What produces an entry of `kind` ("trace" or "analysis"): package and library versions
+    and a hash of the source files; None (no caching) when the sources cannot be read."""
+    from fsdp_trace import __version__
+
+    hasher = _checksum_hasher()
+    versions = (__version__, loader.FORMAT_VERSION, np.__version__, pd.__version__)
+    hasher.update(repr((*versions, msgspec.__version__, kind)).encode())
+    try:
+        for file in _sources(kind):
+            hasher.update(file.name.encode() + b"\0" + file.read_bytes())
+    except OSError:
+        return None
+    return hasher.hexdigest()[:16]
+
+
+def _sources(kind: str) -> list[Path]:
+    """The source files whose code shapes an entry of `kind`."""
+    package = Path(__file__).resolve().parent
+    if kind == "trace":
+        return [package / "loader.py", package / "cache.py"]
+    return sorted(package.glob("*.py"))  # the loader, the analysis, the results' classes
+
+
+class _Unsupported(TypeError):
+    """A value this format does not store exactly: the entry is not written."""
+
+
+# --- entries ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Entry:
+    """One cache file; `kind` names what it holds."""
 
     file: Path
+    kind: str
 
-    @classmethod
-    def for_file(cls, path: Path) -> Entry | None:
-        try:
-            key = content_hash(path)
-        except OSError:
-            return None  # the loader reports unreadable files
-        return cls(directory() / f"v{loader.FORMAT_VERSION}-{key}.fsdptrace")
-
-    def load(self, path: Path) -> loader.Trace | None:
-        """The cached trace, or None (missing, corrupt or of another format)."""
+    def _read(self, cls: type, path: Path) -> Any | None:
+        """The cached object (its `path` set to `path`), or None: missing, corrupt, of other
+        code, or failing its checksum."""
         try:
             with open(self.file, "rb", buffering=0) as fh:
                 data = np.empty(os.fstat(fh.fileno()).st_size, dtype=np.uint8)  # not zeroed
@@ -102,152 +164,432 @@ class Entry:
         except OSError:
             return None
         try:
-            trace = _decode(data, path)
-        except Exception:  # corrupt entry: ignore it; the caller parses and rewrites it
+            obj = _decode(data, cls, self.kind)
+        except Exception:  # corrupt entry: ignore it; the caller recomputes and rewrites it
             return None
+        obj.path = str(path)
         with contextlib.suppress(OSError):
             os.utime(self.file)  # recently used: evicted last
-        return trace
+        return obj
 
-    def store(self, trace: loader.Trace) -> bool:
+    def _write(self, obj: Any) -> bool:
         """Write the entry atomically; False (and nothing left behind) when it cannot."""
         tmp = None
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.file.parent)
+            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=self.file.parent)
             with os.fdopen(fd, "wb") as fh:
-                _encode(trace, fh)
+                _encode(obj, self.kind, fh)
             os.replace(tmp, self.file)
             tmp = None
-        except (OSError, ValueError, TypeError):  # unwritable place or unexpected column
-            return False
+        except (OSError, ValueError, TypeError, OverflowError, msgspec.EncodeError):
+            return False  # unwritable place, or a value the format does not hold
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-        _evict(self.file.parent, keep=self.file)
+        evict(self.file.parent, keep=self.file)
         return True
 
 
-def _column_layout(frame: pd.DataFrame) -> list[tuple[str, str, np.ndarray, list[str] | None]]:
-    layout = []
-    for name in frame.columns:
-        column = frame[name]
-        if isinstance(column.dtype, pd.CategoricalDtype):
-            values = column.array
-            categories = [str(c) for c in values.categories]
-            layout.append((name, "cat", np.ascontiguousarray(values.codes), categories))
+class TraceEntry(_Entry):
+    """The parsed columns of one trace file's content."""
+
+    @classmethod
+    def for_file(cls, path: Path, content: str | None = None) -> TraceEntry | None:
+        """The entry of `path`'s content (`content`: its `content_hash`, when known)."""
+        code = code_version("trace")
+        if code is None:
+            return None
+        try:
+            content = content or content_hash(path)
+        except OSError:
+            return None  # the loader reports unreadable files
+        return cls(directory() / f"trace-{code}-{content}{SUFFIX}", "trace")
+
+    def load(self, path: Path) -> loader.Trace | None:
+        return self._read(loader.Trace, path)
+
+    def store(self, trace: loader.Trace) -> bool:
+        return self._write(trace)
+
+
+class AnalysisEntry(_Entry):
+    """One rank's analysis of one trace file's content, for given analysis parameters."""
+
+    @classmethod
+    def for_file(
+        cls, path: Path, params: dict[str, Any], content: str | None = None
+    ) -> AnalysisEntry | None:
+        """The entry of `path`'s content analyzed with `params` (JSON-able: expectations,
+        source, the rank the file name gives)."""
+        code = code_version("analysis")
+        if code is None:
+            return None
+        try:
+            content = content or content_hash(path)
+        except OSError:
+            return None
+        hasher = _checksum_hasher()
+        hasher.update(json.dumps(params, sort_keys=True, default=repr).encode())
+        name = f"analysis-{code}-{content}-{hasher.hexdigest()[:16]}{SUFFIX}"
+        return cls(directory() / name, "analysis")
+
+    def load(self, path: Path):  # -> RankAnalysis | None
+        from fsdp_trace.analyze.results import RankAnalysis
+
+        return self._read(RankAnalysis, path)
+
+    def store(self, result) -> bool:
+        return self._write(result)
+
+
+# --- the file format ------------------------------------------------------------------------
+
+
+def _encode(obj: Any, kind: str, fh: BinaryIO) -> None:
+    """Prefix, JSON header, then every DataFrame column's array, each 64-byte aligned."""
+    arrays: list[np.ndarray] = []
+    fields: dict[str, Any] = {}
+    for spec in dataclasses.fields(obj):
+        value = getattr(obj, spec.name)
+        if isinstance(value, pd.DataFrame):
+            fields[spec.name] = {"frame": _encode_frame(value, arrays)}
         else:
-            layout.append((name, "num", np.ascontiguousarray(column.to_numpy()), None))
-    return layout
-
-
-def _encode(trace: loader.Trace, fh) -> None:
-    layout = _column_layout(trace.events)
-    offset = 0
-    columns = []
-    for name, kind, values, categories in layout:
-        columns.append(
-            {
-                "name": name,
-                "kind": kind,
-                "dtype": values.dtype.str,
-                "offset": offset,
-                "count": int(values.size),
-                "categories": categories,
-            }
-        )
+            fields[spec.name] = {"value": _to_json(value)}
+    layout, offset = [], 0
+    for values in arrays:
+        layout.append([offset, values.dtype.str, int(values.size)])
         offset += -(-values.nbytes // _ALIGN) * _ALIGN
-    meta = {
-        "format": loader.FORMAT_VERSION,
-        "rows": len(trace.events),
-        "columns": columns,
-        "payload": offset,
-        "rank": trace.rank,
-        "world_size": trace.world_size,
-        "distributed": trace.distributed,
-        "device_properties": trace.device_properties,
-        "base_time_ns": trace.base_time_ns,
-        "thread_names": [[p, t, n] for (p, t), n in trace.thread_names.items()],
-        "process_names": [[p, n] for p, n in trace.process_names.items()],
-        "string_ids": trace.string_ids,
-        "raw_event_count": trace.raw_event_count,
-    }
-    header = json.dumps(meta).encode()
-    start = len(MAGIC) + 8 + len(header)
-    pad = -start % _ALIGN
-    fh.write(MAGIC + struct.pack("<Q", len(header) + pad) + header + b" " * pad)
-    for _, _, values, _ in layout:
-        fh.write(memoryview(values).cast("B"))
-        fh.write(b"\0" * (-values.nbytes % _ALIGN))
-
-
-def _decode(data: np.ndarray, path: Path) -> loader.Trace:
-    if data[: len(MAGIC)].tobytes() != MAGIC:
-        raise ValueError("not a cache entry")
-    (size,) = struct.unpack_from("<Q", data, len(MAGIC))
-    start = len(MAGIC) + 8
-    meta: dict[str, Any] = json.loads(bytes(data[start : start + size]))
-    base = start + size
-    if meta["format"] != loader.FORMAT_VERSION or base + meta["payload"] != len(data):
-        raise ValueError("wrong format or truncated")
-    rows = meta["rows"]
-    columns: dict[str, Any] = {}
-    for spec in meta["columns"]:
-        values = np.frombuffer(
-            data, dtype=np.dtype(spec["dtype"]), count=spec["count"], offset=base + spec["offset"]
-        )
-        if values.size != rows:
-            raise ValueError("column length")
-        if spec["kind"] == "cat":
-            columns[spec["name"]] = pd.Categorical.from_codes(
-                values, categories=pd.Index(spec["categories"], dtype=str)
-            )
-        else:
-            columns[spec["name"]] = values
-    return loader.Trace(
-        path=str(path),
-        events=pd.DataFrame(columns, copy=False),
-        rank=meta["rank"],
-        world_size=meta["world_size"],
-        distributed=meta["distributed"],
-        device_properties=meta["device_properties"],
-        base_time_ns=meta["base_time_ns"],
-        thread_names={(p, t): n for p, t, n in meta["thread_names"]},
-        process_names={p: n for p, n in meta["process_names"]},
-        string_ids=meta["string_ids"],
-        raw_event_count=meta["raw_event_count"],
+    header = msgspec.json.encode(
+        {"kind": kind, "code": code_version(kind), "fields": fields, "arrays": layout}
     )
+    header += b" " * (-(_PREFIX.size + len(header)) % _ALIGN)
+    checksum = _checksum_hasher()
+    fh.write(_PREFIX.pack(MAGIC, 0, len(header)))
+    for chunk in _chunks(header, arrays):
+        checksum.update(chunk)
+        fh.write(chunk)
+    fh.seek(0)
+    fh.write(_PREFIX.pack(MAGIC, checksum.intdigest(), len(header)))
 
 
-def _evict(folder: Path, keep: Path) -> None:
-    """Drop entries of other loader formats, then the oldest beyond the size budget."""
+def _chunks(header: bytes, arrays: list[np.ndarray]) -> Iterator[bytes | memoryview]:
+    yield header
+    for values in arrays:
+        yield memoryview(values).cast("B")
+        if values.nbytes % _ALIGN:
+            yield b"\0" * (-values.nbytes % _ALIGN)
+
+
+def _decode(data: np.ndarray, cls: type, kind: str) -> Any:
+    magic, checksum, size = _PREFIX.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError("not a cache entry")
+    hasher = _checksum_hasher()
+    hasher.update(memoryview(data)[_PREFIX.size :])
+    if hasher.intdigest() != checksum:
+        raise ValueError("checksum mismatch: a damaged entry")
+    start = _PREFIX.size
+    meta = msgspec.json.decode(bytes(data[start : start + size]))
+    if meta["kind"] != kind or meta["code"] != code_version(kind):
+        raise ValueError("an entry of another kind or code version")
+    base = start + size
+    arrays = []
+    for offset, dtype, count in meta["arrays"]:
+        arrays.append(np.frombuffer(data, dtype=np.dtype(dtype), count=count, offset=base + offset))
+    names = {f.name for f in dataclasses.fields(cls)}
+    if set(meta["fields"]) != names:
+        raise ValueError("fields differ")
+    values = {}
+    for name, spec in meta["fields"].items():
+        if "frame" in spec:
+            values[name] = _decode_frame(spec["frame"], arrays)
+        else:
+            values[name] = _from_json(spec["value"])
+    return cls(**values)
+
+
+def _encode_frame(frame: pd.DataFrame, arrays: list[np.ndarray]) -> dict[str, Any]:
+    index = frame.index
+    if not isinstance(index, pd.RangeIndex) or index.name is not None or frame.attrs:
+        raise _Unsupported("only frames with a plain RangeIndex are cached")
+    if not frame.columns.is_unique or not all(isinstance(c, str) for c in frame.columns):
+        raise _Unsupported("column names must be unique strings")
+    if isinstance(frame.columns, pd.RangeIndex):  # a frame without columns
+        names = {"range": [frame.columns.start, frame.columns.stop, frame.columns.step]}
+    else:
+        names = {"dtype": _dtype_spec(frame.columns.dtype)}
+    columns = []
+    for name in frame.columns:
+        spec = _encode_values(frame[name], arrays)
+        spec["name"] = name
+        columns.append(spec)
+    return {
+        "range": [index.start, index.stop, index.step],
+        "names": names,
+        "columns": columns,
+        "rows": len(frame),
+    }
+
+
+def _decode_frame(spec: dict[str, Any], arrays: list[np.ndarray]) -> pd.DataFrame:
+    rows = spec["rows"]
+    index = pd.RangeIndex(*spec["range"])
+    data = {}
+    for column in spec["columns"]:
+        values = _decode_values(column, arrays)
+        if len(values) != rows:
+            raise ValueError("column length")
+        if isinstance(values, np.ndarray) and values.dtype == object:
+            # A bare object array of strings would be inferred as the "str" dtype.
+            values = pd.Series(values, index=index, dtype=object, copy=False)
+        data[column["name"]] = values
+    frame = pd.DataFrame(data, index=index, copy=False)
+    names = spec["names"]
+    if "range" in names:
+        frame.columns = pd.RangeIndex(*names["range"])
+    else:
+        frame.columns = pd.Index(list(data), dtype=_dtype(names["dtype"]))
+    return frame
+
+
+def _dtype_spec(dtype: Any) -> dict[str, Any]:
+    """A dtype of strings or numbers, as JSON (what `_dtype` rebuilds)."""
+    if isinstance(dtype, pd.StringDtype):
+        na = "nan" if dtype.na_value is np.nan else "NA"
+        return {"type": "str", "storage": dtype.storage, "na": na}
+    if isinstance(dtype, np.dtype) and dtype.kind in "biufcO":
+        return {"type": "numpy", "dtype": dtype.str}
+    raise _Unsupported(f"dtype {dtype}")
+
+
+def _dtype(spec: dict[str, Any]) -> Any:
+    if spec["type"] == "str":
+        return pd.StringDtype(spec["storage"], na_value=np.nan if spec["na"] == "nan" else pd.NA)
+    return np.dtype(spec["dtype"])
+
+
+def _encode_values(values: pd.Series | pd.Index, arrays: list[np.ndarray]) -> dict[str, Any]:
+    """One column (or categories) as arrays + JSON: numbers raw, categoricals as codes and
+    categories, strings as codes into their distinct values."""
+    dtype = values.dtype
+    if isinstance(dtype, pd.CategoricalDtype):
+        arrays.append(np.ascontiguousarray(values.array.codes))
+        codes = len(arrays) - 1
+        categories = _encode_values(dtype.categories, arrays)
+        return {
+            "kind": "cat",
+            "codes": codes,
+            "categories": categories,
+            "ordered": bool(dtype.ordered),
+        }
+    if isinstance(dtype, np.dtype) and dtype.kind in "biufc":
+        arrays.append(np.ascontiguousarray(values.to_numpy()))
+        return {"kind": "num", "array": len(arrays) - 1}
+    if isinstance(dtype, pd.StringDtype) or (isinstance(dtype, np.dtype) and dtype.kind == "O"):
+        return _encode_strings(values, arrays)
+    raise _Unsupported(f"column dtype {dtype}")
+
+
+def _encode_strings(values: pd.Series | pd.Index, arrays: list[np.ndarray]) -> dict[str, Any]:
+    """Strings (and missing values) as int32 codes into their distinct values: -1 is the
+    dtype's missing value; object columns tell None (-1) from NaN (-2)."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    distinct = list(uniques)
+    if not all(isinstance(u, str) for u in distinct):
+        raise _Unsupported("a column of objects other than strings")
+    codes = codes.astype(np.int32)
+    spec: dict[str, Any] = {"kind": "str", "dtype": _dtype_spec(values.dtype), "values": distinct}
+    if isinstance(values.dtype, np.dtype):  # object: None and NaN are told apart
+        missing = np.flatnonzero(codes < 0)
+        if missing.size:
+            raw = np.asarray(values, dtype=object)[missing]
+            is_none = np.fromiter((v is None for v in raw), dtype=bool, count=raw.size)
+            is_nan = np.fromiter(
+                (isinstance(v, float) and v != v for v in raw), dtype=bool, count=raw.size
+            )
+            if not (is_none | is_nan).all():
+                raise _Unsupported("missing values other than None and NaN")
+            codes[missing[is_nan]] = -2
+    arrays.append(codes)
+    spec["codes"] = len(arrays) - 1
+    return spec
+
+
+def _decode_values(spec: dict[str, Any], arrays: list[np.ndarray]) -> Any:
+    kind = spec["kind"]
+    if kind == "num":
+        return arrays[spec["array"]]
+    if kind == "cat":
+        categories = pd.Index(_decode_values(spec["categories"], arrays))
+        return pd.Categorical.from_codes(
+            arrays[spec["codes"]], dtype=pd.CategoricalDtype(categories, spec["ordered"])
+        )
+    if kind == "str":
+        dtype = _dtype(spec["dtype"])
+        codes = arrays[spec["codes"]]
+        if isinstance(dtype, pd.StringDtype):
+            table = np.array([*spec["values"], dtype.na_value], dtype=object)
+            return pd.array(table[codes], dtype=dtype)  # code -1 reads the last: missing
+        table = np.array([*spec["values"], np.nan, None], dtype=object)
+        return table[codes]  # -1: None, -2: NaN
+    raise ValueError(f"unknown column kind {kind}")
+
+
+def _to_json(value: Any) -> Any:
+    """Plain values as JSON, tagged so that `_from_json` gives back the same types: dicts
+    (any hashable keys) and tuples are tagged, non-finite floats spelled out."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$f": repr(value)}
+    if isinstance(value, list):
+        return [_to_json(v) for v in value]
+    if isinstance(value, tuple):
+        return {"$t": [_to_json(v) for v in value]}
+    if isinstance(value, dict):
+        return {"$d": [[_to_json(k), _to_json(v)] for k, v in value.items()]}
+    if isinstance(value, np.bool_ | np.integer | np.floating):
+        return {"$np": value.dtype.str, "v": _to_json(value.item())}
+    raise _Unsupported(f"a value of type {type(value).__name__}")
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "$d" in value:
+        return {_from_json(k): _from_json(v) for k, v in value["$d"]}
+    if "$t" in value:
+        return tuple(_from_json(v) for v in value["$t"])
+    if "$f" in value:
+        return float(value["$f"])
+    if "$np" in value:
+        return np.dtype(value["$np"]).type(_from_json(value["v"]))
+    raise ValueError("unknown tag")
+
+
+# --- size budget, clearing, statistics ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _File:
+    path: str
+    name: str
+    size: int
+    used: float  # mtime: entries are touched when read
+
+
+def _files(folder: Path) -> list[_File]:
+    """The cache's files in `folder`: entries and temporary files, nothing else."""
+    found = []
     try:
-        budget = int(float(os.environ.get("FSDP_TRACE_CACHE_MAX_GB", "20")) * 1024**3)
-    except ValueError:
-        budget = MAX_BYTES_DEFAULT
-    prefix = f"v{loader.FORMAT_VERSION}-"
-    entries = []
-    try:
-        for item in os.scandir(folder):
-            if not item.name.endswith(".fsdptrace") or item.path == str(keep):
-                continue
-            try:
-                if not item.name.startswith(prefix):
-                    os.unlink(item.path)
+        with os.scandir(folder) as items:
+            for item in items:
+                if not (item.name.endswith(SUFFIX) or item.name.startswith(TMP_PREFIX)):
                     continue
-                stat = item.stat()
-            except OSError:
-                continue
-            entries.append((stat.st_mtime, stat.st_size, item.path))
-        total = sum(size for _, size, _ in entries) + keep.stat().st_size
+                with contextlib.suppress(OSError):
+                    stat = item.stat(follow_symlinks=False)
+                    found.append(_File(item.path, item.name, stat.st_size, stat.st_mtime))
     except OSError:
-        return
-    for _, size, name in sorted(entries):
+        pass
+    return found
+
+
+def evict(folder: Path | None = None, keep: Path | None = None) -> int:
+    """Delete temporary files older than an hour (a crashed writer's), then the least
+    recently used entries until the folder fits the size budget; entries of other versions
+    are treated like any other (never deleted for being foreign). Returns bytes freed."""
+    folder = folder or directory()
+    now = time.time()
+    freed = 0
+    kept: list[_File] = []
+    for item in _files(folder):
+        if item.name.startswith(TMP_PREFIX) and now - item.used > TMP_MAX_AGE_S:
+            with contextlib.suppress(OSError):
+                os.unlink(item.path)
+                freed += item.size
+                continue
+        kept.append(item)
+    total = sum(item.size for item in kept)  # young temporary files count, but stay
+    budget = max_bytes()
+    for item in sorted(kept, key=lambda f: f.used):
         if total <= budget:
             break
-        try:
-            os.unlink(name)
-            total -= size
-        except OSError:
-            pass
+        if item.name.startswith(TMP_PREFIX) or (keep is not None and item.path == str(keep)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(item.path)
+            total -= item.size
+            freed += item.size
+    return freed
+
+
+def clear(folder: Path | None = None) -> tuple[int, int]:
+    """Delete every entry and temporary file in the cache folder (other files are left);
+    returns (files deleted, bytes freed)."""
+    count = freed = 0
+    for item in _files(folder or directory()):
+        with contextlib.suppress(OSError):
+            os.unlink(item.path)
+            count += 1
+            freed += item.size
+    return count, freed
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheInfo:
+    """What the cache folder holds (`info()`)."""
+
+    directory: Path
+    enabled: bool  # on by default here (FSDP_TRACE_CACHE, pytest)
+    max_bytes: int  # the size budget
+    total_bytes: int  # entries and temporary files
+    traces: int  # parsed-trace entries this version reads
+    analyses: int  # analysis entries this version reads
+    other_versions: int  # entries of other versions or code: kept until evicted
+    temporary: int  # unfinished or abandoned writes
+
+    def lines(self) -> list[str]:
+        state = "on" if self.enabled else "off (FSDP_TRACE_CACHE=0, or under pytest)"
+        gib = 1024**3
+        return [
+            f"cache: {self.directory} ({state})",
+            f"size: {self.total_bytes / gib:.2f} GiB of {self.max_bytes / gib:.2f} GiB "
+            "(FSDP_TRACE_CACHE_MAX_GB)",
+            f"entries: {self.traces} parsed traces, {self.analyses} analyses of this version; "
+            f"{self.other_versions} of other versions; {self.temporary} temporary files",
+        ]
+
+
+def info(folder: Path | None = None) -> CacheInfo:
+    """Counts and sizes of the cache folder's entries."""
+    folder = folder or directory()
+    files = _files(folder)
+    current = {
+        kind: f"{kind}-{code}-" for kind in ("trace", "analysis") if (code := code_version(kind))
+    }
+    traces = analyses = other = temporary = 0
+    for item in files:
+        if item.name.startswith(TMP_PREFIX):
+            temporary += 1
+        elif "trace" in current and item.name.startswith(current["trace"]):
+            traces += 1
+        elif "analysis" in current and item.name.startswith(current["analysis"]):
+            analyses += 1
+        else:
+            other += 1
+    return CacheInfo(
+        directory=folder,
+        enabled=enabled(),
+        max_bytes=max_bytes(),
+        total_bytes=sum(item.size for item in files),
+        traces=traces,
+        analyses=analyses,
+        other_versions=other,
+        temporary=temporary,
+    )

@@ -10,18 +10,20 @@ become categorical codes as they arrive; Python-stack events (with_stack traces 
 per operator), flows and other non-complete events are dropped on the way. Timestamps stay exact
 floats (µs with ns fractions).
 
-Large files (64 MB, or 8 MB of gzip) are decoded by two processes: a forked helper takes
+Large files (256 MB of JSON, gzip's estimated by its size trailer) are decoded by two
+processes: a forked helper takes
 2 MB batches of events whenever it is free, the main process decodes the rest, and the
 batches are merged in file order into exactly the columns one process would build (any batch
 that does not decode sends the file down the one-process path, which reports the real error).
 
-Parsed columns are cached by file content (`fsdp_trace.analyze.cache`): a second analysis of the
+Parsed columns are cached by file content (`fsdp_trace.analyze.cache`): a second load of the
 same bytes reads them back instead of parsing.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import queue
 import re
@@ -46,13 +48,17 @@ MISSING = -1  # integer columns use -1 for "absent"
 # Bump when the parsed columns change (names, dtypes, meaning): cached entries of another
 # version are ignored.
 FORMAT_VERSION = 2
-PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar for files larger than this
+PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar for larger files (raw JSON bytes)
 
 _BLOCK = 8 << 20  # bytes read (or gunzipped) at a time
 _PIECE = 256 << 10  # bytes of events decoded at a time: the structs of a piece stay in cache
 _HEADER_LIMIT = 64 << 20  # no `"traceEvents": [` within this many bytes: decode the file whole
 _BATCH = 2 << 20  # bytes of events handed to the helper process at a time
-PARALLEL_MIN_BYTES = 64 << 20  # files (gzip: an eighth of this) decoded by two processes
+# Files of this much raw JSON and more are decoded by two processes. Below it the second
+# process costs more than it gives: its interpreter and imports (~80 MB of RSS) and the
+# batches' transfer, for a second or less saved (measured in benchmarks/results/speed.md).
+PARALLEL_MIN_BYTES = 256 << 20
+GZIP_RATIO_GUESS = 10  # raw / compressed size of Kineto JSON (8-13 seen), when ISIZE is ambiguous
 
 
 class _Args(msgspec.Struct, gc=False, frozen=True):
@@ -147,6 +153,34 @@ class Trace:
     @property
     def label(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else Path(self.path).name
+
+
+def rank_from_name(path: Path) -> int | None:
+    """The rank a file name gives (`rank3.json`, `rank_3_trace.json.gz`), used when the trace
+    itself does not say."""
+    match = _RANK_IN_NAME.search(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def raw_size(path: Path) -> int:
+    """Bytes of JSON in the file: its size, or for gzip the size its trailer records (ISIZE,
+    the raw size mod 4 GiB), taken as the candidate nearest a typical compression ratio;
+    0 when unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < 18 or fh.read(2) != b"\x1f\x8b":
+                return size
+            fh.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(fh.read(4), "little")
+    except OSError:
+        return 0
+    guess = size * GZIP_RATIO_GUESS
+    wrap = 1 << 32
+    floor = size // 2  # what gzip gives back is never much smaller than what it stores
+    low = isize + max(0, -(-(floor - isize) // wrap)) * wrap
+    candidates = [low + k * wrap for k in range(max(1, guess // wrap + 2))]
+    return min(candidates, key=lambda c: abs(math.log(c / guess)))
 
 
 def _check_path(path: Path) -> None:
@@ -630,13 +664,7 @@ def _parallel_worth_it(path: Path) -> bool:
     """Two processes decode large files (one is enough for small ones, or on one core)."""
     if (os.cpu_count() or 1) < 2 or os.environ.get("FSDP_TRACE_LOAD_PROCESSES") == "1":
         return False
-    try:
-        with open(path, "rb") as fh:
-            packed = fh.read(2) == b"\x1f\x8b"
-            size = os.fstat(fh.fileno()).st_size
-    except OSError:
-        return False
-    return size >= (PARALLEL_MIN_BYTES // 8 if packed else PARALLEL_MIN_BYTES)
+    return raw_size(path) >= PARALLEL_MIN_BYTES
 
 
 def _decode_batch(text: bytes, tables: tuple[_Codes, _Codes]) -> _Columns:
@@ -828,7 +856,7 @@ class _ProgressBar:
             size = 0
         if enabled is None:
             enabled = (
-                size > PROGRESS_MIN_BYTES
+                raw_size(path) > PROGRESS_MIN_BYTES
                 and sys.stderr.isatty()
                 and not os.environ.get("FSDP_TRACE_QUIET")
             )
@@ -870,6 +898,8 @@ def load_trace(
     cache: bool = True,
     progress: bool | None = None,
     parallel: bool | None = None,
+    *,
+    content: str | None = None,
 ) -> Trace:
     """Parse one Kineto trace. Bad input raises UserError with a one-line message.
 
@@ -877,18 +907,18 @@ def load_trace(
     $FSDP_TRACE_CACHE_DIR or ~/.cache/fsdp-trace (see `fsdp_trace.analyze.cache`).
     `progress`: a progress bar on stderr; None shows it for large files on a terminal.
     `parallel`: decode with a second process; None does for large files on 2+ cores.
+    `content`: the file's `cache.content_hash`, when the caller has it (saves hashing again).
     """
     from fsdp_trace.analyze import cache as cache_mod
 
     path = Path(path)
     _check_path(path)
-    entry = cache_mod.Entry.for_file(path) if cache and cache_mod.enabled() else None
+    entry = cache_mod.TraceEntry.for_file(path, content) if cache and cache_mod.enabled() else None
     trace = entry.load(path) if entry is not None else None
     if trace is None:
         trace = _parse(path, progress, parallel)
         if entry is not None:
             entry.store(trace)
     if trace.rank is None:
-        match = _RANK_IN_NAME.search(path.name)
-        trace.rank = int(match.group(1)) if match else None
+        trace.rank = rank_from_name(path)
     return trace

@@ -82,38 +82,31 @@ class Rendezvous:
             check_port(f"--rdzv-endpoint {self.rdzv_endpoint}", self.rdzv_endpoint.rsplit(":")[-1])
         return self
 
+    def _set_options(self) -> list[tuple[str, object]]:
+        """The rendezvous options given, as (flag, value) pairs."""
+        pairs = (
+            ("--node-rank", self.node_rank),
+            ("--rdzv-backend", self.rdzv_backend),
+            ("--rdzv-endpoint", self.rdzv_endpoint),
+            ("--rdzv-id", self.rdzv_id),
+            ("--master-addr", self.master_addr),
+            ("--master-port", self.master_port),
+        )
+        return [(flag, value) for flag, value in pairs if value is not None]
+
     def capture_args(self) -> list[str]:
         """These options as `fsdp-trace capture` takes them (for the recorded command)."""
         if self.single_node:
             return []
         args = ["--nnodes", self.nnodes]
-        for flag, value in (
-            ("--node-rank", self.node_rank),
-            ("--rdzv-backend", self.rdzv_backend),
-            ("--rdzv-endpoint", self.rdzv_endpoint),
-            ("--rdzv-id", self.rdzv_id),
-            ("--master-addr", self.master_addr),
-            ("--master-port", self.master_port),
-        ):
-            if value is not None:
-                args += [flag, str(value)]
+        for flag, value in self._set_options():
+            args += [flag, str(value)]
         return args
 
     def torchrun_args(self) -> list[str]:
         if self.single_node:
             return ["--standalone", "--nnodes=1"]
-        args = [f"--nnodes={self.nnodes}"]
-        for flag, value in (
-            ("--node-rank", self.node_rank),
-            ("--rdzv-backend", self.rdzv_backend),
-            ("--rdzv-endpoint", self.rdzv_endpoint),
-            ("--rdzv-id", self.rdzv_id),
-            ("--master-addr", self.master_addr),
-            ("--master-port", self.master_port),
-        ):
-            if value is not None:
-                args.append(f"{flag}={value}")
-        return args
+        return [f"--nnodes={self.nnodes}"] + [f"{f}={v}" for f, v in self._set_options()]
 
 
 class CaptureFailed(Exception):

@@ -409,9 +409,10 @@ def _num(value: Any) -> Any:
 class _RankWriter:
     """Everything of one RankAnalysis under one process track."""
 
-    def __init__(self, writer: _Writer, rank: RankAnalysis, index: int) -> None:
+    def __init__(self, writer: _Writer, rank: RankAnalysis, index: int, cache: bool = True) -> None:
         self.w = writer
         self.rank = rank
+        self.cache = cache  # the CPU threads re-read the trace (from the cache when allowed)
         self.pid = PID_BASE + index
         self.process = 0  # the process track's uuid, once declared
         self.counts = {"gpu": 0, "cpu": 0, "collective": 0, "exposed": 0, "counter": 0}
@@ -640,7 +641,7 @@ class _RankWriter:
 
     # -- CPU threads ------------------------------------------------------------------------
     def _cpu_threads(self) -> None:
-        trace = load_trace(self.rank.path)
+        trace = load_trace(self.rank.path, cache=self.cache)
         events = trace.events
         kinds = classify.event_kinds(events)
         rows = np.flatnonzero((kinds == classify.CPU_OP) | (kinds == classify.ANNOTATION))
@@ -684,6 +685,7 @@ def write_perfetto(
     *,
     include_detailed: bool = False,
     cpu: bool = True,
+    cache: bool = True,
 ) -> dict[str, Any]:
     """Write `analysis` as an annotated Perfetto trace at `path` (atomically: a temporary file
     in the same folder, renamed at the end). Returns counts of what was written: tracks,
@@ -700,7 +702,7 @@ def write_perfetto(
     ):
         writer = _Writer(handle, spill)
         for index, rank in enumerate(items):
-            per_rank.append(_RankWriter(writer, rank, index).write(cpu=cpu))
+            per_rank.append(_RankWriter(writer, rank, index, cache).write(cpu=cpu))
         writer.finish()
     slices: dict[str, int] = {}
     for item in per_rank:
