@@ -211,7 +211,7 @@ def capture(
     with user_errors("capture"):
         cfg = config_from_params(locals())
     if under_torchrun():
-        from fsdp_trace.capture.runner import worker_main
+        from fsdp_trace.capture.runner import leave_worker, worker_main
 
         command = os.environ.get("FSDP_TRACE_COMMAND") or shlex.join(
             [
@@ -222,8 +222,7 @@ def capture(
                 *sys.argv[1:],
             ]
         )
-        code = worker_main(cfg, command)
-        raise typer.Exit(code)
+        leave_worker(worker_main(cfg, command))
 
     from fsdp_trace.capture.launcher import CaptureFailed, launch
 

@@ -569,7 +569,6 @@ def test_rank_analysis_fields_are_all_stored(cache_dir, trace_file):
     assert set(header["fields"]) == {f.name for f in dataclasses.fields(RankAnalysis)}
 
 
-
 def test_cache_commands_show_and_clear_the_folder(cache_dir, trace_file):
     """`fsdp-trace cache info|clear` on a cache that holds one analysed trace."""
     api.analyze_file(trace_file, cache=True)

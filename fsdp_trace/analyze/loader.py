@@ -621,6 +621,15 @@ def _parse(path: Path, progress: bool | None, parallel: bool | None = None) -> T
     )
 
 
+def _split_header(buf: bytes) -> tuple[bytes | None, bytes]:
+    """(the top-level text up to and including `"traceEvents": [`, the events after it), or
+    (None, buf) while that key has not been read yet."""
+    match = _EVENTS_KEY.search(buf)
+    if match is None:
+        return None, buf
+    return buf[: match.end()], buf[match.end() :]
+
+
 def _stream(path: Path, columns: _Columns, on_progress) -> _TraceFile:
     """Decode the file piece by piece into `columns`; returns the top-level fields."""
     blocks = _read_blocks(path, on_progress)
@@ -630,12 +639,11 @@ def _stream(path: Path, columns: _Columns, on_progress) -> _TraceFile:
     for block in blocks:
         buf = buf + block if buf else block
         if header is None:
-            match = _EVENTS_KEY.search(buf)
-            if match is None:
+            header, buf = _split_header(buf)
+            if header is None:
                 if len(buf) > _HEADER_LIMIT:
                     break  # an unusual layout: decode it whole
                 continue
-            header, buf = buf[: match.end()], buf[match.end() :]
         buf = pieces.decode(buf)
         if pieces.size > _HEADER_LIMIT:
             break  # pieces do not decode: decode the rest whole, for its real error
@@ -762,12 +770,11 @@ def _stream_parallel(
         for block in blocks:
             buf = buf + block if buf else block
             if header is None:
-                match = _EVENTS_KEY.search(buf)
-                if match is None:
+                header, buf = _split_header(buf)
+                if header is None:
                     if len(buf) > _HEADER_LIMIT:
-                        return None
+                        return None  # an unusual layout: the serial path decodes it whole
                     continue
-                header, buf = buf[: match.end()], buf[match.end() :]
             pos = 0
             while len(buf) - pos > _BATCH:
                 cut = _BOUNDARY.search(buf, pos + _BATCH)

@@ -17,7 +17,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,14 @@ from fsdp_trace.capture.outputs import (  # re-exported: the CLI imports them fr
 from fsdp_trace.capture.summary import print_summary
 from fsdp_trace.errors import UserError
 
-__all__ = ["ERROR_DIR_ENV", "RUN_FILE", "out_dir_problem", "trace_name", "worker_main"]
+__all__ = [
+    "ERROR_DIR_ENV",
+    "RUN_FILE",
+    "leave_worker",
+    "out_dir_problem",
+    "trace_name",
+    "worker_main",
+]
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:
@@ -508,6 +515,19 @@ def worker_main(cfg: CaptureConfig, command: str) -> int:
     else:
         print(f"fsdp-trace capture: rank {rank}: {message}", file=sys.stderr, flush=True)
     return code
+
+
+def leave_worker(code: int) -> NoReturn:
+    """End this rank's process with `code`, skipping the interpreter's teardown.
+
+    By then the rank's work is done: process group destroyed, traces and run.json closed and
+    renamed. Teardown itself can abort a finished rank: C++ threads (gloo, autograd, the
+    profiler) destroyed while joinable end in std::terminate ("terminate called without an
+    active exception", SIGABRT), seen about once in 50 CPU captures, which torchrun reports as
+    a failed rank."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 TIMEOUT_PATTERN = re.compile(r"timed out|collective operation timeout", re.IGNORECASE)
