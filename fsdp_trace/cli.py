@@ -424,11 +424,11 @@ def sweep(
 
 def write_efficiency(runs: list[Path], html: Path, with_traces: bool) -> None:
     """The efficiency table as CSV and, where plotly is installed, efficiency.html."""
+    from fsdp_trace import atomic
     from fsdp_trace import sweep as sweeping
-    from fsdp_trace.render.export import write_text_atomically
 
     table = sweeping.run_table(runs, with_traces=with_traces)
-    write_text_atomically(html.with_suffix(".csv"), sweeping.table_csv(table, html.parent))
+    atomic.write_text(html.with_suffix(".csv"), sweeping.table_csv(table, html.parent))
     try:
         from fsdp_trace.render.efficiency import sweep_title, write_efficiency_html
 

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace import atomic
+from fsdp_trace.capture.outputs import RUN_FILE, read_run
 from fsdp_trace.errors import UserError
 
-RUN_FILE = "run.json"
 TABLE_COLUMNS = [
     "run",
     "label",
@@ -101,13 +101,6 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
         else:
             raise UserError(f"{path}: no such run directory")
     return runs
-
-
-def _read(run: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run / RUN_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{run / RUN_FILE}: unreadable ({exc})") from None
 
 
 # Per run: the figures its timing traces gave the table, so that the table (and the plot) can be
@@ -228,7 +221,7 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 def summarize_point(run_dir: Path) -> dict[str, Any] | None:
     """Analyze a captured point's traces and write its analysis.json (what `sweep` does after
     each capture); None when the run has no complete timing traces."""
-    run = _read(run_dir)
+    run = read_run(run_dir)
     traces = timing_traces(run_dir, run)
     if traces is None:
         return None
@@ -303,7 +296,7 @@ def run_table(
     is no communication to expose."""
     rows, blank = [], {}
     for path in runs:
-        run = _read(path)
+        run = read_run(path)
         figures = run.get("figures", {})
         model = run.get("model", {})
         found, source, why = point_figures(path, run, with_traces)
@@ -435,7 +428,7 @@ def compare_table(
     previous one (GPUs and knobs) and what that bought: tokens/s/GPU (%), exposed
     communication (points of the step) and peak memory (GiB)."""
     table = run_table(runs, with_traces=with_traces, notify=notify)
-    configs = [_read(path) for path in runs]
+    configs = [read_run(path) for path in runs]
     changes = [""]
     for i in range(1, len(configs)):
         prev, cur = configs[i - 1], configs[i]

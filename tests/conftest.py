@@ -1,8 +1,10 @@
-"""Shared fixtures: one real CPU/gloo capture per test session, and the shipped samples."""
+"""Shared fixtures: one real CPU/gloo capture per test session, the shipped samples, and a
+one-process gloo group; `free_port` for rendezvous and servers."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,25 @@ def run_cli(
         timeout=timeout,
         env=full_env,
     )
+
+
+def free_port() -> int:
+    """A local TCP port nobody listens on now (for a rendezvous or a server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gloo_world_of_one():
+    """A one-process gloo group for this test module (FSDP2 and barriers need one)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,16 +13,12 @@ from fsdp_trace.capture.config import CaptureConfig, parse_reshard
 from fsdp_trace.capture.environment import dense_peak_tflops, parse_topology_matrix
 from fsdp_trace.capture.models import GPT, PRESETS, gpt_flops_per_token
 from fsdp_trace.errors import UserError
+from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
-def mesh():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield init_device_mesh("cpu", (1,))
-    dist.destroy_process_group()
+def mesh(gloo_world_of_one):
+    return init_device_mesh("cpu", (1,))
 
 
 @pytest.mark.parametrize(
@@ -238,12 +232,9 @@ def test_integer_reshard_reaches_fully_shard_on_four_ranks():
     kept sharded over groups of 2 (the last block, kept unsharded, keeps no post-forward mesh)."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    mp.spawn(_shard_with_int_reshard, args=(4, port, results), nprocs=4, join=True)
+    mp.spawn(_shard_with_int_reshard, args=(4, free_port(), results), nprocs=4, join=True)
     seen = sorted(results.get() for _ in range(4))
     assert [rank for rank, *_ in seen] == [0, 1, 2, 3]
     for _, plan, shard_sizes, post_forward_sizes in seen:

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import statistics
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from fsdp_trace import atomic
 from fsdp_trace.capture import outputs, parallelize, runner, schedule, train
@@ -362,16 +360,6 @@ def test_run_json_is_written_atomically(tmp_path):
     assert list(tmp_path.iterdir()) == []
     atomic.write_text(target, "{}\n")
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
-
-
-@pytest.fixture(scope="module")
-def gloo_world_of_one():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_each_nodes_local_rank_0_prepares_out(tmp_path, gloo_world_of_one):

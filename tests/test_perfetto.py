@@ -25,6 +25,7 @@ from fsdp_trace.errors import UserError
 from fsdp_trace.render import perfetto as pf
 from fsdp_trace.render.perfetto import write_perfetto
 from fsdp_trace.view import UI_ORIGIN, TraceServer, port_warning, serve, ui_url
+from tests.conftest import free_port
 from tests.synth import AUTOGRAD, TraceBuilder
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_traces" / "gpt-small-2gpu"
@@ -434,12 +435,6 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
 
 
 # -- the server behind `fsdp-trace view` -------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def request(url: str, method: str = "GET"):

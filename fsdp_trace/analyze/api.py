@@ -9,22 +9,19 @@ per-rank traces, get an `Analysis` back (dataclasses holding DataFrames).
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fsdp_trace.analyze import cache as cache_mod
-from fsdp_trace.analyze.loader import load_trace, rank_from_name, raw_size
+from fsdp_trace.analyze.loader import load_trace, rank_from_name, raw_size, wants_progress
 from fsdp_trace.analyze.rank import Expectations, analyze_trace
 from fsdp_trace.analyze.results import Analysis, RankAnalysis
+from fsdp_trace.capture.outputs import RUN_FILE, read_run
 from fsdp_trace.errors import UserError
 
-RUN_FILE = "run.json"
 TRACE_SUFFIXES = (".json", ".json.gz")
-_RANK = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -44,17 +41,9 @@ def _is_trace_file(path: Path) -> bool:
     return path.is_file() and path.name.endswith(TRACE_SUFFIXES) and path.name != RUN_FILE
 
 
-def read_run(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / RUN_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: unreadable run.json ({exc}): re-run the capture") from None
-
-
 def _rank_key(path: Path) -> tuple[int, str]:
-    match = _RANK.search(path.name)
-    return (int(match.group(1)) if match else 1 << 30, path.name)
+    rank = rank_from_name(path)
+    return (rank if rank is not None else 1 << 30, path.name)
 
 
 def resolve(path: str | Path) -> ResolvedInput:
@@ -250,17 +239,8 @@ class _Progress:
     (what decides whether the input is large)."""
 
     def __init__(self, total: int, raw: int, what: str) -> None:
-        import os
-        import sys
-
-        from fsdp_trace.analyze.loader import PROGRESS_MIN_BYTES
-
         self.bar = None
-        if (
-            raw > PROGRESS_MIN_BYTES
-            and sys.stderr.isatty()
-            and not os.environ.get("FSDP_TRACE_QUIET")
-        ):
+        if wants_progress(raw):
             from rich.console import Console
             from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 

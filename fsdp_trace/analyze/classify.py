@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 # Event kinds (small ints in the `kind` column).
 OTHER, COMM, COMPUTE, MEMCPY, MEMSET, SYNC, LAUNCH, CPU_OP, ANNOTATION, GPU_ANNOTATION = range(10)
@@ -180,8 +181,14 @@ def dtype_bytes(dtypes: pd.Series) -> np.ndarray:
     return _per_category(dtypes.array, lambda d: DTYPE_BYTES.get(d, 0) if d else 0, np.int64)
 
 
-def bus_factor(collective: str, group_size: int) -> float:
-    """nccl-tests' algbw → busbw factor; NaN where it does not apply."""
-    if group_size is None or group_size < 1 or collective not in BUS_FACTOR:
-        return float("nan")
-    return BUS_FACTOR[collective](group_size)
+def bus_factors(collectives: ArrayLike, group_sizes: ArrayLike) -> np.ndarray:
+    """nccl-tests' algbw → busbw factor per row: the collective types and their group sizes
+    (one size for all rows, or one each); NaN where it does not apply (an unknown type, or
+    no group of at least one rank). Vectorized per type: never a Python loop over rows."""
+    kinds = np.asarray(collectives, dtype=object)
+    sizes = np.trunc(np.broadcast_to(np.asarray(group_sizes, dtype=np.float64), kinds.shape))
+    factors = np.full(kinds.shape, np.nan)
+    for collective, factor in BUS_FACTOR.items():
+        rows = (kinds == collective) & (sizes >= 1)
+        factors[rows] = factor(sizes[rows])
+    return factors

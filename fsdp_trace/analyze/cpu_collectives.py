@@ -118,9 +118,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
     group = float(trace.world_size) if trace.world_size else np.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(dur > 0, nbytes / (dur * 1e-6) / 1e9, np.nan)
-    factor = np.array(
-        [classify.bus_factor(c, int(group)) if not np.isnan(group) else np.nan for c in ctype]
-    )
+    factor = classify.bus_factors(ctype, group)
     step = (
         steps_mod.step_of_time(cpu_steps, t)
         if not cpu_steps.empty

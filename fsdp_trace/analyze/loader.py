@@ -150,10 +150,6 @@ class Trace:
     string_ids: dict[str, int] = field(default_factory=dict)  # string pid/tid -> negative ids
     raw_event_count: int = 0
 
-    @property
-    def label(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else Path(self.path).name
-
 
 def rank_from_name(path: Path) -> int | None:
     """The rank a file name gives (`rank3.json`, `rank_3_trace.json.gz`), used when the trace
@@ -852,6 +848,14 @@ class _Pieces:
         return buf[pos:]
 
 
+def wants_progress(raw: int) -> bool:
+    """Whether `raw` bytes of JSON get a progress bar (loading one file, or analyzing several):
+    more than PROGRESS_MIN_BYTES, stderr a terminal, and FSDP_TRACE_QUIET unset."""
+    return (
+        raw > PROGRESS_MIN_BYTES and sys.stderr.isatty() and not os.environ.get("FSDP_TRACE_QUIET")
+    )
+
+
 class _ProgressBar:
     """A rich progress bar on stderr for large files when stderr is a terminal."""
 
@@ -862,11 +866,7 @@ class _ProgressBar:
         except OSError:
             size = 0
         if enabled is None:
-            enabled = (
-                raw_size(path) > PROGRESS_MIN_BYTES
-                and sys.stderr.isatty()
-                and not os.environ.get("FSDP_TRACE_QUIET")
-            )
+            enabled = wants_progress(raw_size(path))
         if enabled and size:
             from rich.console import Console
             from rich.progress import (

@@ -374,11 +374,8 @@ def analyze_trace(
     ends = windows["end"].to_numpy(dtype=np.float64)
     step_us = ends - starts
     figures = cover.in_windows(starts, ends)
-    coll = (
-        classify.collective_types(events.iloc[kidx[is_comm]])
-        if is_comm.any()
-        else np.array([], dtype=object)
-    )
+    comm_events = events.iloc[kidx[is_comm]]  # the NCCL kernels' events, sliced once
+    coll = classify.collective_types(comm_events) if is_comm.any() else np.array([], dtype=object)
     comm_ts, comm_end = ts_arr[is_comm], end_arr[is_comm]
     ag_u = iv.union(comm_ts[coll == "AllGather"], comm_end[coll == "AllGather"])
     rs_u = iv.union(comm_ts[coll == "ReduceScatter"], comm_end[coll == "ReduceScatter"])
@@ -431,8 +428,7 @@ def analyze_trace(
 
     collectives = _collectives(
         trace,
-        events,
-        kidx[is_comm],
+        comm_events,
         k[is_comm],
         coll,
         cpu_ctx,
@@ -478,8 +474,7 @@ def analyze_trace(
 
 def _collectives(
     trace: Trace,
-    events: pd.DataFrame,
-    rows: np.ndarray,
+    comm_events: pd.DataFrame,
     comm: pd.DataFrame,
     coll: np.ndarray,
     cpu_ctx: _Cpu,
@@ -487,8 +482,10 @@ def _collectives(
     compute_u: iv.Intervals,
     source: str,
 ) -> pd.DataFrame:
-    """One row per communication kernel: unit, phase, bytes, bandwidth, exposed share."""
-    if rows.size == 0:
+    """One row per communication kernel (`comm_events`: their trace events with the NCCL args;
+    `comm`: their rows of the kernel table): unit, phase, bytes, bandwidth, exposed share."""
+    n = len(comm_events)
+    if n == 0:
         return _empty(COLLECTIVE_COLUMNS)
     labels = cpu_ctx.labels
     ag = labels.first_of(chain, {"all_gather"})
@@ -505,15 +502,16 @@ def _collectives(
     issued_by = labels.fqn_at(issuer)
     issued_by = np.where(pd.isna(issued_by), block, issued_by)
 
-    sub = events.iloc[rows]
-    n = rows.size
-
     def col(name: str, default):
-        return sub[name].to_numpy() if name in sub else np.full(n, default)
+        return comm_events[name].to_numpy() if name in comm_events else np.full(n, default)
 
     in_n = col("in_nelems", MISSING).astype(np.float64)
     out_n = col("out_nelems", MISSING).astype(np.float64)
-    elem = classify.dtype_bytes(sub["dtype"]) if "dtype" in sub else np.zeros(n, dtype=np.int64)
+    elem = (
+        classify.dtype_bytes(comm_events["dtype"])
+        if "dtype" in comm_events
+        else np.zeros(n, dtype=np.int64)
+    )
     nelems = np.maximum(in_n, out_n)
     nbytes = np.where((nelems >= 0) & (elem > 0), nelems * elem, np.nan)
     group = col("group_size", MISSING).astype(np.float64)
@@ -521,12 +519,7 @@ def _collectives(
     dur = comm["dur"].to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(dur > 0, nbytes / (dur * 1e-6) / 1e9, np.nan)
-    factor = np.array(
-        [
-            classify.bus_factor(c, int(g)) if not np.isnan(g) else np.nan
-            for c, g in zip(coll, group, strict=True)
-        ]
-    )
+    factor = classify.bus_factors(coll, group)
     phase = comm["phase"].to_numpy().copy()
     hook_kind = labels.kind_at(hooks)
     phase = np.where(
@@ -557,7 +550,7 @@ def _collectives(
             "busbw_gbps": algbw * factor,
             "dtype": col("dtype", None),
             "pg_name": col("pg_name", None),
-            "pg_ranks": sub["pg_ranks"].array if "pg_ranks" in sub else None,
+            "pg_ranks": comm_events["pg_ranks"].array if "pg_ranks" in comm_events else None,
             "seq": col("seq", MISSING),
             "stream": comm["stream"].to_numpy(),
             "correlation": comm["correlation"].to_numpy(),
@@ -611,13 +604,7 @@ def _blocks(
     # is that × the collective's bus factor, so the two stay in the nccl-tests ratio.
     with np.errstate(invalid="ignore", divide="ignore"):
         algbw = (agg["timed_bytes"] / agg["timed_dur"].where(agg["timed_dur"] > 0)) * 1e6 / 1e9
-    factor = np.array(
-        [
-            classify.bus_factor(col, int(g)) if pd.notna(g) else np.nan
-            for col, g in zip(agg["collective"], agg["group_size"], strict=True)
-        ],
-        dtype=np.float64,
-    )
+    factor = classify.bus_factors(agg["collective"], agg["group_size"])
     recompute = np.array(
         [
             block_compute.get(f"{b}|recompute", np.nan) / n_steps if p == "backward" else np.nan

@@ -150,9 +150,9 @@ class Analysis:
     findings: list[Any] = field(default_factory=list)  # fsdp_trace.diagnose.Finding
     crossrank: Any = None  # fsdp_trace.diagnose.CrossRank, with two or more GPU ranks
 
-    def _concat(self, attr: str, columns: list[str], include_detailed: bool = True) -> pd.DataFrame:
-        items = self.ranks + (self.detailed if include_detailed else [])
-        frames = [getattr(r, attr) for r in items if len(getattr(r, attr))]
+    def _concat(self, attr: str, columns: list[str]) -> pd.DataFrame:
+        """One table over every trace, timing then detailed (tell them apart by `source`)."""
+        frames = [getattr(r, attr) for r in self.ranks + self.detailed if len(getattr(r, attr))]
         if not frames:
             return pd.DataFrame(columns=columns)
         return pd.concat(frames, ignore_index=True)[columns]
@@ -168,9 +168,6 @@ class Analysis:
     @property
     def blocks(self) -> pd.DataFrame:
         return self._concat("blocks", BLOCK_COLUMNS)
-
-    def rank_summaries(self) -> list[dict[str, Any]]:
-        return [r.summary() for r in self.ranks]
 
     def distortion(self) -> list[dict[str, Any]]:
         """Detailed (record_shapes + with_stack) step vs the timing steps' median, per rank."""

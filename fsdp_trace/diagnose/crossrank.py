@@ -360,12 +360,7 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
     lateness = latest["arrival"] - by_match["arrival"].median()
 
     info = by_match.first()
-    factor = np.array(
-        [
-            classify.bus_factor(c, int(g)) if not np.isnan(g) else np.nan
-            for c, g in zip(info["collective"], info["group_size"], strict=True)
-        ]
-    )
+    factor = classify.bus_factors(info["collective"], info["group_size"])
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(transfer > 0, info["bytes"] / (transfer * 1e-6) / 1e9, np.nan)
     matched = pd.DataFrame(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsdp_trace.render.export import write_text_atomically
+from fsdp_trace import atomic
 
 THROUGHPUT = "#4e79a7"
 EFFICIENCY = "#59a14f"
@@ -186,4 +186,4 @@ def render_html(table: pd.DataFrame) -> str:
 
 
 def write_compare_html(table: pd.DataFrame, path: Path) -> None:
-    write_text_atomically(path, render_html(table))
+    atomic.write_text(path, render_html(table))

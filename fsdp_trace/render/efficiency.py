@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsdp_trace.render.export import write_text_atomically
+from fsdp_trace import atomic
 
 PANELS = (
     ("scaling_efficiency", "Scaling efficiency (vs 1 GPU)", ".0%"),
@@ -195,7 +195,7 @@ def write_efficiency_html(table: pd.DataFrame, path: Path, title: str) -> None:
         default_height="820px",
         config={"responsive": True, "displaylogo": False},
     )
-    write_text_atomically(path, html)
+    atomic.write_text(path, html)
 
 
 def sweep_title(table: pd.DataFrame) -> str:

@@ -86,40 +86,19 @@ def _crossrank(crossrank: Any) -> dict[str, Any] | None:
     }
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    atomic.write_text(path, text)
-
-
 def write_json(analysis: Analysis, path: Path) -> None:
-    write_text_atomically(path, json.dumps(to_payload(analysis), indent=1) + "\n")
+    atomic.write_text(path, json.dumps(to_payload(analysis), indent=1) + "\n")
 
 
-CSV_NAMES = ("steps", "blocks", "collectives")
-
-
-def _csv_frames(analysis: Analysis) -> dict[str, pd.DataFrame]:
-    return {
-        "steps": analysis.steps,
-        "blocks": analysis.blocks,
-        "collectives": analysis.collectives,
-    }
-
-
-def write_csv(analysis: Analysis, folder: Path) -> list[Path]:
-    """steps.csv, blocks.csv and collectives.csv in `folder` (all or nothing)."""
-    problem = output_problem(folder, folder=True)
-    if problem:
-        raise UserError(f"{folder}: {problem}")
-    with StagedOutputs() as staged:
-        write_csv_files(analysis, staged.folder(folder))
-        staged.commit()
-    return [folder / f"{name}.csv" for name in CSV_NAMES]
+CSV_NAMES = ("steps", "blocks", "collectives")  # Analysis tables, one NAME.csv each
 
 
 def write_csv_files(analysis: Analysis, folder: Path) -> None:
+    """steps.csv, blocks.csv and collectives.csv into `folder` (a staged folder: the caller
+    moves it into place with the other outputs)."""
     try:
-        for name, frame in _csv_frames(analysis).items():
-            frame.to_csv(folder / f"{name}.csv", index=False)
+        for name in CSV_NAMES:
+            getattr(analysis, name).to_csv(folder / f"{name}.csv", index=False)
     except OSError as exc:
         raise UserError(f"{folder}: cannot write ({exc.strerror or exc})") from None
 
