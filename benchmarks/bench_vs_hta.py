@@ -166,22 +166,14 @@ def size_text(n: float) -> str:
     return f"{n:.2f} GB"
 
 
-def raw_size(path: Path) -> int:
-    if path.name.endswith(".gz"):
-        with open(path, "rb") as fh:  # gzip's ISIZE (mod 4 GiB): fine for a label
-            fh.seek(-4, 2)
-            return int.from_bytes(fh.read(4), "little")
-    return path.stat().st_size
-
-
 def files_of(paths: list[Path]) -> dict[str, str]:
     """{rank: path} as HTA's trace_files (rank from the file name, else the position)."""
-    import re
+    from fsdp_trace.analyze.loader import rank_from_name
 
     out = {}
     for i, p in enumerate(paths):
-        m = re.search(r"rank(\d+)", p.name)
-        out[str(int(m.group(1)) if m else i)] = str(p.resolve())
+        rank = rank_from_name(p)
+        out[str(i if rank is None else rank)] = str(p.resolve())
     return out
 
 
@@ -239,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         many = generate(args.work / f"big{args.big_ranks}", args.big_ranks, args.size)
         cases.append((f"generated {args.size} × {args.big_ranks} ranks", many, True))
 
+    from fsdp_trace.analyze.loader import raw_size  # in this process only (not measured)
+
     rows, scaling = [], []
     for label, paths, with_hta in cases:
         timeout = args.timeout_many if len(paths) > 2 else args.timeout
         warm(paths)
         files = json.dumps(files_of(paths))
-        raw = sum(raw_size(p) for p in paths)
+        raw = sum(raw_size(p) for p in paths)  # the loader's estimate (gzip's trailer)
         print(f"== {label}: {len(paths)} file(s), {size_text(raw)} raw JSON", file=sys.stderr)
         repeat = args.repeat if raw < 200e6 else 1  # small inputs: the median of a few runs
         ours = {}
