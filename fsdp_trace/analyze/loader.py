@@ -33,7 +33,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import chain, compress
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -617,42 +617,43 @@ def _parse(path: Path, progress: bool | None, parallel: bool | None = None) -> T
     )
 
 
-def _split_header(buf: bytes) -> tuple[bytes | None, bytes]:
-    """(the top-level text up to and including `"traceEvents": [`, the events after it), or
-    (None, buf) while that key has not been read yet."""
-    match = _EVENTS_KEY.search(buf)
-    if match is None:
-        return None, buf
-    return buf[: match.end()], buf[match.end() :]
+def _after_header(blocks: Iterator[bytes]) -> tuple[bytes | None, Iterator[bytes]]:
+    """Read `blocks` up to `"traceEvents": [`: (the top-level text up to and including it, the
+    event text after it, then the remaining blocks), or (None, nothing) when the key is not
+    within the first _HEADER_LIMIT bytes (a bare list, an odd layout: decode the file whole)."""
+    buf = b""
+    for block in blocks:
+        buf = buf + block if buf else block
+        match = _EVENTS_KEY.search(buf)
+        if match is not None:
+            return buf[: match.end()], chain([buf[match.end() :]], blocks)
+        if len(buf) > _HEADER_LIMIT:
+            break
+    return None, iter(())
 
 
 def _stream(path: Path, columns: _Columns, on_progress) -> _TraceFile:
     """Decode the file piece by piece into `columns`; returns the top-level fields."""
     blocks = _read_blocks(path, on_progress)
     pieces = _Pieces(columns)
-    buf = b""
-    header: bytes | None = None
-    for block in blocks:
-        buf = buf + block if buf else block
-        if header is None:
-            header, buf = _split_header(buf)
-            if header is None:
-                if len(buf) > _HEADER_LIMIT:
-                    break  # an unusual layout: decode it whole
-                continue
-        buf = pieces.decode(buf)
-        if pieces.size > _HEADER_LIMIT:
-            break  # pieces do not decode: decode the rest whole, for its real error
-    else:
-        if header is not None:
+    header, rest = _after_header(blocks)
+    if header is not None:
+        buf = b""
+        for block in rest:
+            buf = buf + block if buf else block
+            buf = pieces.decode(buf)
+            if pieces.size > _HEADER_LIMIT:
+                break  # pieces do not decode: decode the rest whole, for its real error
+        else:
             # The last events, the closing ']' and the keys after it, under the header's keys.
             parsed = _decode(path, header + buf)
             _add_all(columns, parsed.traceEvents or [])
             parsed.traceEvents = []
             return parsed
+        del buf
     # No `"traceEvents": [` where expected (a bare list, an odd layout, an empty or broken
     # file): decode the whole file at once, which also gives the right error message.
-    del buf, header
+    del header, rest
     blocks.close()
     columns.__init__()
     data = read_bytes(path)
@@ -760,17 +761,13 @@ def _stream_parallel(
 
     sent = 0
     blocks = _read_blocks(path, on_progress)
-    buf = b""
-    header: bytes | None = None
     try:
-        for block in blocks:
+        header, rest = _after_header(blocks)
+        if header is None:
+            return None  # an unusual layout: the serial path decodes it whole
+        buf = b""
+        for block in rest:
             buf = buf + block if buf else block
-            if header is None:
-                header, buf = _split_header(buf)
-                if header is None:
-                    if len(buf) > _HEADER_LIMIT:
-                        return None  # an unusual layout: the serial path decodes it whole
-                    continue
             pos = 0
             while len(buf) - pos > _BATCH:
                 cut = _BOUNDARY.search(buf, pos + _BATCH)
@@ -789,8 +786,6 @@ def _stream_parallel(
                         return None
                     collect(block=False)
             buf = buf[pos:]
-        if header is None:
-            return None
         parsed = _decode(path, header + buf)
         last = _Columns(defer_metadata=True, tables=tables)
         _add_all(last, parsed.traceEvents or [])
