@@ -137,10 +137,23 @@ def capture(
     reduce_dtype: Annotated[
         str, typer.Option(help="Gradient reduce-scatter dtype: fp32, bf16, fp16.")
     ] = "fp32",
+    hsdp: Annotated[
+        int,
+        typer.Option(
+            help="Hybrid sharding: R replicas of world/R shards each (1: plain FSDP over all "
+            "ranks)."
+        ),
+    ] = 1,
     reshard_after_forward: Annotated[
         str,
         typer.Option(help="fully_shard's reshard_after_forward: true, false, or a group size."),
     ] = "true",
+    root_reshard_after_forward: Annotated[
+        str,
+        typer.Option(
+            help="reshard_after_forward for the root unit: default (FSDP2's), true or false."
+        ),
+    ] = "default",
     keep_last_unsharded: Annotated[
         bool,
         typer.Option(

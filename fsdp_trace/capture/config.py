@@ -59,6 +59,35 @@ def parse_reshard(value: str | bool | int) -> bool | int:
     return size
 
 
+def parse_root_reshard(value: str | bool) -> str | bool:
+    """`--root-reshard-after-forward` takes default (FSDP2's own: the root is not resharded
+    after forward), true or false; "default" stays a string, the others become booleans."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == "default":
+        return "default"
+    if text in ("true", "yes", "on"):
+        return True
+    if text in ("false", "no", "off"):
+        return False
+    raise UserError(f"--root-reshard-after-forward must be default, true or false, not {value!r}")
+
+
+def hsdp_shape(hsdp: int, world_size: int) -> tuple[int, int]:
+    """(replicas, shards) of `--hsdp R` on `world_size` ranks: R must divide the world size."""
+    if hsdp < 1:
+        raise UserError(f"--hsdp must be a replica count of at least 1, not {hsdp}")
+    if world_size % hsdp:
+        divisors = [str(d) for d in range(1, world_size + 1) if world_size % d == 0]
+        choices = f"{', '.join(divisors[:-1])} or {divisors[-1]}" if len(divisors) > 1 else "1"
+        raise UserError(
+            f"--hsdp {hsdp} does not divide the world size {world_size}: pass --hsdp {choices} "
+            "(a divisor of the world size; 1 is plain FSDP)"
+        )
+    return hsdp, world_size // hsdp
+
+
 @dataclass
 class CaptureConfig:
     """Everything that shapes the measured step. Field names are the run.json keys."""
@@ -71,7 +100,9 @@ class CaptureConfig:
     seq_len: int | None = None  # None: the preset's
     dtype: str = "bf16"
     reduce_dtype: str = "fp32"
+    hsdp: int = 1  # replicas of the HSDP mesh (replicate x shard); 1: a 1-D FSDP mesh
     reshard_after_forward: bool | int = True
+    root_reshard_after_forward: bool | str = "default"  # "default": FSDP2's own for the root
     keep_last_unsharded: bool = False
     shard_embeddings: bool = False
     prefetch_forward: int = 0
@@ -107,6 +138,11 @@ class CaptureConfig:
         for name in ("prefetch_forward", "prefetch_backward", "warmup_steps", "timed_steps"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 0")
+        if self.hsdp < 1:
+            raise UserError(
+                f"--hsdp must be a replica count of at least 1, not {self.hsdp} "
+                "(1: plain FSDP; R: R replicas of world/R shards)"
+            )
         if self.grad_accum < 1:
             raise UserError("--grad-accum must be >= 1")
         if self.timing_steps < 1:
@@ -138,6 +174,7 @@ class CaptureConfig:
                 "batch x seq; use --seq-len 1 for a model without a sequence dimension)"
             )
         self.reshard_after_forward = parse_reshard(self.reshard_after_forward)
+        self.root_reshard_after_forward = parse_root_reshard(self.root_reshard_after_forward)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,8 +230,12 @@ class CaptureConfig:
             self.dtype,
             "--reduce-dtype",
             self.reduce_dtype,
+            "--hsdp",
+            str(self.hsdp),
             "--reshard-after-forward",
             reshard_text,
+            "--root-reshard-after-forward",
+            option_text(self.root_reshard_after_forward),
             "--prefetch-forward",
             str(self.prefetch_forward),
             "--prefetch-backward",

@@ -73,6 +73,35 @@ def apply_compile(model: nn.Module, block_paths: Sequence[str]) -> None:
         model.get_submodule(path).compile()
 
 
+HSDP_DIM_NAMES = ("replicate", "shard")
+
+
+def mesh_record(hsdp: int, world_size: int) -> dict[str, Any]:
+    """run.json's `parallel.mesh`: the device mesh every unit is sharded on."""
+    if hsdp <= 1:
+        return {"kind": "fsdp", "shard": world_size}
+    return {
+        "kind": "hsdp",
+        "replicate": hsdp,
+        "shard": world_size // hsdp,
+        "dim_names": list(HSDP_DIM_NAMES),
+    }
+
+
+def build_mesh(device_type: str, world_size: int, hsdp: int) -> Any:
+    """The mesh for `fully_shard`: 1-D over every rank, or (replicate, shard) for HSDP, where
+    FSDP2 all-gathers and reduce-scatters on the shard group and all-reduces gradients on the
+    replicate group. Rank r sits at (r // shards, r % shards)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fsdp_trace.capture.config import hsdp_shape
+
+    replicas, shards = hsdp_shape(hsdp, world_size)
+    if replicas == 1:
+        return init_device_mesh(device_type, (world_size,))
+    return init_device_mesh(device_type, (replicas, shards), mesh_dim_names=HSDP_DIM_NAMES)
+
+
 @dataclass
 class ShardPlan:
     """What was sharded and how: recorded verbatim in run.json."""
@@ -147,8 +176,12 @@ def apply_fsdp(
     forward_prefetch: int,
     backward_prefetch: int,
     block_paths: Sequence[str] | None = None,
+    root_reshard: bool | str = "default",
 ) -> ShardPlan:
-    """`fully_shard` each unit, then the root; set explicit prefetching between units."""
+    """`fully_shard` each unit, then the root; set explicit prefetching between units.
+
+    `root_reshard` is the root's reshard_after_forward: "default" leaves it to FSDP2 (not
+    resharded after forward, from 2.8); True makes backward gather the root again."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     plan = ShardPlan(units=[list(u) for u in units])
@@ -173,8 +206,9 @@ def apply_fsdp(
         # A unit of several modules keeps its FSDP state (and prefetch API) on the first one.
         sharded[names[index]] = result[0] if isinstance(result, list) else result
         plan.reshard_after_forward[names[index]] = setting
-    fully_shard(model, **kwargs)
-    plan.reshard_after_forward["root"] = "default"
+    root_kwargs = {} if root_reshard == "default" else {"reshard_after_forward": root_reshard}
+    fully_shard(model, **kwargs, **root_kwargs)
+    plan.reshard_after_forward["root"] = root_reshard
 
     forward, backward = prefetch_lists(names, forward_prefetch, backward_prefetch)
     for name, targets in forward.items():

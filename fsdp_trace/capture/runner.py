@@ -25,7 +25,7 @@ import torch.distributed as dist
 from fsdp_trace import __version__
 from fsdp_trace.atomic import write_text
 from fsdp_trace.capture import environment, parallelize, schedule, train
-from fsdp_trace.capture.config import CaptureConfig
+from fsdp_trace.capture.config import CaptureConfig, hsdp_shape
 from fsdp_trace.capture.models import ModelSpec, build_model, count_parameters, resolve_shape
 from fsdp_trace.capture.outputs import (  # re-exported: the CLI imports them from here
     ARGV_ENV,
@@ -142,6 +142,7 @@ def run_worker(cfg: CaptureConfig, command: str, argv: list[str]) -> None:
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    hsdp_shape(cfg.hsdp, world_size)  # before any rank connects or writes
     device = pick_device(cfg.device, local_rank)
     batch, seq = resolve_shape(cfg.model, cfg.batch_size, cfg.seq_len)
     out = Path(cfg.out)
@@ -176,14 +177,12 @@ def _run_initialized(
     device: torch.device,
     out: Path,
 ) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-
     # Weights are initialised per shard; DTensor's CPU RNG caveat does not matter for profiling.
     warnings.filterwarnings("ignore", message="DTensor random operators")
     # One cycle per session is exactly the schedule here (see schedule.py).
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
     torch.manual_seed(cfg.seed)
-    mesh = init_device_mesh(device.type, (world_size,))
+    mesh = parallelize.build_mesh(device.type, world_size, cfg.hsdp)
     spec = build_model(
         cfg.model,
         cfg.batch_size,
@@ -214,6 +213,7 @@ def _run_initialized(
         forward_prefetch=cfg.prefetch_forward,
         backward_prefetch=cfg.prefetch_backward,
         block_paths=block_paths,
+        root_reshard=cfg.root_reshard_after_forward,
     )
     if any(p.is_meta for p in model.parameters()):
         model.to_empty(device=device)
@@ -411,6 +411,7 @@ def build_record(
         },
         "parallel": {
             **plan.to_dict(),
+            "mesh": parallelize.mesh_record(cfg.hsdp, world["world_size"]),
             "ac_blocks": ac_blocks,
             "ac_coverage_effective": len(ac_blocks) / len(block_paths) if block_paths else 0.0,
             "ac_mode": cfg.ac_mode,
