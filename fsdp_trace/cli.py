@@ -308,7 +308,7 @@ def analyze(
     """Attribute every AllGather / ReduceScatter to its FSDP2 block and phase, and measure how
     much communication compute hides, per rank and step."""
     with user_errors("analyze"):
-        from fsdp_trace.analyze.api import analyze as run_analysis
+        from fsdp_trace.analysis.api import analyze as run_analysis
         from fsdp_trace.diagnose import diagnose, gate
         from fsdp_trace.render import export, terminal
 
@@ -326,7 +326,7 @@ def analyze(
         result.findings, result.crossrank = diagnose(result)
         result.notices.extend(result.crossrank.notices)
         if hta:
-            from fsdp_trace.analyze.hta_check import cross_check
+            from fsdp_trace.analysis.hta_check import cross_check
 
             result.hta, hta_notices = cross_check(result.ranks, cache=not no_cache)
             result.notices.extend(hta_notices)
@@ -548,7 +548,7 @@ app.add_typer(cache_app, name="cache")
 @cache_app.command("info")
 def cache_info() -> None:
     """Where the cache is, how large, and what it holds."""
-    from fsdp_trace.analyze import cache
+    from fsdp_trace.analysis import cache
 
     with user_errors("cache info"):
         for line in cache.info().lines():
@@ -558,7 +558,7 @@ def cache_info() -> None:
 @cache_app.command("clear")
 def cache_clear() -> None:
     """Delete every cache entry (and leftover temporary files)."""
-    from fsdp_trace.analyze import cache
+    from fsdp_trace.analysis import cache
 
     with user_errors("cache clear"):
         files, freed = cache.clear()

@@ -184,7 +184,7 @@ def _trace_sizes(paths: list[Path]) -> dict[str, int]:
 def analyze_point(run_dir: Path, traces: list[Path]) -> dict[str, Any]:
     """Analyze a run's timing traces into the analysis.json summary."""
     from fsdp_trace import __version__
-    from fsdp_trace.analyze import analyze
+    from fsdp_trace.analysis import analyze
 
     return {
         "format": SUMMARY_FORMAT,

@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdp_trace.analyze import analyze, api, cache, loader
-from fsdp_trace.analyze.loader import load_trace
-from fsdp_trace.analyze.results import RankAnalysis
+from fsdp_trace.analysis import analyze, api, cache, loader
+from fsdp_trace.analysis import trace as trace_mod
+from fsdp_trace.analysis.loader import load_trace
+from fsdp_trace.analysis.results import RankAnalysis
 from tests.conftest import SAMPLES, run_cli
 from tests.synth import TraceBuilder
 
@@ -142,7 +143,7 @@ def test_code_change_invalidates_and_keeps_the_other_versions_entries(
     load_trace(trace_file)
     (old,) = entries(cache_dir)
     if change == "format":
-        monkeypatch.setattr(loader, "FORMAT_VERSION", loader.FORMAT_VERSION + 1)
+        monkeypatch.setattr(trace_mod, "FORMAT_VERSION", trace_mod.FORMAT_VERSION + 1)
     else:  # one more byte in a source file the entry depends on
         edited = tmp_path / "loader.py"
         edited.write_bytes((cache._sources("trace")[0]).read_bytes() + b"\n")

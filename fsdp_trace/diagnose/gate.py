@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fsdp_trace.analyze.results import Analysis
+from fsdp_trace.analysis.results import Analysis
 from fsdp_trace.errors import UserError
 
 OPS = {

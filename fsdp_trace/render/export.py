@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace import __version__, atomic
-from fsdp_trace.analyze.results import Analysis
+from fsdp_trace.analysis.results import Analysis
 from fsdp_trace.errors import UserError
 
 

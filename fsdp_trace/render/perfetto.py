@@ -42,9 +42,9 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
     TrackEvent,
 )
 
-from fsdp_trace.analyze import classify
-from fsdp_trace.analyze.loader import load_trace
-from fsdp_trace.analyze.results import Analysis, RankAnalysis
+from fsdp_trace.analysis import classify
+from fsdp_trace.analysis.loader import load_trace
+from fsdp_trace.analysis.results import Analysis, RankAnalysis
 from fsdp_trace.atomic import atomic_open
 from fsdp_trace.errors import UserError
 

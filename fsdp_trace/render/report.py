@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace import __version__, atomic
-from fsdp_trace.analyze.results import Analysis, RankAnalysis
+from fsdp_trace.analysis.results import Analysis, RankAnalysis
 
 # One color per meaning, everywhere in the report.
 COLORS = {

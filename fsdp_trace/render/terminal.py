@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fsdp_trace.analyze.results import Analysis
+from fsdp_trace.analysis.results import Analysis
 
 
 def _ms(us: float | None) -> str:

@@ -10,15 +10,17 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
+from fsdp_trace.vocab import Collective, Kind
+
 # Event kinds (small ints in the `kind` column).
 OTHER, COMM, COMPUTE, MEMCPY, MEMSET, SYNC, LAUNCH, CPU_OP, ANNOTATION, GPU_ANNOTATION = range(10)
 KIND_NAMES = {
     OTHER: "other",
-    COMM: "comm",
-    COMPUTE: "compute",
-    MEMCPY: "memcpy",
-    MEMSET: "memset",
-    SYNC: "sync",
+    COMM: Kind.COMM.value,
+    COMPUTE: Kind.COMPUTE.value,
+    MEMCPY: Kind.MEMCPY.value,
+    MEMSET: Kind.MEMSET.value,
+    SYNC: Kind.SYNC.value,
     LAUNCH: "launch",
     CPU_OP: "cpu_op",
     ANNOTATION: "annotation",
@@ -47,45 +49,45 @@ _CATEGORY_KIND = {
 
 # Collective type from the kernel name: the order matters (ReduceScatter before Reduce).
 _NAME_COLLECTIVES = (
-    ("ReduceScatter", re.compile(r"ReduceScatter", re.IGNORECASE)),
-    ("AllGather", re.compile(r"AllGather", re.IGNORECASE)),
-    ("AllReduce", re.compile(r"AllReduce", re.IGNORECASE)),
-    ("AllToAll", re.compile(r"AllToAll", re.IGNORECASE)),
-    ("Broadcast", re.compile(r"Broadcast", re.IGNORECASE)),
-    ("SendRecv", re.compile(r"SendRecv|_Send|_Recv", re.IGNORECASE)),
-    ("Reduce", re.compile(r"_Reduce(?!Scatter)", re.IGNORECASE)),
+    (Collective.REDUCE_SCATTER, re.compile(r"ReduceScatter", re.IGNORECASE)),
+    (Collective.ALL_GATHER, re.compile(r"AllGather", re.IGNORECASE)),
+    (Collective.ALL_REDUCE, re.compile(r"AllReduce", re.IGNORECASE)),
+    (Collective.ALL_TO_ALL, re.compile(r"AllToAll", re.IGNORECASE)),
+    (Collective.BROADCAST, re.compile(r"Broadcast", re.IGNORECASE)),
+    (Collective.SEND_RECV, re.compile(r"SendRecv|_Send|_Recv", re.IGNORECASE)),
+    (Collective.REDUCE, re.compile(r"_Reduce(?!Scatter)", re.IGNORECASE)),
 )
 # Collective type from the `Collective name` argument (torch's c10d op names).
 _ARG_COLLECTIVES = (
-    ("ReduceScatter", re.compile(r"reduce_?scatter", re.IGNORECASE)),
-    ("AllGather", re.compile(r"all_?gather", re.IGNORECASE)),
-    ("AllReduce", re.compile(r"all_?reduce", re.IGNORECASE)),
-    ("AllToAll", re.compile(r"all_?to_?all", re.IGNORECASE)),
-    ("Broadcast", re.compile(r"broadcast", re.IGNORECASE)),
-    ("SendRecv", re.compile(r"^(send|recv|sendrecv|batch_isend_irecv)", re.IGNORECASE)),
-    ("Reduce", re.compile(r"^_?reduce$", re.IGNORECASE)),
-    ("Barrier", re.compile(r"barrier", re.IGNORECASE)),
+    (Collective.REDUCE_SCATTER, re.compile(r"reduce_?scatter", re.IGNORECASE)),
+    (Collective.ALL_GATHER, re.compile(r"all_?gather", re.IGNORECASE)),
+    (Collective.ALL_REDUCE, re.compile(r"all_?reduce", re.IGNORECASE)),
+    (Collective.ALL_TO_ALL, re.compile(r"all_?to_?all", re.IGNORECASE)),
+    (Collective.BROADCAST, re.compile(r"broadcast", re.IGNORECASE)),
+    (Collective.SEND_RECV, re.compile(r"^(send|recv|sendrecv|batch_isend_irecv)", re.IGNORECASE)),
+    (Collective.REDUCE, re.compile(r"^_?reduce$", re.IGNORECASE)),
+    (Collective.BARRIER, re.compile(r"barrier", re.IGNORECASE)),
 )
 # CPU (gloo) collectives: the work runs on gloo's own thread as `gloo:<op>` annotations.
 _GLOO_COLLECTIVES = {
-    "gloo:all_gather": "AllGather",
-    "gloo:reduce_scatter": "ReduceScatter",
-    "gloo:all_reduce": "AllReduce",
-    "gloo:broadcast": "Broadcast",
-    "gloo:send": "SendRecv",
-    "gloo:recv": "SendRecv",
-    "gloo:all_to_all": "AllToAll",
-    "gloo:barrier": "Barrier",
+    "gloo:all_gather": Collective.ALL_GATHER,
+    "gloo:reduce_scatter": Collective.REDUCE_SCATTER,
+    "gloo:all_reduce": Collective.ALL_REDUCE,
+    "gloo:broadcast": Collective.BROADCAST,
+    "gloo:send": Collective.SEND_RECV,
+    "gloo:recv": Collective.SEND_RECV,
+    "gloo:all_to_all": Collective.ALL_TO_ALL,
+    "gloo:barrier": Collective.BARRIER,
 }
 BUS_FACTOR = {
     # busbw = algbw × factor (nccl-tests PERFORMANCE.md), n = group size
-    "AllGather": lambda n: (n - 1) / n,
-    "ReduceScatter": lambda n: (n - 1) / n,
-    "AllReduce": lambda n: 2 * (n - 1) / n,
-    "AllToAll": lambda n: (n - 1) / n,
-    "Broadcast": lambda n: 1.0,
-    "Reduce": lambda n: 1.0,
-    "SendRecv": lambda n: 1.0,
+    Collective.ALL_GATHER: lambda n: (n - 1) / n,
+    Collective.REDUCE_SCATTER: lambda n: (n - 1) / n,
+    Collective.ALL_REDUCE: lambda n: 2 * (n - 1) / n,
+    Collective.ALL_TO_ALL: lambda n: (n - 1) / n,
+    Collective.BROADCAST: lambda n: 1.0,
+    Collective.REDUCE: lambda n: 1.0,
+    Collective.SEND_RECV: lambda n: 1.0,
 }
 DTYPE_BYTES = {
     "Float": 4,
@@ -148,10 +150,10 @@ def collective_from_name(name: str | None) -> str | None:
     if not name:
         return None
     if name in _GLOO_COLLECTIVES:
-        return _GLOO_COLLECTIVES[name]
+        return _GLOO_COLLECTIVES[name].value
     for label, pattern in _NAME_COLLECTIVES:
         if pattern.search(name):
-            return label
+            return label.value
     return None
 
 
@@ -160,7 +162,7 @@ def collective_from_arg(arg: str | None) -> str | None:
         return None
     for label, pattern in _ARG_COLLECTIVES:
         if pattern.search(arg):
-            return label
+            return label.value
     return None
 
 
@@ -173,7 +175,7 @@ def collective_types(events: pd.DataFrame) -> np.ndarray:
         result = np.where(pd.isna(from_arg), from_name, from_arg)
     else:
         result = from_name
-    return np.where(pd.isna(result), "Unknown", result).astype(object)
+    return np.where(pd.isna(result), Collective.UNKNOWN.value, result).astype(object)
 
 
 def dtype_bytes(dtypes: pd.Series) -> np.ndarray:

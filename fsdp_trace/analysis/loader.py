@@ -16,7 +16,7 @@ processes: a forked helper takes
 batches are merged in file order into exactly the columns one process would build (any batch
 that does not decode sends the file down the one-process path, which reports the real error).
 
-Parsed columns are cached by file content (`fsdp_trace.analyze.cache`): a second load of the
+Parsed columns are cached by file content (`fsdp_trace.analysis.cache`): a second load of the
 same bytes reads them back instead of parsing.
 """
 
@@ -32,7 +32,6 @@ import threading
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from itertools import chain, compress
 from operator import attrgetter
 from pathlib import Path
@@ -42,12 +41,11 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis.trace import FORMAT_VERSION, MISSING, Trace, rank_from_name
 from fsdp_trace.errors import UserError
 
-MISSING = -1  # integer columns use -1 for "absent"
-# Bump when the parsed columns change (names, dtypes, meaning): cached entries of another
-# version are ignored.
-FORMAT_VERSION = 2
+__all__ = ["FORMAT_VERSION", "MISSING", "Trace", "load_trace", "rank_from_name", "raw_size"]
+
 PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar for larger files (raw JSON bytes)
 
 _BLOCK = 8 << 20  # bytes read (or gunzipped) at a time
@@ -109,7 +107,6 @@ class _TraceFile(msgspec.Struct):
 
 _DECODER = msgspec.json.Decoder(_TraceFile)
 _LIST_DECODER = msgspec.json.Decoder(list[_Event])
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")  # between two events (checked by decoding the piece)
 DROPPED_CATEGORIES = frozenset({"python_function", "Trace"})
@@ -132,30 +129,6 @@ _DENSE_ARGS = ("correlation", "external_id", "sequence_number", "stream")
 _get = {name: attrgetter(name) for name in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
 _get_arg = {name: attrgetter(name) for name in (*_DENSE_ARGS, *(r for r, _ in _RARE))}
 _get_rare = attrgetter(*(r for r, _ in _RARE))
-
-
-@dataclass
-class Trace:
-    """One rank's trace as columns. `events` holds complete ('X') events only."""
-
-    path: str
-    events: pd.DataFrame
-    rank: int | None = None
-    world_size: int | None = None
-    distributed: dict[str, Any] = field(default_factory=dict)
-    device_properties: list[Any] = field(default_factory=list)
-    base_time_ns: int | None = None
-    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
-    process_names: dict[int, str] = field(default_factory=dict)
-    string_ids: dict[str, int] = field(default_factory=dict)  # string pid/tid -> negative ids
-    raw_event_count: int = 0
-
-
-def rank_from_name(path: Path) -> int | None:
-    """The rank a file name gives (`rank3.json`, `rank_3_trace.json.gz`), used when the trace
-    itself does not say."""
-    match = _RANK_IN_NAME.search(Path(path).name)
-    return int(match.group(1)) if match else None
 
 
 def raw_size(path: Path) -> int:
@@ -906,12 +879,12 @@ def load_trace(
     """Parse one Kineto trace. Bad input raises UserError with a one-line message.
 
     `cache`: reuse (and store) the parsed columns keyed by the file's content, under
-    $FSDP_TRACE_CACHE_DIR or ~/.cache/fsdp-trace (see `fsdp_trace.analyze.cache`).
+    $FSDP_TRACE_CACHE_DIR or ~/.cache/fsdp-trace (see `fsdp_trace.analysis.cache`).
     `progress`: a progress bar on stderr; None shows it for large files on a terminal.
     `parallel`: decode with a second process; None does for large files on 2+ cores.
     `content`: the file's `cache.content_hash`, when the caller has it (saves hashing again).
     """
-    from fsdp_trace.analyze import cache as cache_mod
+    from fsdp_trace.analysis import cache as cache_mod
 
     path = Path(path)
     _check_path(path)

@@ -15,11 +15,70 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analyze import intervals as iv
+from fsdp_trace.analysis import intervals as iv
+from fsdp_trace.analysis.trace import MISSING
+from fsdp_trace.vocab import ROOT, Collective
 
 FSDP_LABEL = re.compile(r"^FSDP::(?P<kind>\w+?)(?: \((?P<fqn>.*?)\))?(?: \[pg=\d+\])?$")
 FSDP_PREFETCH = re.compile(r"^FSDP::(?P<kind>forward_prefetch|backward_prefetch) for (?P<fqn>.*)$")
-ROOT = "root"
+
+# FSDP2's record_function labels, by the word after `FSDP::` (trace-facts.md lists them).
+ALL_GATHER = "all_gather"  # around the all-gather of the unit it names
+REDUCE = "post_backward_reduce"  # around the reduce-scatter (and HSDP all-reduce) of its unit
+PRE_FORWARD = "pre_forward"
+POST_FORWARD = "post_forward"
+PRE_BACKWARD = "pre_backward"
+ROOT_PRE_FORWARD = "root_pre_forward"  # once per forward (micro-batch) of the root
+PREFETCH_LABELS = frozenset({"forward_prefetch", "backward_prefetch"})
+FORWARD_LABELS = frozenset(
+    {
+        PRE_FORWARD,
+        "forward_prefetch",
+        POST_FORWARD,
+        ROOT_PRE_FORWARD,
+        "all_gather_copy_out",
+        "cast_forward_inputs",
+        "cast_forward_outputs",
+    }
+)
+BACKWARD_LABELS = frozenset(
+    {
+        PRE_BACKWARD,
+        "backward_prefetch",
+        "post_backward_accumulate",
+        "post_backward_reshard",
+        REDUCE,
+        "post_backward_rs_wait",
+        "root_post_backward_callback",
+        "finalize_backward",
+    }
+)
+# The hooks that issue work for a unit (the `issued_by` of a collective).
+ISSUER_LABELS = frozenset(
+    {
+        PRE_FORWARD,
+        PRE_BACKWARD,
+        POST_FORWARD,
+        REDUCE,
+        ROOT_PRE_FORWARD,
+        "root_post_backward_callback",
+    }
+)
+AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"
+OPTIMIZER_PREFIX = "Optimizer.step#"
+# torch.compile leaves these CPU ops around compiled graphs.
+COMPILED_PREFIXES = ("Torch-Compiled Region", "CompiledFunction")
+# The c10d ops that issue a collective (on gloo, the work then runs on gloo's thread).
+C10D_COLLECTIVES = {
+    "c10d::_allgather_base_": Collective.ALL_GATHER.value,
+    "c10d::allgather_": Collective.ALL_GATHER.value,
+    "c10d::allgather_into_tensor_coalesced_": Collective.ALL_GATHER.value,
+    "c10d::_reduce_scatter_base_": Collective.REDUCE_SCATTER.value,
+    "c10d::reduce_scatter_": Collective.REDUCE_SCATTER.value,
+    "c10d::reduce_scatter_tensor_coalesced_": Collective.REDUCE_SCATTER.value,
+    "c10d::allreduce_": Collective.ALL_REDUCE.value,
+    "c10d::broadcast_": Collective.BROADCAST.value,
+}
 
 
 def parse_fsdp_label(name: str) -> tuple[str, str] | None:
@@ -213,3 +272,117 @@ def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
     if not pieces:
         return pd.DataFrame(columns=["pid", "tid", "fqn", "w_start", "w_end", "phase"])
     return pd.concat(pieces, ignore_index=True)
+
+
+@dataclass
+class CpuContext:
+    """The CPU-side context of a trace, built once and queried for every launch: FSDP2
+    labels, each unit's compute windows, autograd (backward), recompute and optimizer."""
+
+    keys: ThreadKeys
+    labels: Forest
+    windows: Forest
+    autograd: ThreadUnion
+    recompute: ThreadUnion
+    optimizer: ThreadUnion
+    label_table: pd.DataFrame  # one row per FSDP2 label: pid, tid, ts, end, kind, fqn
+    recompute_ops: pd.DataFrame  # forward ops run inside backward: pid, tid, ts
+    compiled_regions: int  # torch.compile regions entered (CPU ops)
+    COLUMNS = ("pid", "tid", "ts", "end", "name", "sequence_number")
+
+    @classmethod
+    def build(cls, cpu: pd.DataFrame) -> CpuContext:
+        keys = ThreadKeys(cpu["pid"].to_numpy(), cpu["tid"].to_numpy(), cpu["ts"].to_numpy())
+        code = keys.codes
+        fsdp = fsdp_labels(cpu)
+        labels = Forest.build(
+            keys,
+            keys.code(fsdp["pid"], fsdp["tid"]),
+            fsdp["ts"],
+            fsdp["end"],
+            fsdp["kind"],
+            fsdp["fqn"],
+        )
+        win = block_windows(fsdp)
+        windows = Forest.build(
+            keys,
+            keys.code(win["pid"], win["tid"]),
+            win["w_start"],
+            win["w_end"],
+            win["phase"],
+            win["fqn"],
+        )
+        names = cpu["name"]  # string tests run once per distinct name
+        ts, end = cpu["ts"].to_numpy(), cpu["end"].to_numpy()
+        is_autograd = name_mask(names, lambda n: n.startswith(AUTOGRAD_PREFIX))
+        autograd = ThreadUnion(keys, code[is_autograd], ts[is_autograd], end[is_autograd])
+        # Recompute = forward ops (they carry an autograd sequence number) run inside backward.
+        candidate = (
+            (cpu["sequence_number"].to_numpy() != MISSING)
+            & ~name_mask(names, lambda n: "Backward" in n)
+            & ~is_autograd
+        )
+        inside = np.zeros(len(cpu), dtype=bool)
+        inside[candidate] = autograd.contains(code[candidate], ts[candidate])
+        recompute = ThreadUnion(keys, code[inside], ts[inside], end[inside])
+        is_opt = name_mask(names, lambda n: n.startswith(OPTIMIZER_PREFIX))
+        optimizer = ThreadUnion(keys, code[is_opt], ts[is_opt], end[is_opt])
+        compiled = int(name_mask(names, lambda n: n.startswith(COMPILED_PREFIXES)).sum())
+        recompute_ops = pd.DataFrame({"thread": code[inside], "ts": ts[inside]})
+        return cls(
+            keys, labels, windows, autograd, recompute, optimizer, fsdp, recompute_ops, compiled
+        )
+
+    def facts(self, cpu_steps: pd.DataFrame) -> pd.DataFrame:
+        """What the FSDP2 hooks did per profiled step: one row per step × label kind × unit
+        with its count and first start (µs), plus kind `recompute`: forward ops re-run inside
+        the unit's backward (activation checkpointing). The run's configuration is inferred
+        from this table (`fsdp_trace.analysis.config`)."""
+        table = self.label_table
+        wanted = table["kind"].isin(FACT_KINDS).to_numpy()
+        ops = self.recompute_ops
+        idx = self.windows.innermost(self.keys, ops["thread"].to_numpy(), ops["ts"].to_numpy())
+        units = self.windows.fqn_at(idx)
+        found = pd.notna(units)
+        rows = pd.DataFrame(
+            {
+                "kind": np.concatenate(
+                    [table["kind"].to_numpy()[wanted], np.full(int(found.sum()), RECOMPUTE_FACT)]
+                ),
+                "unit": np.concatenate([table["fqn"].to_numpy()[wanted], units[found]]),
+                "ts": np.concatenate(
+                    [table["ts"].to_numpy()[wanted], ops["ts"].to_numpy()[found]]
+                ).astype(np.float64),
+            }
+        )
+        if cpu_steps.empty:
+            rows["step"] = 0
+        else:
+            from fsdp_trace.analysis.steps import step_of_time
+
+            rows["step"] = step_of_time(cpu_steps, rows["ts"].to_numpy())
+            rows = rows[rows["step"] >= 0]
+        if rows.empty:
+            return pd.DataFrame(columns=FACT_COLUMNS)
+        out = (
+            rows.groupby(["step", "kind", "unit"], sort=True)
+            .agg(count=("ts", "size"), first_ts=("ts", "min"))
+            .reset_index()
+        )
+        out["count"] = out["count"].astype(np.int64)
+        return out[FACT_COLUMNS]
+
+
+# The label kinds the facts table counts, and its columns.
+FACT_KINDS = (
+    PRE_FORWARD,
+    POST_FORWARD,
+    PRE_BACKWARD,
+    ROOT_PRE_FORWARD,
+    ALL_GATHER,
+    REDUCE,
+    "forward_prefetch",
+    "backward_prefetch",
+)
+RECOMPUTE_FACT = "recompute"
+FACT_COLUMNS = ["step", "kind", "unit", "count", "first_ts"]

@@ -1,4 +1,5 @@
-"""What analysis returns: dataclasses holding DataFrames with stable, documented columns."""
+"""One rank's analysis (`RankAnalysis`) and the documented columns of every table.
+The run-level result (`fsdp_trace.result`) holds these, one per trace."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ STEP_COLUMNS = [
     "recompute_pct",
     "n_comm_kernels",
     "n_compute_kernels",
+    # The step's breakdown (fsdp_trace.analysis.breakdown): its parts add up to step_us.
+    # `model_compute_us` is `compute_us` without FSDP's own kernels and recompute.
+    "model_compute_us",
+    "fsdp_copy_us",
+    "exposed_transfer_us",
+    "exposed_wait_us",
+    "exposed_unsplit_us",
 ]
 # One row per communication kernel (or CPU collective on gloo traces).
 COLLECTIVE_COLUMNS = [
@@ -51,11 +59,16 @@ COLLECTIVE_COLUMNS = [
     "busbw_gbps",
     "dtype",
     "pg_name",
+    "pg_desc",
     "pg_ranks",
     "seq",
     "stream",
     "correlation",
     "kernel",
+    # From the cross-rank match (NaN where the collective matched no other rank's):
+    "transfer_us",  # the shortest duration of the collective across its group's ranks
+    "wait_us",  # this rank's duration − transfer: waiting for the last rank to arrive
+    "exposed_transfer_us",  # the part of [end − transfer, end] no compute hides
 ]
 # Per block × phase × collective, averaged per step over the analyzed steps.
 BLOCK_COLUMNS = [
@@ -92,13 +105,14 @@ class RankAnalysis:
     kernels: pd.DataFrame  # kept GPU events with step, phase and block (for views)
     exposed: pd.DataFrame  # exposed-communication intervals: start_us, end_us, step
     compute_phases: pd.DataFrame  # per step: forward/backward/recompute/optimizer compute µs
+    fsdp: pd.DataFrame  # per step × FSDP2 label kind × unit: count (context.FACT_COLUMNS)
     streams: dict[int, str] = field(default_factory=dict)  # stream id -> role
     notices: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def exposed_collectives(self) -> list[list[int]]:
         """For each exposed interval, the rows of `collectives` running during it."""
-        from fsdp_trace.analyze.intervals import overlapping
+        from fsdp_trace.analysis.intervals import overlapping
 
         if self.exposed.empty or self.collectives.empty:
             return [[] for _ in range(len(self.exposed))]
@@ -134,59 +148,4 @@ class RankAnalysis:
                 }
             else:
                 out[column] = None
-        return out
-
-
-@dataclass
-class Analysis:
-    """Everything `fsdp-trace analyze` found for one input (a trace, run or directory)."""
-
-    inputs: list[str]
-    ranks: list[RankAnalysis]  # timing (or plain) traces, one per rank
-    detailed: list[RankAnalysis] = field(default_factory=list)  # capture's detailed traces
-    run: dict[str, Any] | None = None  # run.json, when the input is a capture run
-    notices: list[str] = field(default_factory=list)
-    hta: pd.DataFrame | None = None  # HTA cross-check, when asked for
-    findings: list[Any] = field(default_factory=list)  # fsdp_trace.diagnose.Finding
-    crossrank: Any = None  # fsdp_trace.diagnose.CrossRank, with two or more GPU ranks
-
-    def _concat(self, attr: str, columns: list[str]) -> pd.DataFrame:
-        """One table over every trace, timing then detailed (tell them apart by `source`)."""
-        frames = [getattr(r, attr) for r in self.ranks + self.detailed if len(getattr(r, attr))]
-        if not frames:
-            return pd.DataFrame(columns=columns)
-        return pd.concat(frames, ignore_index=True)[columns]
-
-    @property
-    def steps(self) -> pd.DataFrame:
-        return self._concat("steps", STEP_COLUMNS)
-
-    @property
-    def collectives(self) -> pd.DataFrame:
-        return self._concat("collectives", COLLECTIVE_COLUMNS)
-
-    @property
-    def blocks(self) -> pd.DataFrame:
-        return self._concat("blocks", BLOCK_COLUMNS)
-
-    def distortion(self) -> list[dict[str, Any]]:
-        """Detailed (record_shapes + with_stack) step vs the timing steps' median, per rank."""
-        out = []
-        timing = {r.rank: r for r in self.ranks}
-        for det in self.detailed:
-            base = timing.get(det.rank)
-            if base is None or base.steps.empty or det.steps.empty:
-                continue
-            t_med = float(base.steps["step_us"].median())
-            d_step = float(det.steps["step_us"].iloc[-1])
-            out.append(
-                {
-                    "rank": det.rank,
-                    "detailed_step_us": d_step,
-                    "timing_median_step_us": t_med,
-                    "slowdown_pct": 100.0 * (d_step - t_med) / t_med if t_med else float("nan"),
-                    "detailed_exposed_pct": float(det.steps["exposed_pct"].iloc[-1]),
-                    "timing_exposed_pct": float(base.steps["exposed_pct"].median()),
-                }
-            )
         return out

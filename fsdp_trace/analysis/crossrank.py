@@ -7,10 +7,12 @@ arrive, and the rank that starts last is the one the others waited for.
 
 Matching is per process group, among its member ranks: the group is the kernel's `Process
 Group Ranks` (else the rank's `distributedInfo.pg_config` entry for its `Process Group Name`,
-else every analyzed rank), so HSDP/TP subgroups match within themselves. Within a group the
-trace's `Seq` (torch >= 2.12) identifies a collective on every member; without it, the k-th
-collective of a group in a profiled step is the k-th on every member (NCCL requires that
-order), launch order being the kernels' correlation order. Keying by step keeps ranks aligned
+else every analyzed rank), so HSDP/TP subgroups match within themselves. The profiler cuts
+`Process Group Ranks` after 30 ranks (`[0, 1, ..., 29, ...]`): a cut list is never taken as
+the members; pg_config's list is, else the analyzed ranks whose traces hold that group.
+Within a group the trace's `Seq` (torch >= 2.12) identifies a collective on every member;
+without it, the k-th collective of a group in a profiled step is the k-th on every member
+(NCCL requires that order), launch order being the kernels' correlation order. Keying by step keeps ranks aligned
 even when they dropped different numbers of kernels launched before the profiled window.
 Matched kernels must agree on collective type, unit and bytes; the others are left out, with
 a notice. Clocks of different hosts can disagree: each rank's offset is the median difference
@@ -27,9 +29,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analyze import classify
-from fsdp_trace.analyze import intervals as iv
-from fsdp_trace.analyze.results import RankAnalysis
+from fsdp_trace.analysis import classify
+from fsdp_trace.analysis import intervals as iv
+from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.vocab import Device
 
 # Matched collectives end within a few µs of each other on one host (NCCL's own completion
 # skew); only a larger median difference means the ranks' clocks disagree.
@@ -39,6 +42,8 @@ CLOCK_TOLERANCE_US = 50.0
 # differences below that are not evidence of who was late.
 ARRIVAL_TIE_US = 5.0
 ALL_RANKS = "*"  # members of a group whose ranks the trace does not name
+# Members of a group whose list the profiler cut: the analyzed ranks that hold the group.
+OBSERVED = "?"
 _NUMBERS = re.compile(r"-?\d+")
 
 
@@ -96,9 +101,12 @@ class CrossRank:
 
 
 def _members_text(raw: Any) -> str | None:
-    """'[0, 1]' → '0,1'; empty or absent → None."""
+    """'[0, 1]' → '0,1'; a list the profiler cut ('..., 29, ...]') → OBSERVED; empty or
+    absent → None."""
     if not isinstance(raw, str):
         return None
+    if "..." in raw or "…" in raw:
+        return OBSERVED
     return ",".join(_NUMBERS.findall(raw)) or None
 
 
@@ -140,12 +148,16 @@ def _rank_table(rank: RankAnalysis, groups: _Groups) -> pd.DataFrame:
     codes = codes.to_numpy()
     _, first = np.unique(codes, return_index=True)
     configured = _pg_config_members(rank)
+
+    def members(name: Any, text: Any) -> str:
+        listed = _members_text(text)
+        if listed is None or listed == OBSERVED:
+            return configured.get(str(name)) or listed or ALL_RANKS
+        return listed
+
     ids = np.array(
         [
-            groups.id(
-                "default" if pd.isna(name) else str(name),
-                _members_text(text) or configured.get(str(name)) or ALL_RANKS,
-            )
+            groups.id("default" if pd.isna(name) else str(name), members(name, text))
             for name, text in keys.iloc[first].itertuples(index=False)
         ],
         dtype=np.int64,
@@ -168,15 +180,19 @@ def _rank_table(rank: RankAnalysis, groups: _Groups) -> pd.DataFrame:
     )
 
 
-def _expected_members(groups: pd.DataFrame, ranks: list[int]) -> pd.Series:
-    """Per group: how many analyzed ranks take part (members the trace names, else all)."""
+def _expected_members(groups: pd.DataFrame, ranks: list[int], table: pd.DataFrame) -> pd.Series:
+    """Per group: how many analyzed ranks take part: the members the trace names, else (a
+    cut list) the ranks whose traces hold the group, else all."""
     present = set(ranks)
+    holders = table.groupby("group")["rank"].nunique()
     return pd.Series(
         [
             len(ranks)
             if members == ALL_RANKS
+            else int(holders.get(g, 0))
+            if members == OBSERVED
             else len(present.intersection(int(m) for m in members.split(",")))
-            for members in groups["members"]
+            for g, members in zip(groups.index, groups["members"], strict=True)
         ],
         index=groups.index,
         dtype=np.int64,
@@ -253,7 +269,9 @@ def _empty(notices: list[str]) -> CrossRank:
 def match(ranks: list[RankAnalysis]) -> CrossRank:
     """Cross-rank view of the given ranks' collectives (GPU traces, one per rank)."""
     usable = [
-        r for r in ranks if r.device == "gpu" and not r.collectives.empty and r.rank is not None
+        r
+        for r in ranks
+        if r.device == Device.GPU and not r.collectives.empty and r.rank is not None
     ]
     ids = [int(r.rank) for r in usable]
     if len(usable) < 2:
@@ -267,8 +285,8 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
     groups = _Groups()
     table = _order(pd.concat([_rank_table(r, groups) for r in usable], ignore_index=True))
     group_info = groups.frame()
-    expected = _expected_members(group_info, ids)
-    named = group_info["members"] != ALL_RANKS
+    expected = _expected_members(group_info, ids, table)
+    named = ~group_info["members"].isin([ALL_RANKS, OBSERVED])
     sizes = group_info.loc[named, "members"].str.count(",") + 1
     partial = sizes[sizes > expected[named]]
     if len(partial):

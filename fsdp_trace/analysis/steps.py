@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analyze import classify
+from fsdp_trace.analysis import classify
 
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analyze import classify
-from fsdp_trace.analyze.context import name_mask
-from fsdp_trace.analyze.loader import Trace, load_trace
-from fsdp_trace.analyze.rank import Coverage, overlap_pct
-from fsdp_trace.analyze.results import RankAnalysis
+from fsdp_trace.analysis import classify
+from fsdp_trace.analysis.context import name_mask
+from fsdp_trace.analysis.loader import Trace, load_trace
+from fsdp_trace.analysis.rank import Coverage, overlap_pct
+from fsdp_trace.analysis.results import RankAnalysis
 
 
 def hta_window(trace: Trace, kinds: np.ndarray) -> np.ndarray:

@@ -11,26 +11,28 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analyze import classify
-from fsdp_trace.analyze import intervals as iv
-from fsdp_trace.analyze import steps as steps_mod
-from fsdp_trace.analyze.context import name_mask
-from fsdp_trace.analyze.loader import MISSING, Trace
-from fsdp_trace.analyze.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
+from fsdp_trace.analysis import classify
+from fsdp_trace.analysis import intervals as iv
+from fsdp_trace.analysis import steps as steps_mod
+from fsdp_trace.analysis.blocks import block_table, empty_frame, phase_table
+from fsdp_trace.analysis.context import (
+    ALL_GATHER,
+    BACKWARD_LABELS,
+    C10D_COLLECTIVES,
+    FORWARD_LABELS,
+    ISSUER_LABELS,
+    PREFETCH_LABELS,
+    REDUCE,
+    CpuContext,
+    name_mask,
+)
+from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
+from fsdp_trace.analysis.trace import MISSING, Trace, pg_sizes
+from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Phase
 
 
-def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str) -> RankAnalysis:
-    from fsdp_trace.analyze.rank import (
-        BACKWARD_LABELS,
-        C10D_COLLECTIVES,
-        FORWARD_LABELS,
-        ISSUER_LABELS,
-        _blocks,
-        _Cpu,
-        _empty,
-        _phase_table,
-    )
-
+def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnalysis:
+    """The CPU-side collectives of a trace without GPU kernels, attributed like NCCL ones."""
     events = trace.events
     names = events["name"]  # categorical: string tests run once per distinct name
     notices: list[str] = []
@@ -48,10 +50,10 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
     # Which gloo op runs each issued type; gloo implements reduce-scatter as an all-reduce.
     has_rs = "gloo:reduce_scatter" in set(gloo_names)
     target = {
-        "AllGather": "gloo:all_gather",
-        "AllReduce": "gloo:all_reduce",
-        "ReduceScatter": "gloo:reduce_scatter" if has_rs else "gloo:all_reduce",
-        "Broadcast": "gloo:broadcast",
+        Collective.ALL_GATHER: "gloo:all_gather",
+        Collective.ALL_REDUCE: "gloo:all_reduce",
+        Collective.REDUCE_SCATTER: "gloo:reduce_scatter" if has_rs else "gloo:all_reduce",
+        Collective.BROADCAST: "gloo:broadcast",
     }
     issue_target = np.array([target.get(t) for t in issue_type[issue_rows]], dtype=object)
     pairs = []
@@ -68,20 +70,21 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
             )
     if not pairs:
         notices.append(_nothing_to_report(gloo_rows.size, issue_rows.size))
-        empty = _empty(COLLECTIVE_COLUMNS)
+        empty = empty_frame(COLLECTIVE_COLUMNS)
         return RankAnalysis(
             rank=trace.rank,
             path=trace.path,
             source=source,
-            device="cpu",
+            device=Device.CPU,
             steps=_cpu_steps_frame(trace, cpu_steps, [], source),
             collectives=empty,
-            blocks=_blocks(empty, pd.DataFrame(), 0, expectations, trace.rank, source),
+            blocks=block_table(empty, pd.DataFrame(), 0, trace.rank, source),
             kernels=pd.DataFrame(),
             exposed=pd.DataFrame(columns=["start_us", "end_us", "step"]),
-            compute_phases=_phase_table(pd.Series(dtype=float), trace.rank, source),
+            compute_phases=phase_table(pd.Series(dtype=float), trace.rank, source),
+            fsdp=CpuContext.build(cpu).facts(cpu_steps),
             notices=notices,
-            meta={"world_size": trace.world_size},
+            meta=_meta(trace, 0),
         )
     notices.insert(
         0, "no GPU kernels: a CPU (gloo) trace; reporting CPU-side collectives, no overlap"
@@ -90,18 +93,22 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
     run = np.array([p[1] for p in pairs])
     ctype = np.array([p[2] for p in pairs], dtype=object)
 
-    ctx = _Cpu.build(cpu)
+    ctx = CpuContext.build(cpu)
     thread = ctx.keys.code(events["pid"].to_numpy()[issue], events["tid"].to_numpy()[issue])
     t = events["ts"].to_numpy()[issue]
     chain = ctx.labels.chain(ctx.labels.innermost(ctx.keys, thread, t))
-    ag = ctx.labels.first_of(chain, {"all_gather"})
-    rs = ctx.labels.first_of(chain, {"post_backward_reduce"})
+    ag = ctx.labels.first_of(chain, {ALL_GATHER})
+    rs = ctx.labels.first_of(chain, {REDUCE})
     hooks = ctx.labels.first_of(chain, FORWARD_LABELS | BACKWARD_LABELS)
-    block = np.where(ctype == "AllGather", ctx.labels.fqn_at(ag), ctx.labels.fqn_at(rs))
+    block = np.where(ctype == Collective.ALL_GATHER, ctx.labels.fqn_at(ag), ctx.labels.fqn_at(rs))
     block = np.where(pd.isna(block), ctx.labels.fqn_at(hooks), block)
     hook_kind = ctx.labels.kind_at(hooks)
     in_autograd = ctx.autograd.contains(thread, t)
-    phase = np.where(np.isin(hook_kind, list(BACKWARD_LABELS)) | in_autograd, "backward", "forward")
+    phase = np.where(
+        np.isin(hook_kind, list(BACKWARD_LABELS)) | in_autograd,
+        Phase.BACKWARD.value,
+        Phase.FORWARD.value,
+    )
     issuer = ctx.labels.fqn_at(ctx.labels.first_of(chain, ISSUER_LABELS))
     start = events["ts"].to_numpy()[run]
     end = events["end"].to_numpy()[run]
@@ -114,8 +121,8 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
     nbytes = np.where(nbytes == MISSING, np.nan, nbytes)
     if trace.world_size:
         # gloo's recorded input is this rank's shard for all-gather; the message is n× that.
-        nbytes = np.where(ctype == "AllGather", nbytes * trace.world_size, nbytes)
-    group = float(trace.world_size) if trace.world_size else np.nan
+        nbytes = np.where(ctype == Collective.ALL_GATHER, nbytes * trace.world_size, nbytes)
+    group = _gloo_group_sizes(trace, ctype)
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(dur > 0, nbytes / (dur * 1e-6) / 1e9, np.nan)
     factor = classify.bus_factors(ctype, group)
@@ -130,11 +137,10 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
             "source": source,
             "step": step,
             "collective": ctype,
-            "block": pd.Series(block).fillna("unattributed").to_numpy(),
+            "block": pd.Series(block).fillna(UNATTRIBUTED).to_numpy(),
             "phase": phase,
             "issued_by": np.where(pd.isna(issuer), block, issuer),
-            "prefetched": ctx.labels.first_of(chain, {"forward_prefetch", "backward_prefetch"})
-            >= 0,
+            "prefetched": ctx.labels.first_of(chain, PREFETCH_LABELS) >= 0,
             "start_us": start,
             "end_us": end,
             "dur_us": dur,
@@ -145,6 +151,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
             "busbw_gbps": algbw * factor,
             "dtype": None,
             "pg_name": None,
+            "pg_desc": None,
             "pg_ranks": None,
             "seq": MISSING,
             "stream": events["tid"].to_numpy()[run],
@@ -152,32 +159,55 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, expectations, source: str
             "kernel": np.asarray(names.array[run], dtype=object),
         }
     )
-    frame = frame[frame["step"] >= 0].reset_index(drop=True)[COLLECTIVE_COLUMNS]
+    frame = frame[frame["step"] >= 0].reset_index(drop=True).reindex(columns=COLLECTIVE_COLUMNS)
     n_steps = max(len(cpu_steps), 1)
-    blocks = _blocks(
-        frame,
-        pd.DataFrame(columns=["block", "phase", "ts", "end"]),
-        n_steps,
-        expectations,
-        trace.rank,
-        source,
+    blocks = block_table(
+        frame, pd.DataFrame(columns=["block", "phase", "ts", "end"]), n_steps, trace.rank, source
     )
     blocks["exposed_us_per_step"] = np.nan
     return RankAnalysis(
         rank=trace.rank,
         path=trace.path,
         source=source,
-        device="cpu",
+        device=Device.CPU,
         steps=_cpu_steps_frame(trace, cpu_steps, [(frame["start_us"], frame["end_us"])], source),
         collectives=frame,
         blocks=blocks,
         kernels=pd.DataFrame(),
         exposed=pd.DataFrame(columns=["start_us", "end_us", "step"]),
-        compute_phases=_phase_table(pd.Series(dtype=float), trace.rank, source),
+        compute_phases=phase_table(pd.Series(dtype=float), trace.rank, source),
+        fsdp=ctx.facts(cpu_steps),
         streams={},
         notices=notices,
-        meta={"world_size": trace.world_size, "distributed": trace.distributed},
+        meta=_meta(trace, ctx.compiled_regions),
     )
+
+
+def _meta(trace: Trace, compiled_regions: int) -> dict:
+    return {
+        "world_size": trace.world_size,
+        "distributed": trace.distributed,
+        "device_names": [],
+        "compiled_regions": compiled_regions,
+    }
+
+
+def _gloo_group_sizes(trace: Trace, ctype: np.ndarray) -> np.ndarray:
+    """gloo ops carry no group. The group is the world for 1-D FSDP; on a 2-D mesh (HSDP)
+    the trace's pg_config holds the shard group (all-gather, reduce-scatter) and the
+    replicate group (all-reduce), whose sizes multiply to the world. NaN when unknown."""
+    if not trace.world_size:
+        return np.full(ctype.size, np.nan)
+    world = float(trace.world_size)
+    sizes = sorted(set(pg_sizes(trace.distributed).values()) - {world})
+    if not sizes:
+        return np.full(ctype.size, world)
+    shard, replicate = max(sizes), min(sizes)
+    if shard * replicate != world and shard * shard == world:
+        replicate = shard  # a square mesh: both groups have one size
+    if shard * replicate != world:
+        return np.full(ctype.size, world)
+    return np.where(ctype == Collective.ALL_REDUCE, replicate, shard)
 
 
 def _nothing_to_report(n_gloo: int, n_issued: int) -> str:
@@ -228,4 +258,4 @@ def _cpu_steps_frame(trace: Trace, cpu_steps: pd.DataFrame, comm, source: str) -
             "n_comm_kernels": 0,
             "n_compute_kernels": 0,
         }
-    )[STEP_COLUMNS]
+    ).reindex(columns=STEP_COLUMNS)

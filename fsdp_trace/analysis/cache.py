@@ -45,7 +45,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analyze import loader
+from fsdp_trace.analysis import trace as trace_mod
 
 MAGIC = b"FSDPTRC\x03"
 _PREFIX = struct.Struct("<8sQQ")  # magic, checksum of the rest, header length (padded)
@@ -121,7 +121,7 @@ def code_version(kind: str) -> str | None:
     from fsdp_trace import __version__
 
     hasher = _checksum_hasher()
-    versions = (__version__, loader.FORMAT_VERSION, np.__version__, pd.__version__)
+    versions = (__version__, trace_mod.FORMAT_VERSION, np.__version__, pd.__version__)
     hasher.update(repr((*versions, msgspec.__version__, kind)).encode())
     try:
         for file in _sources(kind):
@@ -135,7 +135,7 @@ def _sources(kind: str) -> list[Path]:
     """The source files whose code shapes an entry of `kind`."""
     package = Path(__file__).resolve().parent
     if kind == "trace":
-        return [package / "loader.py", package / "cache.py"]
+        return [package / "loader.py", package / "trace.py", package / "cache.py"]
     return sorted(package.glob("*.py"))  # the loader, the analysis, the results' classes
 
 
@@ -207,10 +207,10 @@ class TraceEntry(_Entry):
             return None  # the loader reports unreadable files
         return cls(directory() / f"trace-{code}-{content}{SUFFIX}", "trace")
 
-    def load(self, path: Path) -> loader.Trace | None:
-        return self._read(loader.Trace, path)
+    def load(self, path: Path) -> trace_mod.Trace | None:
+        return self._read(trace_mod.Trace, path)
 
-    def store(self, trace: loader.Trace) -> bool:
+    def store(self, trace: trace_mod.Trace) -> bool:
         return self._write(trace)
 
 
@@ -236,7 +236,7 @@ class AnalysisEntry(_Entry):
         return cls(directory() / name, "analysis")
 
     def load(self, path: Path):  # -> RankAnalysis | None
-        from fsdp_trace.analyze.results import RankAnalysis
+        from fsdp_trace.analysis.results import RankAnalysis
 
         return self._read(RankAnalysis, path)
 

@@ -1,0 +1,152 @@
+"""Where every microsecond of a step goes, per rank: the step window cut into disjoint parts
+that add up to it exactly.
+
+At each instant the window is in exactly one part, the first of these that holds:
+1. `recompute_us`: a recompute kernel runs (activation checkpointing re-running forward);
+2. `compute_us`: a model compute kernel runs (not FSDP's own);
+3. `fsdp_copy_us`: only FSDP's own copy/cast kernels run (those launched inside `FSDP::`
+   labels: all-gather copy-in/out, chunk_cat, casts);
+4. `exposed_transfer_us`: no compute, and a matched collective is moving data (its last
+   `transfer` µs, the shortest duration of that collective across the ranks);
+5. `exposed_wait_us`: no compute, and a matched collective waits for a peer to arrive (its
+   first `duration − transfer` µs);
+6. `exposed_unsplit_us`: no compute, and only collectives no other rank's trace matched run:
+   whether they wait or transfer is unknown (one rank, or no match), never guessed;
+7. `idle_us`: nothing runs on the GPU (memcpy/memset alone count as idle, as in `idle_us`).
+
+So compute + fsdp_copy + recompute = |K| (the `compute_us` of the steps table: every compute
+kernel), the three exposed parts = `exposed_us`, and idle = `idle_us`. A rank with no matched
+collective has `exposed_transfer_us` and `exposed_wait_us` unknown (NaN) and all of its
+exposed communication in `exposed_unsplit_us`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analysis import intervals as iv
+from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.vocab import Kind, Phase
+
+# The parts, in the order they take precedence, and the per-step table's columns.
+PARTS = (
+    "recompute_us",
+    "compute_us",
+    "fsdp_copy_us",
+    "exposed_transfer_us",
+    "exposed_wait_us",
+    "exposed_unsplit_us",
+    "idle_us",
+)
+BREAKDOWN_COLUMNS = ["rank", "source", "step", "step_us", *PARTS]
+
+
+def _lengths(u: iv.Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    return iv.covered_up_to(u, ends) - iv.covered_up_to(u, starts)
+
+
+def _union(frame: pd.DataFrame, mask: np.ndarray, start: str = "ts", end: str = "end"):
+    return iv.union(frame[start].to_numpy()[mask], frame[end].to_numpy()[mask])
+
+
+def _merge(*sets: iv.Intervals) -> iv.Intervals:
+    return iv.union(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
+
+
+def rank_breakdown(rank: RankAnalysis, matched: pd.DataFrame | None) -> pd.DataFrame:
+    """The per-step breakdown of one rank. `matched`: this rank's matched collectives
+    (correlation, transfer_us, wait_us) from the cross-rank view, or None / empty."""
+    steps = rank.steps
+    out = pd.DataFrame(
+        {
+            "rank": rank.rank,
+            "source": rank.source,
+            "step": steps["step"].to_numpy(),
+            "step_us": steps["step_us"].to_numpy(dtype=np.float64),
+        }
+    )
+    k = rank.kernels
+    if k.empty or "fsdp" not in k:  # CPU (gloo) traces: no GPU kernels to break down
+        for part in PARTS:
+            out[part] = np.nan
+        return out[BREAKDOWN_COLUMNS]
+    starts = steps["start_us"].to_numpy(dtype=np.float64)
+    ends = steps["end_us"].to_numpy(dtype=np.float64)
+    kind = k["kind"].to_numpy()
+    compute = kind == Kind.COMPUTE
+    comm = kind == Kind.COMM
+    recompute = compute & (k["phase"].to_numpy() == Phase.RECOMPUTE)
+    fsdp = compute & k["fsdp"].to_numpy(dtype=bool) & ~recompute
+    model = compute & ~recompute & ~fsdp
+
+    r_set = _union(k, recompute)
+    m_set = iv.subtract(_union(k, model), r_set)
+    f_set = iv.subtract(_union(k, fsdp), _merge(r_set, m_set))
+    busy = _union(k, compute)  # K: every compute kernel
+
+    comm_k = k[comm]
+    has_match = matched is not None and len(matched) > 0
+    if has_match:
+        by_corr = matched.set_index("correlation")
+        transfer = by_corr["transfer_us"].reindex(comm_k["correlation"].to_numpy()).to_numpy()
+    else:
+        transfer = np.full(len(comm_k), np.nan)
+    is_matched = ~np.isnan(transfer)
+    c_ts, c_end = comm_k["ts"].to_numpy(), comm_k["end"].to_numpy()
+    t_set = iv.union(np.maximum(c_end - transfer, c_ts)[is_matched], c_end[is_matched])
+    w_set = iv.union(c_ts[is_matched], np.maximum(c_end - transfer, c_ts)[is_matched])
+    u_set = iv.union(c_ts[~is_matched], c_end[~is_matched])
+
+    exposed_t = iv.subtract(t_set, busy)
+    exposed_w = iv.subtract(w_set, _merge(t_set, busy))
+    exposed_u = iv.subtract(u_set, _merge(t_set, w_set, busy))
+    everything = _merge(busy, t_set, w_set, u_set)
+
+    out["recompute_us"] = _lengths(r_set, starts, ends)
+    out["compute_us"] = _lengths(m_set, starts, ends)
+    out["fsdp_copy_us"] = _lengths(f_set, starts, ends)
+    split = _lengths(exposed_t, starts, ends), _lengths(exposed_w, starts, ends)
+    out["exposed_transfer_us"] = split[0] if has_match else np.nan
+    out["exposed_wait_us"] = split[1] if has_match else np.nan
+    out["exposed_unsplit_us"] = _lengths(exposed_u, starts, ends)
+    out["idle_us"] = out["step_us"].to_numpy() - _lengths(everything, starts, ends)
+    return out[BREAKDOWN_COLUMNS]
+
+
+def median_step(breakdown: pd.DataFrame) -> pd.Series | None:
+    """The step whose length is the median of a rank's steps (the lower middle one for an
+    even count): its parts add up to its step exactly, as a real step's do."""
+    if breakdown.empty:
+        return None
+    ordered = breakdown.sort_values(["step_us", "step"], kind="stable")
+    return ordered.iloc[(len(ordered) - 1) // 2]
+
+
+def collective_transfer(
+    collectives: pd.DataFrame, matched: pd.DataFrame | None, compute: iv.Intervals
+) -> pd.DataFrame:
+    """Per collective of a rank: its cross-rank `transfer_us` and `wait_us` (NaN where
+    unmatched) and `exposed_transfer_us`: the part of its transfer [end − transfer, end] no
+    compute hides, split equally among transfers running at the same moment (so they add up
+    to the step's exposed transfer)."""
+    n = len(collectives)
+    out = pd.DataFrame(
+        {"transfer_us": np.full(n, np.nan), "wait_us": np.full(n, np.nan)},
+        index=collectives.index,
+    )
+    out["exposed_transfer_us"] = np.nan
+    if n == 0 or matched is None or matched.empty:
+        return out
+    by_corr = matched.set_index("correlation")
+    corr = collectives["correlation"].to_numpy()
+    transfer = by_corr["transfer_us"].reindex(corr).to_numpy(dtype=np.float64)
+    out["transfer_us"] = transfer
+    out["wait_us"] = by_corr["wait_us"].reindex(corr).to_numpy(dtype=np.float64)
+    ok = ~np.isnan(transfer)
+    end = collectives["end_us"].to_numpy(dtype=np.float64)
+    start = np.maximum(end - np.nan_to_num(transfer), collectives["start_us"].to_numpy())
+    exposed = np.full(n, np.nan)
+    exposed[ok] = iv.split_uncovered(start[ok], end[ok], compute)
+    out["exposed_transfer_us"] = exposed
+    return out

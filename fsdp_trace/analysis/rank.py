@@ -1,0 +1,475 @@
+"""One trace in, one RankAnalysis out: step windows, overlap per step, and every collective
+attributed to its FSDP2 unit and phase. Pure: no printing, no files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analysis import classify, context
+from fsdp_trace.analysis import intervals as iv
+from fsdp_trace.analysis import steps as steps_mod
+from fsdp_trace.analysis.blocks import block_table, empty_frame, phase_table
+from fsdp_trace.analysis.context import CpuContext
+from fsdp_trace.analysis.cpu_collectives import analyze_cpu_trace
+from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
+from fsdp_trace.analysis.trace import MISSING, Trace, pg_sizes
+from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Kind, Phase, Source
+
+
+def _text_column(events: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
+    """A sparse text column of `events` at `rows` (None where absent or not loaded)."""
+    if name not in events:
+        return np.full(rows.size, None, dtype=object)
+    return np.asarray(events[name].array[rows], dtype=object)
+
+
+def device_names(trace: Trace) -> list[str]:
+    """The GPU names in the trace's deviceProperties (rule 8 infers NVLink from SXM parts)."""
+    return [
+        str(p["name"]) for p in trace.device_properties if isinstance(p, dict) and p.get("name")
+    ]
+
+
+def _link_launches(events: pd.DataFrame, kinds: np.ndarray, gpu_idx: np.ndarray) -> np.ndarray:
+    """Row of the launch event (same `correlation`) of each GPU event, or -1."""
+    correlation = events["correlation"].to_numpy()
+    launch_rows = np.flatnonzero((kinds == classify.LAUNCH) & (correlation >= 0))
+    if launch_rows.size == 0:  # no launch events at all (e.g. a GPU-only export)
+        return np.full(gpu_idx.size, -1, dtype=np.int64)
+    launch_corr = correlation[launch_rows]
+    order = np.argsort(launch_corr, kind="stable")
+    sorted_corr = launch_corr[order]
+    corr = correlation[gpu_idx]
+    pos = np.searchsorted(sorted_corr, corr)
+    safe = np.minimum(pos, sorted_corr.size - 1)
+    found = (pos < sorted_corr.size) & (corr >= 0) & (sorted_corr[safe] == corr)
+    return np.where(found, launch_rows[order][safe], -1)
+
+
+def _windowed_lengths(u: iv.Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    return iv.covered_up_to(u, ends) - iv.covered_up_to(u, starts)
+
+
+@dataclass
+class Coverage:
+    """Unions of communication and compute kernels, and what follows from them. The one
+    place overlap figures are made: the per-step analysis and the HTA cross-check both
+    measure through it."""
+
+    comm: iv.Intervals
+    compute: iv.Intervals
+    exposed: iv.Intervals  # comm \ compute
+    busy: iv.Intervals  # comm ∪ compute
+
+    @classmethod
+    def of(cls, ts: np.ndarray, end: np.ndarray, kinds: np.ndarray) -> Coverage:
+        """From GPU events and their classify kinds (memcpy, memset, sync count as neither)."""
+        is_comm, is_compute = kinds == classify.COMM, kinds == classify.COMPUTE
+        comm = iv.union(ts[is_comm], end[is_comm])
+        compute = iv.union(ts[is_compute], end[is_compute])
+        busy = iv.union(
+            np.concatenate([comm[0], compute[0]]), np.concatenate([comm[1], compute[1]])
+        )
+        return cls(comm, compute, iv.subtract(comm, compute), busy)
+
+    def in_windows(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
+        """|C|, |K|, |C ∩ K|, |C \\ K| and |C ∪ K| within each window [start, end]."""
+        comm = _windowed_lengths(self.comm, starts, ends)
+        exposed = _windowed_lengths(self.exposed, starts, ends)
+        return {
+            "comm_us": comm,
+            "compute_us": _windowed_lengths(self.compute, starts, ends),
+            "overlap_us": comm - exposed,
+            "exposed_us": exposed,
+            "busy_us": _windowed_lengths(self.busy, starts, ends),
+        }
+
+
+def overlap_pct(comm_us: np.ndarray, overlap_us: np.ndarray) -> np.ndarray:
+    """HTA's comp_comm_overlap_pctg: overlap / comm (NaN without communication)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(comm_us > 0, 100.0 * overlap_us / comm_us, np.nan)
+
+
+def _assign_steps(
+    cpu_steps: pd.DataFrame, linked: np.ndarray, launch_ts: np.ndarray, notices: list[str]
+) -> np.ndarray:
+    """The step of each GPU event (-1: left out), from where its launch lies."""
+    if not linked.any():
+        # Without launches nothing tells steps apart (the GPU-side ProfilerStep is not the
+        # step): every GPU event goes into one window.
+        notices.append(
+            f"none of the {linked.size} GPU events has its launch in the trace (no "
+            "cuda_runtime/cuda_driver launch with the same correlation): steps cannot be told "
+            "apart, so one window covers the whole trace and blocks and phases are unattributed"
+        )
+        return np.zeros(linked.size, dtype=np.int64)
+    if cpu_steps.empty:
+        notices.append("no ProfilerStep annotations: one window over the whole trace")
+        step_of = np.zeros(linked.size, dtype=np.int64)
+    else:
+        step_of = steps_mod.step_of_time(cpu_steps, np.nan_to_num(launch_ts, nan=-np.inf))
+    return np.where(linked, step_of, -1)
+
+
+def analyze_trace(trace: Trace, source: str = Source.TRACE) -> RankAnalysis:
+    """Everything per step, per collective and per block for one rank's trace."""
+    events = trace.events
+    kinds = classify.event_kinds(events)
+    notices: list[str] = []
+    gpu_idx = np.flatnonzero(
+        classify.kind_mask(kinds, classify.COMM, classify.COMPUTE, classify.MEMCPY, classify.MEMSET)
+    )
+    if not classify.kind_mask(kinds[gpu_idx], classify.COMM, classify.COMPUTE).any():
+        return analyze_cpu_trace(trace, kinds, source)
+
+    cpu_mask = classify.kind_mask(kinds, classify.CPU_OP, classify.ANNOTATION, classify.LAUNCH)
+    cpu = events.loc[cpu_mask, list(CpuContext.COLUMNS)]  # only what the CPU context reads
+    cpu_steps = steps_mod.cpu_steps(events, kinds)
+    launch_row = _link_launches(events, kinds, gpu_idx)
+    linked = launch_row >= 0
+    launch_ts = np.where(linked, events["ts"].to_numpy()[np.maximum(launch_row, 0)], np.nan)
+    step_of = _assign_steps(cpu_steps, linked, launch_ts, notices)
+    keep = step_of >= 0
+    dropped = int((~keep).sum())
+    if dropped:
+        notices.append(
+            f"{dropped} GPU events launched outside the profiled steps (or with no launch "
+            "in the trace) were left out"
+        )
+    kidx = gpu_idx[keep]
+    k = pd.DataFrame(
+        {
+            "ts": events["ts"].to_numpy()[kidx],
+            "end": events["end"].to_numpy()[kidx],
+            "dur": events["dur"].to_numpy()[kidx],
+            "device": events["pid"].to_numpy()[kidx],
+            "stream": events["tid"].to_numpy()[kidx],
+            "kind": kinds[kidx],
+            "name": events["name"].array[kidx],
+            "step": step_of[keep],
+            "correlation": events["correlation"].to_numpy()[kidx],
+            # Launch shape (JSON text): tells apart kernels of one name (rule 7).
+            "grid": _text_column(events, "grid", kidx),
+            "block_dim": _text_column(events, "block", kidx),
+            "launch_row": launch_row[keep],
+        }
+    )
+    if cpu_steps.empty or not linked.any():
+        windows = pd.DataFrame({"step": [0], "start": [k["ts"].min()], "end": [k["end"].max()]})
+    else:
+        windows = steps_mod.gpu_windows(
+            cpu_steps, k["step"].to_numpy(), k["ts"].to_numpy(), k["end"].to_numpy()
+        )
+
+    kind_arr = k["kind"].to_numpy()
+    is_comm = kind_arr == classify.COMM
+    is_compute = kind_arr == classify.COMPUTE
+    ts_arr, end_arr = k["ts"].to_numpy(), k["end"].to_numpy()
+    cover = Coverage.of(ts_arr, end_arr, kind_arr)
+
+    # Context of every kept GPU event's launch: block, phase, FSDP's own work.
+    cpu_ctx = CpuContext.build(cpu)
+    launch = _LaunchContext.of(k["launch_row"].to_numpy(), events, cpu_ctx)
+    k["block"] = launch.block
+    k["phase"] = launch.phase
+    # FSDP's own copy/cast kernels: launched inside any FSDP2 label (copy-in/out, chunk_cat,
+    # casts, gradient accumulation); the units' compute runs between the labels.
+    k["fsdp"] = launch.inside_label & (kind_arr == classify.COMPUTE)
+
+    # Steps.
+    starts = windows["start"].to_numpy(dtype=np.float64)
+    ends = windows["end"].to_numpy(dtype=np.float64)
+    step_us = ends - starts
+    figures = cover.in_windows(starts, ends)
+    comm_events = events.iloc[kidx[is_comm]]  # the NCCL kernels' events, sliced once
+    coll = classify.collective_types(comm_events) if is_comm.any() else np.array([], dtype=object)
+    comm_ts, comm_end = ts_arr[is_comm], end_arr[is_comm]
+    ag = coll == Collective.ALL_GATHER
+    rs = coll == Collective.REDUCE_SCATTER
+    ag_u = iv.union(comm_ts[ag], comm_end[ag])
+    rs_u = iv.union(comm_ts[rs], comm_end[rs])
+    is_recompute = is_compute & (k["phase"].to_numpy() == Phase.RECOMPUTE)
+    recompute_us = _windowed_lengths(
+        iv.union(ts_arr[is_recompute], end_arr[is_recompute]), starts, ends
+    )
+    per_step_counts = k.groupby(["step", "kind"]).size().unstack(fill_value=0)
+
+    def count(kind: int) -> np.ndarray:
+        column = per_step_counts.get(kind, pd.Series(0, index=per_step_counts.index))
+        return column.reindex(windows["step"]).fillna(0).to_numpy(dtype=np.int64)
+
+    idle_us = step_us - figures["busy_us"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        step_frame = pd.DataFrame(
+            {
+                "rank": trace.rank,
+                "source": source,
+                "step": windows["step"].to_numpy(),
+                "start_us": starts,
+                "end_us": ends,
+                "step_us": step_us,
+                "compute_us": figures["compute_us"],
+                "comm_us": figures["comm_us"],
+                "overlap_us": figures["overlap_us"],
+                "exposed_us": figures["exposed_us"],
+                "exposed_pct": 100.0 * figures["exposed_us"] / step_us,
+                "idle_us": idle_us,
+                "idle_pct": 100.0 * idle_us / step_us,
+                "overlap_pct": overlap_pct(figures["comm_us"], figures["overlap_us"]),
+                "ag_us": _windowed_lengths(ag_u, starts, ends),
+                "rs_us": _windowed_lengths(rs_u, starts, ends),
+                "recompute_us": recompute_us,
+                "recompute_pct": 100.0 * recompute_us / step_us,
+                "n_comm_kernels": count(classify.COMM),
+                "n_compute_kernels": count(classify.COMPUTE),
+            }
+        )
+    step_frame = step_frame.reindex(columns=STEP_COLUMNS)
+    n_comm_in_trace = int((kinds[gpu_idx] == classify.COMM).sum())
+    if n_comm_in_trace == 0:
+        notices.append(
+            "no NCCL kernels: a single-GPU (or non-distributed) trace, nothing to overlap"
+        )
+    elif not is_comm.any():
+        notices.append(
+            f"all {n_comm_in_trace} NCCL kernels were launched outside the profiled steps (or "
+            "their launches are not in the trace): no communication in the analyzed steps"
+        )
+
+    collectives = _collectives(
+        trace,
+        comm_events,
+        k[is_comm],
+        coll,
+        cpu_ctx,
+        launch.chain[is_comm],
+        cover.compute,
+        source,
+    )
+    k_compute = k[is_compute]
+    blocks = block_table(collectives, k_compute, len(windows), trace.rank, source)
+    compute_phases = iv.grouped_union_length(
+        k_compute["step"].astype(str) + "|" + k_compute["phase"],
+        k_compute["ts"],
+        k_compute["end"],
+    )
+    exposed = pd.DataFrame({"start_us": cover.exposed[0], "end_us": cover.exposed[1]})
+    exposed["step"] = steps_mod.step_of_time(
+        windows, exposed["start_us"].to_numpy(), "start", "end"
+    )
+    kernels = k.drop(columns=["launch_row"]).assign(
+        kind=lambda f: f["kind"].map(classify.KIND_NAMES)
+    )
+    return RankAnalysis(
+        rank=trace.rank,
+        path=trace.path,
+        source=source,
+        device=Device.GPU,
+        steps=step_frame,
+        collectives=collectives,
+        blocks=blocks,
+        kernels=kernels,
+        exposed=exposed,
+        compute_phases=phase_table(compute_phases, trace.rank, source),
+        fsdp=cpu_ctx.facts(cpu_steps),
+        streams=_stream_roles(kernels, collectives),
+        notices=notices,
+        meta=_meta(trace, cpu_ctx),
+    )
+
+
+def _meta(trace: Trace, cpu_ctx: CpuContext) -> dict:
+    """What the trace says about its run beyond the events: rank, world, process groups,
+    devices, compiled regions."""
+    return {
+        "world_size": trace.world_size,
+        "distributed": trace.distributed,
+        "device_names": device_names(trace),
+        "compiled_regions": cpu_ctx.compiled_regions,
+    }
+
+
+@dataclass
+class _LaunchContext:
+    """Per GPU event: the FSDP2 labels around its launch, its unit's window and phase."""
+
+    chain: np.ndarray  # label forest indices, innermost first (-1 padded)
+    block: np.ndarray
+    phase: np.ndarray
+    inside_label: np.ndarray
+
+    @classmethod
+    def of(cls, rows: np.ndarray, events: pd.DataFrame, ctx: CpuContext) -> _LaunchContext:
+        has_launch = rows >= 0
+        thread = np.full(rows.size, -1, dtype=np.int64)
+        time = np.full(rows.size, -1.0)
+        safe = rows[has_launch]
+        thread[has_launch] = ctx.keys.code(
+            events["pid"].to_numpy()[safe], events["tid"].to_numpy()[safe]
+        )
+        time[has_launch] = events["ts"].to_numpy()[safe]
+        in_recompute = ctx.recompute.contains(thread, time) & has_launch
+        in_autograd = ctx.autograd.contains(thread, time) & has_launch
+        in_optimizer = ctx.optimizer.contains(thread, time) & has_launch
+        chain = ctx.labels.chain(ctx.labels.innermost(ctx.keys, thread, time))
+        window_idx = ctx.windows.innermost(ctx.keys, thread, time)
+        in_backward_window = ctx.windows.kind_in({Phase.BACKWARD.value}, window_idx)
+        phase_label = ctx.labels.first_of(chain, context.FORWARD_LABELS | context.BACKWARD_LABELS)
+        backward = (
+            ctx.labels.kind_in(context.BACKWARD_LABELS, phase_label)
+            | in_autograd
+            | in_backward_window
+        )
+        phase = np.where(
+            in_recompute,
+            Phase.RECOMPUTE.value,
+            np.where(
+                backward,
+                Phase.BACKWARD.value,
+                np.where(in_optimizer, Phase.OPTIMIZER.value, Phase.FORWARD.value),
+            ),
+        )
+        return cls(
+            chain=chain,
+            block=ctx.windows.fqn_at(window_idx),
+            phase=np.where(has_launch, phase, Phase.UNATTRIBUTED.value),  # no launch: no context
+            inside_label=(chain[:, 0] >= 0) & has_launch,
+        )
+
+
+def _collectives(
+    trace: Trace,
+    comm_events: pd.DataFrame,
+    comm: pd.DataFrame,
+    coll: np.ndarray,
+    cpu_ctx: CpuContext,
+    chain: np.ndarray,
+    compute_u: iv.Intervals,
+    source: str,
+) -> pd.DataFrame:
+    """One row per communication kernel (`comm_events`: their trace events with the NCCL args;
+    `comm`: their rows of the kernel table): unit, phase, bytes, bandwidth, exposed share."""
+    n = len(comm_events)
+    if n == 0:
+        return empty_frame(COLLECTIVE_COLUMNS)
+    labels = cpu_ctx.labels
+    ag = labels.first_of(chain, {context.ALL_GATHER})
+    rs = labels.first_of(chain, {context.REDUCE})
+    hooks = labels.first_of(chain, context.FORWARD_LABELS | context.BACKWARD_LABELS)
+    # All-gathers by their `FSDP::all_gather (unit)`; gradient reductions (reduce-scatter and
+    # HSDP's all-reduce) by `FSDP::post_backward_reduce (unit)`; torch 2.4 has no all_gather
+    # label: the enclosing hook's unit.
+    block = np.where(
+        coll == Collective.ALL_GATHER,
+        labels.fqn_at(ag),
+        np.where(
+            (coll == Collective.REDUCE_SCATTER) | (coll == Collective.ALL_REDUCE),
+            labels.fqn_at(rs),
+            None,
+        ),
+    )
+    block = np.where(pd.isna(block), labels.fqn_at(hooks), block)
+    prefetch = labels.first_of(chain, context.PREFETCH_LABELS)
+    issuer = labels.first_of(chain, context.ISSUER_LABELS)
+    issued_by = labels.fqn_at(issuer)
+    issued_by = np.where(pd.isna(issued_by), block, issued_by)
+
+    def col(name: str, default):
+        return comm_events[name].to_numpy() if name in comm_events else np.full(n, default)
+
+    in_n = col("in_nelems", MISSING).astype(np.float64)
+    out_n = col("out_nelems", MISSING).astype(np.float64)
+    elem = (
+        classify.dtype_bytes(comm_events["dtype"])
+        if "dtype" in comm_events
+        else np.zeros(n, dtype=np.int64)
+    )
+    nelems = np.maximum(in_n, out_n)
+    nbytes = np.where((nelems >= 0) & (elem > 0), nelems * elem, np.nan)
+    group = col("group_size", MISSING).astype(np.float64)
+    group = np.where(group > 0, group, _configured_group_sizes(trace, comm_events, n))
+    dur = comm["dur"].to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(dur > 0, nbytes / (dur * 1e-6) / 1e9, np.nan)
+    factor = classify.bus_factors(coll, group)
+    phase = comm["phase"].to_numpy().copy()
+    hook_kind = labels.kind_at(hooks)
+    not_recompute = phase != Phase.RECOMPUTE
+    phase = np.where(
+        np.isin(hook_kind, list(context.FORWARD_LABELS)) & not_recompute, Phase.FORWARD.value, phase
+    )
+    phase = np.where(
+        np.isin(hook_kind, list(context.BACKWARD_LABELS)) & not_recompute,
+        Phase.BACKWARD.value,
+        phase,
+    )
+    frame = pd.DataFrame(
+        {
+            "rank": trace.rank,
+            "source": source,
+            "step": comm["step"].to_numpy(),
+            "collective": coll,
+            "block": block,
+            "phase": phase,
+            "issued_by": issued_by,
+            "prefetched": prefetch >= 0,
+            "start_us": comm["ts"].to_numpy(),
+            "end_us": comm["end"].to_numpy(),
+            "dur_us": dur,
+            "exposed_us": iv.split_uncovered(
+                comm["ts"].to_numpy(), comm["end"].to_numpy(), compute_u
+            ),
+            "bytes": nbytes,
+            "group_size": group,
+            "algbw_gbps": algbw,
+            "busbw_gbps": algbw * factor,
+            "dtype": col("dtype", None),
+            "pg_name": col("pg_name", None),
+            "pg_desc": col("pg_desc", None),
+            "pg_ranks": comm_events["pg_ranks"].array if "pg_ranks" in comm_events else None,
+            "seq": col("seq", MISSING),
+            "stream": comm["stream"].to_numpy(),
+            "correlation": comm["correlation"].to_numpy(),
+            "kernel": comm["name"].astype(str).to_numpy(),
+        }
+    )
+    frame["block"] = frame["block"].fillna(UNATTRIBUTED)
+    return frame.reindex(columns=COLLECTIVE_COLUMNS).reset_index(drop=True)
+
+
+def _configured_group_sizes(trace: Trace, comm_events: pd.DataFrame, n: int) -> np.ndarray:
+    """Group size of kernels that carry no `Group size` arg: their process group's size in
+    the trace's `distributedInfo.pg_config` (by `Process Group Name`); NaN when unknown. Never
+    the world size: an HSDP or TP group is smaller, and busbw would be wrong."""
+    sizes = pg_sizes(trace.distributed)
+    if not sizes or "pg_name" not in comm_events:
+        return np.full(n, np.nan)
+    names = comm_events["pg_name"].astype(object).to_numpy()
+    return np.array([sizes.get(str(v), np.nan) if v is not None else np.nan for v in names])
+
+
+def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int, str]:
+    """Name each stream by what runs on it (stream ids are not stable across runs)."""
+    roles: dict[int, str] = {}
+    if kernels.empty:
+        return roles
+    by_stream = kernels.groupby("stream")
+    for stream, group in by_stream:
+        kinds = group["kind"].value_counts()
+        if kinds.get(Kind.COMM, 0) > 0:
+            types = collectives.loc[collectives["stream"] == stream, "collective"].value_counts()
+            roles[int(stream)] = f"{types.index[0]} (NCCL)" if len(types) else "communication"
+        elif kinds.get(Kind.COMPUTE, 0) >= kinds.sum() / 2:
+            roles[int(stream)] = "compute"
+        else:
+            roles[int(stream)] = "copy"
+    compute_streams = [s for s, r in roles.items() if r == "compute"]
+    if len(compute_streams) > 1:
+        busiest = kernels[kernels["kind"] == Kind.COMPUTE].groupby("stream")["dur"].sum().idxmax()
+        for s in compute_streams:
+            roles[s] = "compute" if s == busiest else "compute (side)"
+    return roles

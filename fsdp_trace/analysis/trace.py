@@ -1,0 +1,60 @@
+"""A parsed trace: the columns every reader produces and the analysis reads.
+
+Kept apart from the loader so that the cache (which stores `Trace`s) and the loader (which
+uses the cache) do not import each other.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+MISSING = -1  # integer columns use -1 for "absent"
+# Bump when the parsed columns change (names, dtypes, meaning): cached entries of another
+# version are ignored.
+FORMAT_VERSION = 2
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+@dataclass
+class Trace:
+    """One rank's trace as columns. `events` holds complete ('X') events only."""
+
+    path: str
+    events: pd.DataFrame
+    rank: int | None = None
+    world_size: int | None = None
+    distributed: dict[str, Any] = field(default_factory=dict)
+    device_properties: list[Any] = field(default_factory=list)
+    base_time_ns: int | None = None
+    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    process_names: dict[int, str] = field(default_factory=dict)
+    string_ids: dict[str, int] = field(default_factory=dict)  # string pid/tid -> negative ids
+    raw_event_count: int = 0
+
+
+def pg_sizes(distributed: dict) -> dict[str, float]:
+    """pg_name → size from a trace's `distributedInfo.pg_config` (`pg_size`, else the ranks)."""
+    out: dict[str, float] = {}
+    config = distributed.get("pg_config") if isinstance(distributed, dict) else None
+    for pg in config if isinstance(config, list) else []:
+        if not isinstance(pg, dict) or pg.get("pg_name") is None:
+            continue
+        size = pg.get("pg_size")
+        ranks = pg.get("ranks")
+        if isinstance(size, int) and size > 0:
+            out[str(pg["pg_name"])] = float(size)
+        elif isinstance(ranks, list) and ranks:
+            out[str(pg["pg_name"])] = float(len(ranks))
+    return out
+
+
+def rank_from_name(path: Path) -> int | None:
+    """The rank a file name gives (`rank3.json`, `rank_3_trace.json.gz`), used when the trace
+    itself does not say."""
+    match = _RANK_IN_NAME.search(Path(path).name)
+    return int(match.group(1)) if match else None

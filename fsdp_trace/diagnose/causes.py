@@ -1,0 +1,94 @@
+"""From the rules' findings to a diagnosis: causes first, each with the symptoms it explains
+folded under it, costliest first; minor findings (< 1 % of the step) apart; measurement
+findings last. The first finding is the one to act on.
+
+A cause explains a symptom when fixing the cause would remove it: a host-bound rank makes
+its peers wait (the straggler is that rank); a link far below its bandwidth makes blocks
+communication-bound and every exposed gather or reduction longer; one hardware queue
+(CUDA_DEVICE_MAX_CONNECTIONS=1) exposes whatever communication there is; a shard group
+that leaves the node runs at the network's bandwidth."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fsdp_trace.diagnose.context import ms
+from fsdp_trace.diagnose.finding import Diagnosis, Finding, Kind
+
+_EXPOSED_COMMUNICATION = (
+    "communication-bound",
+    "first-allgather-exposed",
+    "reduction-tail",
+    "last-unit-regathered",
+)
+
+
+def _same_rank(cause: Finding, symptom: Finding) -> bool:
+    return bool(set(symptom.ranks) & set(cause.ranks))
+
+
+def _always(cause: Finding, symptom: Finding) -> bool:
+    return True
+
+
+# (cause rule, symptom rule, when the cause explains it)
+EXPLAINS: tuple[tuple[str, str, Callable[[Finding, Finding], bool]], ...] = (
+    ("host-bound", "straggler", _same_rank),
+    *(("low-bus-bandwidth", s, _always) for s in _EXPOSED_COMMUNICATION),
+    *(("max-connections-1", s, _always) for s in _EXPOSED_COMMUNICATION),
+    ("max-connections-1", "overlap-tax", _always),
+    ("shard-group-crosses-nodes", "low-bus-bandwidth", _always),
+    ("shard-group-crosses-nodes", "communication-bound", _always),
+)
+
+
+def _explainer(symptom: Finding, found: dict[str, Finding]) -> Finding | None:
+    """The costliest finding that explains `symptom`, following chains to the root cause."""
+    candidates = [
+        found[cause]
+        for cause, rule, applies in EXPLAINS
+        if rule == symptom.rule and cause in found and applies(found[cause], symptom)
+    ]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda f: f.cost_us)
+    return _explainer(best, found) or best
+
+
+def order(findings: list[Finding]) -> Diagnosis:
+    """Fold, order and number the findings of one run."""
+    found = {f.rule: f for f in findings}
+    roots: list[Finding] = []
+    for finding in findings:
+        cause = _explainer(finding, found) if finding.kind == Kind.CAUSE else None
+        if cause is not None and cause is not finding:
+            cause.symptoms.append(finding)
+        else:
+            roots.append(finding)
+    for finding in roots:
+        finding.symptoms.sort(key=lambda f: -f.cost_us)
+    causes = sorted(
+        (f for f in roots if f.kind == Kind.CAUSE and not f.minor), key=lambda f: -f.cost_us
+    )
+    measurement = [f for f in roots if f.kind == Kind.MEASUREMENT]
+    minor = sorted((f for f in roots if f.minor), key=lambda f: -f.cost_us)
+    ordered = causes + measurement
+    for number, finding in enumerate(ordered, start=1):
+        finding.number = number
+    return Diagnosis(findings=ordered, minor=minor, verdict=verdict(causes), healthy=not causes)
+
+
+def verdict(causes: list[Finding]) -> str:
+    """One line: the cause to act on first, or that nothing costs 1 % of the step."""
+    if not causes:
+        return "healthy: no cause costs 1 % of the step or more"
+    top = causes[0]
+    where = (
+        f" (rank{'s' * (len(top.ranks) > 1)} {', '.join(map(str, top.ranks))})"
+        if top.ranks and len(top.ranks) <= 4
+        else ""
+    )
+    more = f"; {len(causes) - 1} more cause{'s' * (len(causes) > 2)}" if len(causes) > 1 else ""
+    return (
+        f"{top.title}{where}: {ms(top.cost_us)} per step ({top.cost_pct:.1f} % of the step){more}"
+    )

@@ -1,0 +1,110 @@
+"""What every rule reads: one run's analysis, seen through the figures the rules share (per
+rank medians of the step breakdown, collectives with waiting for peers taken out, the
+configuration and the capture's environment). Rules read timing (or plain) traces only: a
+detailed trace's profiler overhead distorts timing, so it feeds attribution and the
+profiler-distortion rule, never a timing rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analysis.config import InferredConfig
+from fsdp_trace.analysis.crossrank import CrossRank
+from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.runrecord import RunRecord
+from fsdp_trace.vocab import Device
+
+
+@dataclass
+class Context:
+    analysis: object  # fsdp_trace.result.RunAnalysis (not imported: it imports the diagnosis)
+
+    @property
+    def record(self) -> RunRecord | None:
+        return self.analysis.run
+
+    @property
+    def config(self) -> InferredConfig:
+        return self.analysis.config
+
+    @property
+    def crossrank(self) -> CrossRank:
+        return self.analysis.crossrank
+
+    @cached_property
+    def gpu_ranks(self) -> list[RankAnalysis]:
+        """Timing (or plain) GPU traces with at least one step."""
+        return [r for r in self.analysis.ranks if r.device == Device.GPU and not r.steps.empty]
+
+    @cached_property
+    def _breakdown(self) -> pd.DataFrame:
+        frame = self.analysis.breakdown
+        return frame[frame["source"] != "detailed"]
+
+    def step_us(self, rank: RankAnalysis) -> float:
+        return float(rank.steps["step_us"].median())
+
+    def median_step_us(self) -> float:
+        steps = [self.step_us(r) for r in self.gpu_ranks]
+        return float(np.median(steps)) if steps else 0.0
+
+    def part(self, rank: RankAnalysis, name: str) -> float:
+        """A breakdown part of a rank: its median over the rank's steps (NaN unknown)."""
+        rows = self._breakdown[self._breakdown["rank"] == rank.rank]
+        values = pd.to_numeric(rows[name], errors="coerce").dropna()
+        return float(values.median()) if len(values) else float("nan")
+
+    def collectives(self, rank: RankAnalysis) -> pd.DataFrame:
+        """A rank's collectives with `net_us` (the cross-rank transfer time, the duration
+        where unmatched), `exposed_net_us` (exposed transfer, the exposed share where
+        unmatched) and `matched`: waiting for a late peer is the straggler's cost, not the
+        collective's."""
+        c = rank.collectives
+        matched = c["transfer_us"].notna().to_numpy()
+        return c.assign(
+            net_us=np.where(matched, c["transfer_us"], c["dur_us"]),
+            exposed_net_us=np.where(matched, c["exposed_transfer_us"], c["exposed_us"]),
+            matched=matched,
+        )
+
+    def env(self, name: str) -> str | None:
+        """An environment variable of the capture (run.json; not in the trace)."""
+        return self.record.env(name) if self.record is not None else None
+
+    def env_vars(self) -> dict[str, str]:
+        return dict(self.record.environment.env_vars) if self.record is not None else {}
+
+    def block_units(self) -> set[str]:
+        """The transformer-block units: run.json's list, else the inferred ones."""
+        if self.record is not None and self.record.model.blocks:
+            return set(self.record.model.blocks)
+        return set(self.config.blocks)
+
+    @property
+    def knob(self):
+        """The capture options (run.json `config`), or None without run.json."""
+        return self.record.config if self.record is not None else None
+
+
+def pct(fraction: float) -> str:
+    return f"{100 * fraction:.1f} %"
+
+
+def ms(us: float) -> str:
+    return f"{us / 1e3:.2f} ms"
+
+
+def per_step(frame: pd.DataFrame, first: bool, column: str = "start_us") -> pd.DataFrame:
+    """One row per step: each step's earliest (first) or latest row by `column`."""
+    if frame.empty:
+        return frame
+    ordered = frame.sort_values(["step", column], kind="stable")
+    return (
+        ordered.groupby("step", sort=True).head(1)
+        if first
+        else ordered.groupby("step", sort=True).tail(1)
+    )

@@ -1,0 +1,144 @@
+"""The pipeline behind `fsdp_trace.analyze`: inputs → per-rank analysis → inferred
+configuration → cross-rank view → step breakdown → diagnosis → (optional) HTA check.
+
+    import fsdp_trace
+    result = fsdp_trace.analyze("sample_traces/gpt-small-2gpu")
+    result.findings[0].cause, result.breakdown, result.config.mesh.value.describe()
+
+Pure: traces in, a typed `Result` out; nothing printed, nothing written. Every front end
+(terminal, HTML report, JSON/CSV, sweep/plot/compare, notebooks) renders what this returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analysis import intervals as iv
+from fsdp_trace.analysis import perrank
+from fsdp_trace.analysis.breakdown import collective_transfer, rank_breakdown
+from fsdp_trace.analysis.config import InferredConfig, infer
+from fsdp_trace.analysis.crossrank import CrossRank, match
+from fsdp_trace.analysis.inputs import RunInput, resolve
+from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.diagnose import diagnose
+from fsdp_trace.diagnose.finding import Diagnosis
+from fsdp_trace.errors import UserError
+from fsdp_trace.result import Result, RunAnalysis
+from fsdp_trace.vocab import Kind, Source
+
+
+def analyze(
+    paths: str | Path | Sequence[str | Path],
+    *,
+    jobs: int = 1,
+    detailed: bool = True,
+    cache: bool = True,
+    hta: bool = False,
+) -> Result:
+    """Analyze and diagnose every run behind `paths`: trace files, capture run directories,
+    or directories of per-rank traces.
+
+    `jobs`: traces analyzed at once, each in its own process (results identical to 1);
+    `detailed`: also read capture runs' detailed traces (attribution, profiler distortion);
+    `cache`: reuse parsed traces and per-rank analyses of unchanged files (False: neither
+    read nor write the cache); `hta`: cross-check overlap with holistictraceanalysis."""
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
+    runs_in, grouping = resolve(paths)
+    work = [t for r in runs_in for t in r.traces if detailed or t.source != Source.DETAILED]
+    analyses = iter(perrank.analyze_all(work, jobs, cache))
+    runs = []
+    for run_in in runs_in:
+        mine = [next(analyses) for t in run_in.traces if detailed or t.source != Source.DETAILED]
+        runs.append(analyze_run(run_in, mine, hta=hta, cache=cache))
+    inputs = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
+    return Result(inputs=inputs, runs=runs, grouping=grouping)
+
+
+def analyze_run(
+    run_in: RunInput, analyses: list[RankAnalysis], *, hta: bool = False, cache: bool = True
+) -> RunAnalysis:
+    """One run from its traces' analyses: configuration, cross-rank view, breakdown,
+    diagnosis."""
+    timing = [r for r in analyses if r.source != Source.DETAILED]
+    detailed = [r for r in analyses if r.source == Source.DETAILED]
+    notices: list[str] = []
+    config = infer(timing, run_in.run)
+    notices += config.notices
+    for r in timing + detailed:
+        _apply_expectations(r, config)
+    crossrank = match(timing)
+    notices += crossrank.notices
+    for r in timing:
+        _apply_crossrank(r, _participants(crossrank, r))
+    for r in detailed:
+        _apply_crossrank(r, None)
+    analysis = RunAnalysis(
+        name=run_in.name,
+        inputs=run_in.sources,
+        ranks=timing,
+        detailed=detailed,
+        run=run_in.run,
+        config=config,
+        crossrank=crossrank,
+        diagnosis=Diagnosis([], [], "", True),
+        notices=notices,
+        run_dir=str(run_in.run_dir) if run_in.run_dir is not None else None,
+    )
+    analysis.diagnosis = diagnose(analysis)
+    if hta:
+        from fsdp_trace.analysis.hta_check import cross_check
+
+        analysis.hta, hta_notices = cross_check(timing, cache=cache)
+        analysis.notices += hta_notices
+    return analysis
+
+
+def _participants(crossrank: CrossRank, rank: RankAnalysis) -> pd.DataFrame | None:
+    p = crossrank.participants
+    if p.empty or rank.rank is None:
+        return None
+    return p[p["rank"] == rank.rank]
+
+
+def _apply_expectations(rank: RankAnalysis, config: InferredConfig) -> None:
+    """Fill the blocks table's `expected_per_step` and `excess` from the configuration."""
+    b = rank.blocks
+    if b.empty:
+        return
+    expected = np.array(
+        [config.expected(str(u), str(c)) for u, c in zip(b["block"], b["collective"], strict=True)],
+        dtype=np.float64,
+    )
+    rank.blocks = b.assign(
+        expected_per_step=expected,
+        excess=b["unit_count_per_step"].to_numpy(dtype=np.float64) - expected,
+    )
+
+
+def _apply_crossrank(rank: RankAnalysis, matched: pd.DataFrame | None) -> None:
+    """Fill the collectives' transfer/wait columns and the steps' breakdown columns."""
+    k = rank.kernels
+    if not k.empty and "kind" in k:
+        compute = k[k["kind"] == Kind.COMPUTE]
+        cover = iv.union(compute["ts"].to_numpy(), compute["end"].to_numpy())
+    else:
+        cover = iv.EMPTY
+    c = rank.collectives
+    if len(c):
+        extra = collective_transfer(c, matched, cover)
+        rank.collectives = c.assign(**{name: extra[name].to_numpy() for name in extra.columns})
+    if rank.steps.empty:
+        return
+    parts = rank_breakdown(rank, matched)
+    rank.steps = rank.steps.assign(
+        model_compute_us=parts["compute_us"].to_numpy(),
+        fsdp_copy_us=parts["fsdp_copy_us"].to_numpy(),
+        exposed_transfer_us=parts["exposed_transfer_us"].to_numpy(),
+        exposed_wait_us=parts["exposed_wait_us"].to_numpy(),
+        exposed_unsplit_us=parts["exposed_unsplit_us"].to_numpy(),
+    )

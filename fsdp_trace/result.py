@@ -1,0 +1,179 @@
+"""What `fsdp_trace.analyze` returns: one `Result` holding a `RunAnalysis` per run, each with
+everything any front end shows (per-rank tables, the step breakdown, the inferred
+configuration, the cross-rank view, the diagnosis). Front ends render these; they compute
+nothing of their own (`fsdp_trace.present` formats them once for all of them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analysis.breakdown import BREAKDOWN_COLUMNS, PARTS, median_step
+from fsdp_trace.analysis.results import (
+    BLOCK_COLUMNS,
+    COLLECTIVE_COLUMNS,
+    STEP_COLUMNS,
+    RankAnalysis,
+)
+from fsdp_trace.vocab import Device, Source
+
+if TYPE_CHECKING:
+    from fsdp_trace.analysis.config import InferredConfig
+    from fsdp_trace.analysis.crossrank import CrossRank
+    from fsdp_trace.diagnose.finding import Diagnosis
+    from fsdp_trace.runrecord import RunRecord
+
+
+def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(frames, ignore_index=True).reindex(columns=columns)
+
+
+@dataclass
+class RunAnalysis:
+    """One run (one training job's traces, one per rank) analyzed end to end."""
+
+    name: str
+    inputs: list[str]
+    ranks: list[RankAnalysis]  # timing (or plain) traces, one per rank
+    detailed: list[RankAnalysis]  # record_shapes + with_stack traces beside timing ones
+    run: RunRecord | None
+    config: InferredConfig
+    crossrank: CrossRank
+    diagnosis: Diagnosis
+    notices: list[str] = field(default_factory=list)
+    hta: pd.DataFrame | None = None
+    run_dir: str | None = None
+
+    # --- tables over every trace of the run (timing, then detailed: tell them by `source`)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per rank × step."""
+        return _concat([r.steps for r in self.ranks + self.detailed], STEP_COLUMNS)
+
+    @property
+    def blocks(self) -> pd.DataFrame:
+        """One row per rank × unit × phase × collective."""
+        return _concat([r.blocks for r in self.ranks + self.detailed], BLOCK_COLUMNS)
+
+    @property
+    def collectives(self) -> pd.DataFrame:
+        """One row per NCCL kernel (gloo traces: per CPU collective)."""
+        return _concat([r.collectives for r in self.ranks + self.detailed], COLLECTIVE_COLUMNS)
+
+    @property
+    def breakdown(self) -> pd.DataFrame:
+        """Where every µs of each rank's steps goes: one row per rank × step, parts adding up
+        to `step_us` (fsdp_trace.analysis.breakdown)."""
+        steps = self.steps
+        frame = steps.rename(columns={"model_compute_us": "compute_us_model"})
+        out = frame[["rank", "source", "step", "step_us"]].copy()
+        for part in PARTS:
+            column = "compute_us_model" if part == "compute_us" else part
+            out[part] = frame[column].to_numpy()
+        return out[BREAKDOWN_COLUMNS]
+
+    def rank_breakdown(self, rank: RankAnalysis) -> dict[str, Any] | None:
+        """A rank's breakdown: its median step's parts (they add up to its step_us)."""
+        rows = self.breakdown
+        rows = rows[(rows["rank"] == rank.rank) & (rows["source"] == rank.source)]
+        row = median_step(rows)
+        if row is None or not np.isfinite(row["compute_us"]):
+            return None
+        return {"step": int(row["step"]), **{k: _float(row[k]) for k in ("step_us", *PARTS)}}
+
+    @property
+    def findings(self) -> list:
+        return self.diagnosis.findings
+
+    @property
+    def gpu(self) -> bool:
+        return any(r.device == Device.GPU for r in self.ranks)
+
+    def distortion(self) -> list[dict[str, Any]]:
+        """The detailed step (record_shapes + with_stack) against the timing steps' median,
+        per rank."""
+        out = []
+        timing = {r.rank: r for r in self.ranks}
+        for det in self.detailed:
+            base = timing.get(det.rank)
+            if base is None or base.steps.empty or det.steps.empty:
+                continue
+            t_med = float(base.steps["step_us"].median())
+            d_step = float(det.steps["step_us"].iloc[-1])
+            out.append(
+                {
+                    "rank": det.rank,
+                    "detailed_step_us": d_step,
+                    "timing_median_step_us": t_med,
+                    "timing_max_step_us": float(base.steps["step_us"].max()),
+                    "slowdown_pct": 100.0 * (d_step - t_med) / t_med if t_med else float("nan"),
+                    "detailed_exposed_pct": float(det.steps["exposed_pct"].iloc[-1]),
+                    "timing_exposed_pct": float(base.steps["exposed_pct"].median()),
+                }
+            )
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        from fsdp_trace.present.payload import run_payload
+
+        return run_payload(self)
+
+
+def _float(value: Any) -> float | None:
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
+class SeveralRuns(ValueError):
+    """A single-run accessor was used on a result holding several runs."""
+
+
+@dataclass
+class Result:
+    """Everything `fsdp_trace.analyze(paths)` found: the runs behind the paths (each with its
+    own cross-rank view and diagnosis), how the files were grouped into them, and notices.
+    With one run, its tables and findings are reachable directly (`result.findings`)."""
+
+    inputs: list[str]
+    runs: list[RunAnalysis]
+    grouping: str
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def only(self) -> RunAnalysis:
+        """The one run (SeveralRuns when the inputs held several: use `result.runs`)."""
+        if len(self.runs) != 1:
+            raise SeveralRuns(
+                f"{len(self.runs)} runs were analyzed ({', '.join(r.name for r in self.runs)}): "
+                "pick one from result.runs"
+            )
+        return self.runs[0]
+
+    ranks = property(lambda self: self.only.ranks, doc="The one run's timing/plain traces.")
+    detailed = property(lambda self: self.only.detailed, doc="The one run's detailed traces.")
+    run = property(lambda self: self.only.run, doc="The one run's run.json record, or None.")
+    config = property(lambda self: self.only.config, doc="The one run's inferred config.")
+    crossrank = property(lambda self: self.only.crossrank, doc="The one run's cross-rank view.")
+    diagnosis = property(lambda self: self.only.diagnosis, doc="The one run's diagnosis.")
+    findings = property(lambda self: self.only.findings, doc="The one run's findings.")
+    steps = property(lambda self: self.only.steps, doc="The one run's steps table.")
+    blocks = property(lambda self: self.only.blocks, doc="The one run's blocks table.")
+    collectives = property(lambda self: self.only.collectives, doc="Its collectives table.")
+    breakdown = property(lambda self: self.only.breakdown, doc="Its per-step breakdown.")
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, JSON-ready (the CLI's --json)."""
+        from fsdp_trace.present.payload import payload
+
+        return payload(self)
+
+
+def timing_ranks(run: RunAnalysis) -> list[RankAnalysis]:
+    return [r for r in run.ranks if r.source != Source.DETAILED]

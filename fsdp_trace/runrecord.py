@@ -1,0 +1,342 @@
+"""run.json, typed: what `fsdp-trace capture` records about a run, read in one place.
+
+Every reader (analysis, diagnosis, the views, sweep/compare, capture's own summary) gets a
+`RunRecord` from `read_run` instead of walking the JSON with `.get()` chains; a run.json of the
+wrong shape (a list, a figure that is a string) is refused with one line naming the field.
+Standard library only: capture imports it on machines with torch, typer and rich alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from fsdp_trace.errors import UserError
+
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Summary of per-step times (ms): the slowest rank's time per step, then these."""
+
+    median: float
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p10: float | None = None
+    p90: float | None = None
+    stdev: float | None = None
+    n: int | None = None
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    rank: int
+    step_time_ms: StepStats | None = None
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    peak_rss_gib: float | None = None
+    num_alloc_retries: int | None = None
+    num_ooms: int | None = None
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the un-profiled timed steps measured."""
+
+    notices: list[str] = field(default_factory=list)
+    step_time_ms: StepStats | None = None
+    tokens_per_step_per_gpu: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    flops_per_token: float | None = None
+    achieved_tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    baseline_dir: str | None = None
+    baseline_tokens_per_s: float | None = None
+    baseline_world_size: int | None = None
+    scaling_efficiency: float | None = None
+    per_rank: list[RankFigures] = field(default_factory=list)
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    peak_rss_gib: float | None = None
+    num_alloc_retries: int | None = None
+    num_ooms: int | None = None
+
+    @property
+    def peak_memory_gib(self) -> float | None:
+        """Peak allocated GPU memory, else the host RSS of a CPU run."""
+        return self.peak_allocated_gib if self.peak_allocated_gib is not None else self.peak_rss_gib
+
+    def omitted(self, prefix: str) -> str | None:
+        """The notice saying why a figure was omitted (e.g. "MFU omitted: ..."), if any."""
+        return next((n for n in self.notices if n.startswith(prefix)), None)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The capture options analysis reads (run.json `config`); the rest stays in `raw`."""
+
+    model: str = "?"
+    batch_size: int | None = None
+    seq_len: int | None = None
+    dtype: str = "bf16"
+    reduce_dtype: str = "fp32"
+    reshard_after_forward: bool | int | str = True
+    root_reshard_after_forward: str | bool = "default"
+    keep_last_unsharded: bool = False
+    shard_embeddings: bool = False
+    prefetch_forward: int = 0
+    prefetch_backward: int = 0
+    ac_coverage: float = 0.0
+    ac_mode: str = "non-reentrant"
+    compile: bool = False
+    grad_accum: int = 1
+    accum_no_sync: bool = False
+    hsdp: int = 1
+    baseline: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    preset: str | None = None
+    factory: str | None = None
+    family: str | None = None
+    n_layers: int | None = None
+    d_model: int | None = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    params_total: int | None = None
+    params_non_embedding: int | None = None
+    flops_per_token: float | None = None
+    blocks: list[str] = field(default_factory=list)
+    n_blocks: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.preset or self.factory or "?"
+
+
+@dataclass(frozen=True)
+class Mesh:
+    kind: str = "fsdp"  # "fsdp" (1-D) or "hsdp" (replicate × shard)
+    shard: int | None = None
+    replicate: int = 1
+    dim_names: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How the model was sharded (recorded by capture, verbatim from what it applied)."""
+
+    units: list[str] = field(default_factory=list)
+    root: str = "root"
+    reshard_after_forward: dict[str, bool | int | str] = field(default_factory=dict)
+    forward_prefetch: dict[str, list[str]] = field(default_factory=dict)
+    backward_prefetch: dict[str, list[str]] = field(default_factory=dict)
+    mixed_precision: dict[str, str] = field(default_factory=dict)
+    mesh: Mesh | None = None
+    ac_blocks: list[str] = field(default_factory=list)
+    ac_coverage_effective: float = 0.0
+    ac_mode: str = "non-reentrant"
+    compile: bool = False
+    grad_accum: int = 1
+    accum_no_sync: bool = False
+
+
+@dataclass(frozen=True)
+class World:
+    world_size: int = 1
+    local_world_size: int | None = None
+    nnodes: int | None = None
+    backend: str | None = None
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    available: bool = False
+    summary: str | None = None  # "nvlink", "pcie", "mixed"
+    pairs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Environment:
+    hostname: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    gpu_name: str | None = None
+    gpu_count: int | None = None
+    gpu_memory_gib: float | None = None
+    env_vars: dict[str, str] = field(default_factory=dict)
+    interconnect: Interconnect | None = None
+    dense_bf16_peak_tflops: float | None = None
+
+    @property
+    def topology(self) -> str | None:
+        return self.interconnect.summary if self.interconnect is not None else None
+
+
+@dataclass(frozen=True)
+class Files:
+    timing: list[str] = field(default_factory=list)
+    detailed: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One capture run's run.json."""
+
+    config: Knobs = field(default_factory=Knobs)
+    model: ModelInfo = field(default_factory=ModelInfo)
+    parallel: Parallel = field(default_factory=Parallel)
+    world: World = field(default_factory=World)
+    figures: Figures = field(default_factory=Figures)
+    environment: Environment = field(default_factory=Environment)
+    files: Files = field(default_factory=Files)
+    command: str | None = None
+    argv: list[str] = field(default_factory=list)
+    version: str | None = None
+    created: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = RUN_FILE) -> RunRecord:
+        """Validate and type a decoded run.json; UserError naming the first bad field."""
+        if not isinstance(data, dict):
+            raise UserError(
+                f"{where}: not an fsdp-trace run.json (a JSON {_json_kind(data)}, not an "
+                "object): re-run the capture or remove the file"
+            )
+        record = _decode(cls, data, where, "")
+        return dataclasses.replace(record, raw=data)
+
+    def env(self, name: str) -> str | None:
+        """An environment variable the capture recorded (NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS)."""
+        return self.environment.env_vars.get(name)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.world.device == "cuda"
+
+
+def read_run(run_dir: str | Path) -> RunRecord:
+    """A capture run's run.json; unreadable or malformed is a UserError (one line)."""
+    path = Path(run_dir) / RUN_FILE
+    if not path.is_file():
+        raise UserError(f"{path}: not a regular file: a run directory holds run.json")
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise UserError(f"{path}: unreadable run.json ({reason}): re-run the capture") from None
+    return RunRecord.from_json(data, str(path))
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {dict: "object", list: "array", str: "string", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _bad(where: str, path: str, value: Any, expected: str) -> UserError:
+    return UserError(
+        f"{where}: {path or 'the file'} is a {_json_kind(value)}, expected {expected}: not a "
+        "run.json fsdp-trace wrote (re-run the capture, or fix the field)"
+    )
+
+
+@typing.no_type_check
+def _decode(tp: Any, value: Any, where: str, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Union or isinstance(tp, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _decode(option, value, where, path)
+            except UserError as exc:
+                errors.append(exc)
+        names = " or ".join(_type_name(o) for o in options)
+        raise _bad(where, path, value, names)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _bad(where, path, value, "an object")
+        hints = typing.get_type_hints(tp)
+        kwargs = {}
+        for spec in dataclasses.fields(tp):
+            if spec.name == "raw":
+                kwargs["raw"] = value
+                continue
+            if spec.name in value:
+                kwargs[spec.name] = _decode(
+                    hints[spec.name], value[spec.name], where, _join(path, spec.name)
+                )
+        return tp(**kwargs)
+    if origin is list:
+        if not isinstance(value, list):
+            raise _bad(where, path, value, "an array")
+        (item,) = typing.get_args(tp)
+        return [_decode(item, v, where, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _bad(where, path, value, "an object")
+        _, item = typing.get_args(tp)
+        return {str(k): _decode(item, v, where, _join(path, str(k))) for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _bad(where, path, value, "true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _bad(where, path, value, "an integer")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise _bad(where, path, value, "a finite number")
+            return float(value)
+        raise _bad(where, path, value, "a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _bad(where, path, value, "a string")
+    raise TypeError(f"runrecord cannot decode {tp!r}")  # a field type this module lacks
+
+
+def _type_name(tp: Any) -> str:
+    if dataclasses.is_dataclass(tp):
+        return "an object"
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return "an array"
+    if origin is dict:
+        return "an object"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, "null"
+    )
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
