@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fsdp_trace.analyze import analyze
+import fsdp_trace
 from fsdp_trace.render.report import COLORS, RENDERED_ATTRIBUTE, write_report
 from tests.conftest import SAMPLES
 from tests.test_report import PAYLOAD, gloo_run, single_gpu_trace
@@ -221,6 +221,11 @@ def full_check(page: Path, tmp: Path) -> tuple[dict[str, str], dict[str, str], d
     return undrawn_in_dom(probe), blank_plot_areas(shot, blank, probe), {"shot": shot, **probe}
 
 
+def analyze(path):
+    """Never the user's cache: these tests neither read nor write it."""
+    return fsdp_trace.analyze(path, cache=False)
+
+
 @pytest.fixture(scope="module")
 def sample_report(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("browser") / "report.html"
@@ -246,13 +251,19 @@ def test_sample_report_draws_every_figure_full_page(sample_report, tmp_path):
     assert sorted(probe["figures"]) == [
         "fig-bandwidth",
         "fig-blocks",
+        "fig-breakdown",
         "fig-heatmap",
         "fig-timeline",
     ]
     assert undrawn == {} and blank == {}, (undrawn, blank)
     figures = probe["figures"]
-    analysis = analyze(SAMPLES / "gpt-small-2gpu")
-    timing = analysis.collectives[analysis.collectives["source"] == "timing"]
+    run = analyze(SAMPLES / "gpt-small-2gpu").only
+    timing = run.collectives[run.collectives["source"] == "timing"]
+    # The breakdown: per trace (2 ranks, 2 detailed) a bar segment per part with a length.
+    bars = [b for r in run.ranks + run.detailed if (b := run.rank_breakdown(r))]
+    parts = sum(1 for b in bars for k, v in b.items() if k not in ("step", "step_us") and v)
+    assert len(bars) == 4
+    assert figures["fig-breakdown"]["points"] == parts
     # Plotly holds every collective of the bandwidth figure (kernels; more with transfers).
     assert figures["fig-bandwidth"]["points"] >= len(timing)
     # The heatmap is ranks × blocks, every cell finite.
@@ -266,6 +277,8 @@ def test_sample_report_draws_every_figure_full_page(sample_report, tmp_path):
         "fig-timeline": ("compute", "AllGather", "ReduceScatter", "exposed"),
         "fig-blocks": ("ReduceScatter", "exposed"),
         "fig-bandwidth": ("AllGather", "ReduceScatter"),
+        # Exposed transfer and waiting for peers, each in its own colour.
+        "fig-breakdown": ("compute", "exposed", "waiting", "idle"),
     }
     for key, names in expected.items():
         area = region(shot, figures[key]["plot"])
@@ -307,13 +320,25 @@ def empty_one_figure(page: Path, key: str, out: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("key", ["fig-bandwidth", "fig-heatmap"])
+@pytest.mark.parametrize("key", ["fig-bandwidth", "fig-heatmap", "fig-breakdown"])
 def test_a_report_with_one_figure_emptied_fails(sample_report, tmp_path, key):
     broken = empty_one_figure(sample_report, key, tmp_path / "broken.html")
     undrawn, blank, probe = full_check(broken, tmp_path)
     # The page itself still loads cleanly and says every figure was drawn ...
-    assert len(probe["figures"]) == 4
+    assert len(probe["figures"]) == 5
     # ... and the emptied figure, only it, is caught by both checks.
     assert set(undrawn) == {key}, undrawn
     assert set(blank) == {key}, blank
     assert probe["figures"][key]["traces"] > 0  # its traces (and layer groups) still exist
+
+
+def test_several_runs_draw_without_console_errors(tmp_path):
+    """Two runs on one page: every figure of both drawn (their ids are unique per run)."""
+    path = tmp_path / "report.html"
+    write_report(
+        fsdp_trace.analyze([SAMPLES / "gpt-small-2gpu", SAMPLES / "gpt-small-1gpu"], cache=False),
+        path,
+    )
+    probe, attributes, errors = probed(path, tmp_path)
+    assert check_page(attributes, errors) == len(probe["figures"]) == 5 + 2
+    assert undrawn_in_dom(probe) == {}
