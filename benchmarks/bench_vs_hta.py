@@ -8,7 +8,7 @@ Runs in about 35 minutes on 2 cores, most of it HTA on the 1 GB inputs (~13 min 
 
 Each measurement is a fresh Python process (imports included):
   HTA:  `TraceAnalysis(trace_files={rank: path, ...})` + `get_comm_comp_overlap()`;
-  ours: `fsdp_trace.analyze.analyze(paths, jobs=J, cache=False)`, which computes the same
+  ours: `fsdp_trace.analysis.analyze(paths, jobs=J, cache=False)`, which computes the same
         overlap figure per step plus everything else (steps, per-collective attribution,
         per-block tables, exposed intervals).
 Wall time is the child's; peak RSS is the largest sum of RSS over the child's process tree,
@@ -53,7 +53,7 @@ print(json.dumps({"in_process_s": time.perf_counter() - t, "overlap_pct": pct}))
 
 OURS_CODE = r"""
 import json, sys, time
-from fsdp_trace.analyze import analyze
+from fsdp_trace.analysis import analyze
 files, jobs, cache = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 t = time.perf_counter()
 result = analyze(list(files.values()), jobs=jobs, cache=cache)
@@ -168,7 +168,7 @@ def size_text(n: float) -> str:
 
 def files_of(paths: list[Path]) -> dict[str, str]:
     """{rank: path} as HTA's trace_files (rank from the file name, else the position)."""
-    from fsdp_trace.analyze.loader import rank_from_name
+    from fsdp_trace.analysis.loader import rank_from_name
 
     out = {}
     for i, p in enumerate(paths):
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         many = generate(args.work / f"big{args.big_ranks}", args.big_ranks, args.size)
         cases.append((f"generated {args.size} × {args.big_ranks} ranks", many, True))
 
-    from fsdp_trace.analyze.loader import raw_size  # in this process only (not measured)
+    from fsdp_trace.analysis.loader import raw_size  # in this process only (not measured)
 
     rows, scaling = [], []
     for label, paths, with_hta in cases:
@@ -396,7 +396,7 @@ def write_report(args, rows, scaling, cached, argv) -> None:
         "",
         "Each figure is one fresh process (Python start-up and imports included). HTA: "
         "`TraceAnalysis(trace_files=...)` + `get_comm_comp_overlap()`. fsdp-trace: "
-        "`fsdp_trace.analyze.analyze(paths, jobs=J, cache=False)`, i.e. every per-step, "
+        "`fsdp_trace.analysis.analyze(paths, jobs=J, cache=False)`, i.e. every per-step, "
         "per-collective and per-block figure, not only the overlap. Peak RSS is the largest sum "
         "over the process tree (sampled every 50 ms); both tools fork workers for several ranks "
         "(HTA a pool of min(ranks, cores) processes; fsdp-trace `--jobs`). Speed-up = HTA wall "

@@ -305,11 +305,11 @@ def analyze(
         ),
     ] = None,
 ) -> None:
-    """Attribute every AllGather / ReduceScatter to its FSDP2 block and phase, and measure how
-    much communication compute hides, per rank and step."""
+    """Attribute every AllGather / ReduceScatter to its FSDP2 block and phase, measure where
+    each rank's step goes, and say which cause to act on first."""
     with user_errors("analyze"):
-        from fsdp_trace.analysis.api import analyze as run_analysis
-        from fsdp_trace.diagnose import diagnose, gate
+        from fsdp_trace.diagnose import gate
+        from fsdp_trace.pipeline import analyze as run_analysis
         from fsdp_trace.render import export, terminal
 
         if top < 0:
@@ -322,16 +322,9 @@ def analyze(
         }
         # Every output path is checked before the analysis runs and anything is written.
         export.check_outputs(outputs, {"--csv": Path(csv_out) if csv_out else None})
-        result = run_analysis(paths, jobs=jobs, detailed=detailed, cache=not no_cache)
-        result.findings, result.crossrank = diagnose(result)
-        result.notices.extend(result.crossrank.notices)
-        if hta:
-            from fsdp_trace.analysis.hta_check import cross_check
-
-            result.hta, hta_notices = cross_check(result.ranks, cache=not no_cache)
-            result.notices.extend(hta_notices)
+        result = run_analysis(paths, jobs=jobs, detailed=detailed, cache=not no_cache, hta=hta)
         # The gate can refuse a condition (a run metric without run.json): before any output.
-        violated = gate.violations(conditions, result, len(result.findings))
+        violated = gate.violations(conditions, result.runs)
         terminal.render(result, top=top)
         written = _write_outputs(
             result, outputs, Path(csv_out) if csv_out else None, cache=not no_cache

@@ -167,6 +167,11 @@ class Result:
     blocks = property(lambda self: self.only.blocks, doc="The one run's blocks table.")
     collectives = property(lambda self: self.only.collectives, doc="Its collectives table.")
     breakdown = property(lambda self: self.only.breakdown, doc="Its per-step breakdown.")
+    hta = property(lambda self: self.only.hta, doc="The one run's HTA cross-check, or None.")
+
+    def distortion(self) -> list[dict[str, Any]]:
+        """The one run's profiler distortion per rank (RunAnalysis.distortion)."""
+        return self.only.distortion()
 
     def to_json(self) -> dict[str, Any]:
         """Everything, JSON-ready (the CLI's --json)."""

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace import atomic
-from fsdp_trace.capture.outputs import RUN_FILE, read_run
 from fsdp_trace.errors import UserError
+from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
 
 TABLE_COLUMNS = [
     "run",
@@ -33,6 +33,8 @@ TABLE_COLUMNS = [
     "baseline",
     "mfu",
     "exposed_pct",
+    "exposed_transfer_pct",
+    "exposed_wait_pct",
     "overlap_pct",
     "recompute_pct",
     "peak_allocated_gib",
@@ -106,13 +108,15 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
 # Per run: the figures its timing traces gave the table, so that the table (and the plot) can be
 # rebuilt where the traces were deleted or left out for size.
 SUMMARY_FILE = "analysis.json"
-SUMMARY_FORMAT = 1
+# 2: per-rank breakdown figures; the run's figures are the worst rank's (1 pooled the steps
+# of every rank into one median: read, with its per-rank figures taken instead).
+SUMMARY_FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
 
-def timing_traces(run_dir: Path, run: dict[str, Any]) -> list[Path] | None:
+def timing_traces(run_dir: Path, run: RunRecord) -> list[Path] | None:
     """The run's timing traces when every one run.json lists is there, else None."""
-    names = (run.get("files") or {}).get("timing") or []
-    paths = [run_dir / name for name in names]
+    paths = [run_dir / name for name in run.files.timing]
     if not paths or not all(p.is_file() for p in paths):
         return None
     return paths
@@ -123,57 +127,59 @@ def _median(values: pd.Series) -> float | None:
     return float(values.median()) if len(values) else None
 
 
-def _recompute_us(result, steps: pd.DataFrame) -> np.ndarray:
-    """Recompute (activation-checkpoint) compute time of each step row: the analysis' own
-    `recompute_us` column where it has one, else its per-phase compute table."""
-    if "recompute_us" in steps:
-        return pd.to_numeric(steps["recompute_us"], errors="coerce").fillna(0.0).to_numpy()
-    phases = [r.compute_phases for r in result.ranks if len(r.compute_phases)]
-    if not phases:
-        return np.zeros(len(steps))
-    phases = pd.concat(phases, ignore_index=True)
-    per_step = phases[phases["phase"] == "recompute"].groupby(["rank", "step"])["compute_us"].sum()
-    keys = pd.MultiIndex.from_arrays([steps["rank"], steps["step"]])
-    return per_step.reindex(keys, fill_value=0.0).to_numpy(dtype=np.float64)
+def summarize(run) -> dict[str, Any]:
+    """The figures of one analyzed run (`RunAnalysis`) that the efficiency table needs, per
+    rank (medians over its timing steps, the breakdown's parts as % of the step) and for the
+    run: the worst rank's figure (never one median pooled over ranks), and recompute time as
+    a share of all steps' time."""
+    ranks = []
+    total_step = total_recompute = 0.0
+    for r in run.ranks:
+        s = r.steps
+        if s.empty:
+            continue
+        step = s["step_us"].to_numpy(dtype=np.float64)
+        total_step += float(step.sum())
+        total_recompute += float(np.nansum(s["recompute_us"].to_numpy(dtype=np.float64)))
 
+        def share(column: str, s=s, step=step) -> float | None:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return _median(pd.Series(100.0 * s[column].to_numpy(dtype=np.float64) / step))
 
-def summarize(result) -> dict[str, Any]:
-    """The figures of one analyzed run that the efficiency table needs, per rank and overall:
-    medians over the timing steps of exposed %, overlap % and step time, and recompute compute
-    time as a share of the step (per rank: median over steps; overall: all steps' recompute
-    time ÷ all steps' time)."""
-    steps = result.steps
-    steps = steps[steps["source"] != "detailed"].reset_index(drop=True) if len(steps) else steps
-    if steps.empty:
-        return {
-            "exposed_pct": None,
-            "overlap_pct": None,
-            "recompute_pct": None,
-            "step_ms": None,
-            "ranks": [],
-        }
-    step_us = steps["step_us"].to_numpy(dtype=np.float64)
-    steps = steps.assign(recompute_share=100.0 * _recompute_us(result, steps) / step_us)
-    ranks = [
-        {
-            "rank": int(rank),
-            "steps": len(own),
-            "step_ms": _median(own["step_us"] / 1e3),
-            "exposed_pct": _median(own["exposed_pct"]),
-            "overlap_pct": _median(own["overlap_pct"]),
-            "recompute_pct": _median(own["recompute_share"]),
-        }
-        for rank, own in steps.groupby("rank", sort=True)
-    ]
-    total = float(step_us.sum())
+        ranks.append(
+            {
+                "rank": int(r.rank) if r.rank is not None else None,
+                "steps": len(s),
+                "step_ms": _median(s["step_us"] / 1e3),
+                "exposed_pct": _median(s["exposed_pct"]),
+                "exposed_transfer_pct": share("exposed_transfer_us"),
+                "exposed_wait_pct": share("exposed_wait_us"),
+                "overlap_pct": _median(s["overlap_pct"]),
+                "idle_pct": _median(s["idle_pct"]),
+                "recompute_pct": _median(s["recompute_pct"]),
+            }
+        )
     return {
-        "exposed_pct": _median(steps["exposed_pct"]),
-        "overlap_pct": _median(steps["overlap_pct"]),
-        "recompute_pct": float((steps["recompute_share"] * step_us).sum() / total)
-        if total
-        else None,
-        "step_ms": _median(steps["step_us"] / 1e3),
+        **worst_rank(ranks),
+        "recompute_pct": 100.0 * total_recompute / total_step if total_step else None,
         "ranks": ranks,
+    }
+
+
+def worst_rank(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's figures from its ranks': the highest step, exposure and waiting, the lowest
+    overlap."""
+
+    def pick(key: str, fn) -> float | None:
+        values = [r[key] for r in ranks if r.get(key) is not None]
+        return fn(values) if values else None
+
+    return {
+        "step_ms": pick("step_ms", max),
+        "exposed_pct": pick("exposed_pct", max),
+        "exposed_transfer_pct": pick("exposed_transfer_pct", max),
+        "exposed_wait_pct": pick("exposed_wait_pct", max),
+        "overlap_pct": pick("overlap_pct", min),
     }
 
 
@@ -183,17 +189,16 @@ def _trace_sizes(paths: list[Path]) -> dict[str, int]:
 
 def analyze_point(run_dir: Path, traces: list[Path]) -> dict[str, Any]:
     """Analyze a run's timing traces into the analysis.json summary."""
-    from fsdp_trace import __version__
-    from fsdp_trace.analysis import analyze
+    import fsdp_trace
 
     return {
         "format": SUMMARY_FORMAT,
         "source": "traces",
-        "made_by": f"fsdp-trace {__version__}: medians over the timing steps of "
+        "made_by": f"fsdp-trace {fsdp_trace.__version__}: medians over the timing steps of "
         + ", ".join(p.name for p in traces),
-        "fsdp_trace": __version__,
+        "fsdp_trace": fsdp_trace.__version__,
         "traces": _trace_sizes(traces),
-        **summarize(analyze(run_dir, detailed=False)),
+        **summarize(fsdp_trace.analyze(run_dir, detailed=False).only),
     }
 
 
@@ -213,8 +218,11 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
             f"{path}: unreadable ({exc}): delete it and re-run `fsdp-trace plot` "
             "where the traces are"
         ) from None
-    if not isinstance(summary, dict) or summary.get("format") != SUMMARY_FORMAT:
+    if not isinstance(summary, dict) or summary.get("format") not in READABLE_FORMATS:
         raise UserError(f"{path}: not an fsdp-trace analysis.json (format {SUMMARY_FORMAT})")
+    if summary["format"] == 1:  # its run figures pooled every rank's steps: take the ranks'
+        ranks = summary.get("ranks") or []
+        summary = {**summary, **worst_rank(ranks)} if ranks else {**summary, "pooled": True}
     return summary
 
 
@@ -231,7 +239,7 @@ def summarize_point(run_dir: Path) -> dict[str, Any] | None:
 
 
 def point_figures(
-    run_dir: Path, run: dict[str, Any], with_traces: bool
+    run_dir: Path, run: RunRecord, with_traces: bool
 ) -> tuple[dict[str, Any], str, str | None]:
     """(figures, where they came from, why they are missing) for one run: its timing traces
     when present (reusing analysis.json when it was made from these very traces by this
@@ -243,6 +251,7 @@ def point_figures(
     if traces is not None and with_traces:
         current = (
             summary is not None
+            and summary.get("format") == SUMMARY_FORMAT
             and summary.get("source") == "traces"
             and summary.get("fsdp_trace") == __version__
             and summary.get("traces") == _trace_sizes(traces)
@@ -262,22 +271,23 @@ def _stderr(message: str) -> None:
     print(f"fsdp-trace: {message}", file=sys.stderr)
 
 
-def _label(run: dict[str, Any]) -> str:
-    cfg = run.get("config", {})
-    parts = [f"{run['world']['world_size']} GPU"]
-    if cfg.get("ac_coverage"):
-        parts.append(f"AC {cfg['ac_coverage']:g}")
-    if cfg.get("compile"):
+def _label(run: RunRecord) -> str:
+    cfg = run.config
+    parts = [f"{run.world.world_size} GPU"]
+    if cfg.ac_coverage:
+        parts.append(f"AC {cfg.ac_coverage:g}")
+    if cfg.compile:
         parts.append("compile")
-    if cfg.get("reshard_after_forward") is not True:
-        parts.append(f"reshard={cfg.get('reshard_after_forward')}")
-    for knob, text in (
-        ("shard_embeddings", "emb units"),
-        ("keep_last_unsharded", "keep last"),
-        ("prefetch_forward", "fwd prefetch"),
-        ("prefetch_backward", "bwd prefetch"),
+    if cfg.reshard_after_forward is not True:
+        parts.append(f"reshard={cfg.reshard_after_forward}")
+    if cfg.hsdp > 1:
+        parts.append(f"HSDP {cfg.hsdp}")
+    for value, text in (
+        (cfg.shard_embeddings, "emb units"),
+        (cfg.keep_last_unsharded, "keep last"),
+        (cfg.prefetch_forward, "fwd prefetch"),
+        (cfg.prefetch_backward, "bwd prefetch"),
     ):
-        value = cfg.get(knob)
         if value:
             parts.append(text if value is True else f"{text} {value}")
     return ", ".join(parts)
@@ -294,42 +304,51 @@ def run_table(
     the traces were left out (`figures_from` says which); a run with neither gets blanks and a
     notice (to `notify`, and in `table.attrs["notices"]`). Exposed % is blank on 1 GPU: there
     is no communication to expose."""
-    rows, blank = [], {}
+    rows, blank, pooled = [], {}, []
     for path in runs:
         run = read_run(path)
-        figures = run.get("figures", {})
-        model = run.get("model", {})
+        figures = run.figures
         found, source, why = point_figures(path, run, with_traces)
         if why:
             blank.setdefault(why, []).append(str(path))
-        world = run["world"]["world_size"]
+        if found.get("pooled") and run.world.world_size > 1:
+            pooled.append(str(path))
+        world = run.world.world_size
+        many = world > 1  # exposure and overlap need communication
         rows.append(
             {
                 "run": str(path),
                 "label": _label(run),
-                "model": model.get("preset") or model.get("factory"),
-                "batch_size": model.get("batch_size"),
-                "seq_len": model.get("seq_len"),
+                "model": run.model.name,
+                "batch_size": run.model.batch_size,
+                "seq_len": run.model.seq_len,
                 "world_size": world,
-                "ac_coverage": run.get("parallel", {}).get("ac_coverage_effective", 0.0),
-                "compile": bool(run.get("config", {}).get("compile")),
-                "step_ms": (figures.get("step_time_ms") or {}).get("median"),
-                "tokens_per_s_per_gpu": figures.get("tokens_per_s_per_gpu"),
-                "scaling_efficiency": figures.get("scaling_efficiency"),
+                "ac_coverage": run.parallel.ac_coverage_effective,
+                "compile": bool(run.config.compile),
+                "step_ms": figures.step_time_ms.median if figures.step_time_ms else None,
+                "tokens_per_s_per_gpu": figures.tokens_per_s_per_gpu,
+                "scaling_efficiency": figures.scaling_efficiency,
                 "baseline": "",
-                "mfu": figures.get("mfu"),
-                "exposed_pct": found.get("exposed_pct") if world > 1 else None,
-                "overlap_pct": found.get("overlap_pct") if world > 1 else None,
+                "mfu": figures.mfu,
+                "exposed_pct": found.get("exposed_pct") if many else None,
+                "exposed_transfer_pct": found.get("exposed_transfer_pct") if many else None,
+                "exposed_wait_pct": found.get("exposed_wait_pct") if many else None,
+                "overlap_pct": found.get("overlap_pct") if many else None,
                 "recompute_pct": found.get("recompute_pct"),
-                "peak_allocated_gib": figures.get(
-                    "peak_allocated_gib", figures.get("peak_rss_gib")
-                ),
+                "peak_allocated_gib": figures.peak_memory_gib,
                 "figures_from": source,
-                "saved_baseline": figures.get("baseline_dir"),
+                "saved_baseline": figures.baseline_dir,
             }
         )
     table = pd.DataFrame(rows, columns=[*TABLE_COLUMNS, "saved_baseline"])
-    for column in ("exposed_pct", "overlap_pct", "recompute_pct", "scaling_efficiency"):
+    for column in (
+        "exposed_pct",
+        "exposed_transfer_pct",
+        "exposed_wait_pct",
+        "overlap_pct",
+        "recompute_pct",
+        "scaling_efficiency",
+    ):
         table[column] = pd.to_numeric(table[column], errors="coerce")
     table = _fill_efficiency(table).drop(columns="saved_baseline")
     notices = [
@@ -337,6 +356,13 @@ def run_table(
         f"({why}): {', '.join(paths[:4])}{', ...' if len(paths) > 4 else ''}"
         for why, paths in blank.items()
     ]
+    if pooled:
+        notices.append(
+            f"exposed % of {len(pooled)} run{'s' * (len(pooled) > 1)} comes from an analysis.json "
+            "of format 1, which kept one median over every rank's steps, not per-rank figures: "
+            f"re-run `fsdp-trace plot` where the traces are ({', '.join(pooled[:2])}"
+            f"{', ...' if len(pooled) > 2 else ''})"
+        )
     table.attrs["notices"] = notices
     if notify is not None:
         for notice in notices:
@@ -432,9 +458,9 @@ def compare_table(
     changes = [""]
     for i in range(1, len(configs)):
         prev, cur = configs[i - 1], configs[i]
-        change = knob_changes(prev.get("config", {}), cur.get("config", {}))
-        if prev["world"]["world_size"] != cur["world"]["world_size"]:
-            gpus = f"GPUs: {prev['world']['world_size']} → {cur['world']['world_size']}"
+        change = knob_changes(prev.config.raw, cur.config.raw)
+        if prev.world.world_size != cur.world.world_size:
+            gpus = f"GPUs: {prev.world.world_size} → {cur.world.world_size}"
             change = f"{gpus}, {change}" if change else gpus
         changes.append(change or "(same knobs)")
     table["change"] = changes

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
-from fsdp_trace.analyze import analyze  # noqa: E402
+from fsdp_trace.analysis import analyze  # noqa: E402
 from fsdp_trace.diagnose import diagnose  # noqa: E402
 from fsdp_trace.render import terminal  # noqa: E402
 from fsdp_trace.render.report import write_report  # noqa: E402

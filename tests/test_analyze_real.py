@@ -1,5 +1,5 @@
 """The analysis of real captured traces, checked against an independent computation written
-here in plain Python (json + sorted lists), sharing no code with fsdp_trace.analyze."""
+here in plain Python (json + sorted lists), sharing no code with fsdp_trace.analysis."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fsdp_trace.analyze import analyze
+from fsdp_trace import analyze
 from tests.conftest import SAMPLES
 
 GPU_RUN = SAMPLES / "gpt-small-2gpu"

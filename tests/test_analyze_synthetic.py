@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from fsdp_trace.analyze import Expectations, analyze, analyze_trace, load_trace
+from fsdp_trace import analyze
 from tests.synth import AUTOGRAD, TraceBuilder
 
 
@@ -158,16 +159,18 @@ def test_recompute_kernels_are_told_apart_from_backward(tmp_path):
 
 
 def test_expected_counts_flag_extra_all_gathers(tmp_path):
+    """Three all-gathers of one unit in one step (forward, then twice in backward, as
+    reentrant checkpointing does): the unit reshards, so 2 are expected, one is too many."""
     b = TraceBuilder()
     b.step(1, 0, 3000)
-    for i in range(3):  # three all-gathers of one unit in one step: one too many
+    for i, hook in enumerate(("pre_forward", "pre_backward", "pre_backward")):
+        b.label(f"FSDP::{hook} (layers.0)", 95 + i * 500, 30)
         b.label("FSDP::all_gather (layers.0)", 100 + i * 500, 10)
         b.nccl("AllGather", 200 + i * 500, 10, launch_ts=105 + i * 500)
     r = one_rank(tmp_path, b)
-    row = r.blocks.iloc[0]
-    assert row["unit_count_per_step"] == 3
-    assert row["expected_per_step"] == 2
-    assert row["excess"] == 1
+    assert (r.blocks["unit_count_per_step"] == 3).all()
+    assert (r.blocks["expected_per_step"] == 2).all()
+    assert (r.blocks["excess"] == 1).all()
 
 
 def test_rank_from_file_name_when_trace_has_none(tmp_path):
@@ -227,14 +230,22 @@ def test_bare_cpu_trace_claims_no_gloo_collectives(tmp_path):
     ]
 
 
-def _root_and_block_gathers(b: TraceBuilder) -> None:
-    """One step: the root gathers once, layers.0 twice (forward and backward)."""
+def _root_and_block_gathers(b: TraceBuilder, root_backward: bool = False) -> None:
+    """One step: the root gathers in forward (and, with `root_backward`, again in backward),
+    layers.0 twice: in its forward and again in its backward."""
     b.step(1, 0, 3000)
+    b.label("FSDP::pre_forward", 5, 30)
     b.label("FSDP::all_gather", 10, 10)
     b.nccl("AllGather", 100, 10, launch_ts=12)
+    b.label("FSDP::pre_forward (layers.0)", 195, 30)
+    b.label("FSDP::pre_backward (layers.0)", 1195, 30)
     for t in (200, 1200):
         b.label("FSDP::all_gather (layers.0)", t, 10)
         b.nccl("AllGather", t + 300, 10, launch_ts=t + 2)
+    if root_backward:
+        b.label("FSDP::pre_backward", 1000, 30)
+        b.label("FSDP::all_gather", 1005, 10)
+        b.nccl("AllGather", 1050, 10, launch_ts=1007)
 
 
 def _gathers(rank) -> dict[str, tuple[float, float]]:
@@ -247,13 +258,35 @@ def _gathers(rank) -> dict[str, tuple[float, float]]:
     }
 
 
-def test_root_expects_one_all_gather_without_run_json(tmp_path):
-    """FSDP2's defaults (torch >= 2.8): the root keeps its parameters, other units reshard."""
+def _capture_run(tmp_path, builder: TraceBuilder, **record) -> object:
+    """A run directory holding the trace and a run.json with the given sections."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    builder.write(folder / "rank0.json")
+    run = {"world": {"world_size": 2}, "files": {"timing": ["rank0.json"]}, **record}
+    (folder / "run.json").write_text(json.dumps(run))
+    return analyze(folder, cache=False).only
+
+
+def test_without_run_json_reshard_is_read_from_where_units_are_gathered(tmp_path):
+    """No run.json: a unit gathered again in backward reshards after forward (2 per step), the
+    root gathered in forward only keeps its parameters (1): what the trace shows, said."""
     b = TraceBuilder()
     _root_and_block_gathers(b)
-    r = one_rank(tmp_path, b)
-    assert _gathers(r) == {"root": (1, 1), "layers.0": (2, 2)}
-    assert (r.blocks["excess"] == 0).all()
+    result = analyze(b.write(tmp_path / "rank0.json"), cache=False).only
+    assert _gathers(result.ranks[0]) == {"root": (1, 1), "layers.0": (2, 2)}
+    assert (result.ranks[0].blocks["excess"] == 0).all()
+    units = {u.name: u.reshard_after_forward for u in result.config.units}
+    assert (units["layers.0"].value, units["layers.0"].source) == (True, "trace")
+    assert (units["root"].value, units["root"].source) == (False, "trace")
+
+
+def test_a_root_gathered_in_backward_is_read_as_resharding(tmp_path):
+    b = TraceBuilder()
+    _root_and_block_gathers(b, root_backward=True)
+    result = analyze(b.write(tmp_path / "rank0.json"), cache=False).only
+    assert _gathers(result.ranks[0])["root"] == (2, 2)
+    assert result.config.reshards("root") is True
 
 
 @pytest.mark.parametrize(
@@ -265,28 +298,44 @@ def test_root_expects_one_all_gather_without_run_json(tmp_path):
         ({"layers.0": True, "root": False}, 1, 2),
     ],
 )
-def test_expected_gathers_follow_run_json(setting, root_expected, block_expected):
-    run = {"parallel": {"reshard_after_forward": setting}, "environment": {"torch": "2.11.0"}}
-    expect = Expectations.from_run(run)
-    assert expect.expected("root", "AllGather") == root_expected
-    assert expect.expected("layers.0", "AllGather") == block_expected
-    assert expect.expected("layers.5", "AllGather") == 2  # unlisted unit: the default
-    assert expect.expected("layers.0", "ReduceScatter") == 1
+def test_expected_gathers_follow_run_json(tmp_path, setting, root_expected, block_expected):
+    b = TraceBuilder()
+    _root_and_block_gathers(b)
+    run = _capture_run(
+        tmp_path,
+        b,
+        parallel={"reshard_after_forward": setting},
+        environment={"torch": "2.11.0"},
+    )
+    assert run.config.expected("root", "AllGather") == root_expected
+    assert run.config.expected("layers.0", "AllGather") == block_expected
+    assert run.config.expected("layers.0", "ReduceScatter") == 1
+    assert run.config.unit("layers.0").reshard_after_forward.source == "run.json"
 
 
-def test_root_before_torch_2_8_never_reshards():
-    run = {"parallel": {"reshard_after_forward": {"root": True}}, "environment": {"torch": "2.6"}}
-    assert Expectations.from_run(run).expected("root", "AllGather") == 1
+def test_root_before_torch_2_8_never_reshards(tmp_path):
+    b = TraceBuilder()
+    _root_and_block_gathers(b)
+    run = _capture_run(
+        tmp_path,
+        b,
+        parallel={"reshard_after_forward": {"root": True, "layers.0": True}},
+        environment={"torch": "2.6"},
+    )
+    assert run.config.expected("root", "AllGather") == 1
 
 
 def test_reshard_false_expects_one_gather_and_flags_two(tmp_path):
     b = TraceBuilder()
     _root_and_block_gathers(b)
-    trace = load_trace(b.write(tmp_path / "rank0.json"), cache=False)
-    run = {"parallel": {"reshard_after_forward": {"layers.0": False, "root": "default"}}}
-    r = analyze_trace(trace, Expectations.from_run(run))
+    run = _capture_run(
+        tmp_path, b, parallel={"reshard_after_forward": {"layers.0": False, "root": "default"}}
+    )
+    r = run.ranks[0]
     assert _gathers(r) == {"root": (1, 1), "layers.0": (2, 1)}
-    assert r.blocks.set_index("block").loc["layers.0", "excess"] == 1
+    assert (r.blocks.set_index("block").loc["layers.0", "excess"] == 1).all()
+    # run.json wins over what the trace shows, and says so.
+    assert any("layers.0: run.json records reshard_after_forward=False" in n for n in run.notices)
 
 
 def test_block_busbw_is_block_algbw_times_the_bus_factor(tmp_path):

@@ -230,8 +230,7 @@ def test_notices_name_their_rank_and_run_json_notices_are_shown():
 def test_a_failing_output_leaves_none_behind(tmp_path, monkeypatch):
     """The report fails after the JSON and CSV were written (a full disk): neither is moved
     into place, no staging file or folder it made is left, and the error is one line."""
-    from fsdp_trace import cli
-    from fsdp_trace.analyze import analyze
+    from fsdp_trace import analyze, cli
     from fsdp_trace.errors import UserError
     from fsdp_trace.render import report
 

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdp_trace.analysis import analyze, api, cache, loader
+from fsdp_trace import analyze
+from fsdp_trace.analysis import cache, loader, perrank
 from fsdp_trace.analysis import trace as trace_mod
 from fsdp_trace.analysis.loader import load_trace
 from fsdp_trace.analysis.results import RankAnalysis
@@ -68,8 +69,8 @@ def no_analysis(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("analyzed although the cache holds this analysis")
 
-    monkeypatch.setattr(api, "analyze_trace", fail)
-    monkeypatch.setattr(api, "load_trace", fail)
+    monkeypatch.setattr(perrank, "analyze_trace", fail)
+    monkeypatch.setattr(perrank, "load_trace", fail)
 
 
 def assert_same(a, b) -> None:
@@ -236,7 +237,7 @@ def test_cached_analyses_are_read_without_workers(cache_dir, tmp_path, monkeypat
 
     run = tmp_path / "run"
     shutil.copytree(SAMPLES / "gpt-small-2gpu", run)
-    monkeypatch.setattr(api, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(perrank, "POOL_MIN_BYTES", 0)
     first = analyze(run, jobs=2)  # computed by workers, stored by them
     assert len(entries(cache_dir, "analysis")) == 4
 
@@ -259,43 +260,40 @@ def test_cached_analysis_equals_a_fresh_one(cache_dir, tmp_path):
         assert_same(a, b)
 
 
-def test_analysis_key_holds_file_expectations_source_and_name_rank(
-    cache_dir, tmp_path, monkeypatch
-):
+def test_analysis_key_holds_file_source_and_name_rank(cache_dir, tmp_path, monkeypatch):
+    """Per-rank analyses depend on the file, its source and the rank its name gives; what the
+    run's configuration expects is applied after, so run.json is not part of the key."""
     b = TraceBuilder(rank=None)  # no distributedInfo: the rank comes from the file name
     b.step(1, 0, 1000)
     b.kernel("gemm", 100, 100, launch_ts=5)
     b.label("FSDP::all_gather (layers.0)", 25, 10)
     b.nccl("AllGather", 150, 80, launch_ts=30)
     path = b.write(tmp_path / "rank2.json")
-    base = api.analyze_file(path)
+    base = perrank.analyze_file(path)
     assert base.rank == 2
     assert len(entries(cache_dir, "analysis")) == 1
-    # Other expectations (run.json without reshard) and another source: new entries.
-    run = {"parallel": {"reshard_after_forward": {"layers.0": False}}}
-    assert api.analyze_file(path, run).blocks["expected_per_step"].iloc[0] == 1.0
-    assert base.blocks["expected_per_step"].iloc[0] == 2.0
-    assert api.analyze_file(path, source="timing").steps["source"].iloc[0] == "timing"
-    assert len(entries(cache_dir, "analysis")) == 3
+    # Another source: a new entry.
+    assert perrank.analyze_file(path, source="timing").steps["source"].iloc[0] == "timing"
+    assert len(entries(cache_dir, "analysis")) == 2
     # The same bytes under another rank's name: that rank, not the cached one.
     renamed = tmp_path / "rank5.json"
     shutil.copy(path, renamed)
-    assert api.analyze_file(renamed).steps["rank"].iloc[0] == 5
-    assert len(entries(cache_dir, "analysis")) == 4
+    assert perrank.analyze_file(renamed).steps["rank"].iloc[0] == 5
+    assert len(entries(cache_dir, "analysis")) == 3
     # Changed content: analyzed again.
     b.nccl("AllGather", 400, 80, launch_ts=40)
     b.write(path)
-    assert len(api.analyze_file(path).collectives) == 2
+    assert len(perrank.analyze_file(path).collectives) == 2
     # And an unchanged one is a hit whose path is the file asked for.
     no_analysis(monkeypatch)
-    again = api.analyze_file(renamed)
+    again = perrank.analyze_file(renamed)
     assert again.path == str(renamed) and again.rank == 5
 
 
 def test_analysis_code_change_invalidates(
     cache_dir, trace_file, tmp_path, monkeypatch, fresh_code_versions
 ):
-    api.analyze_file(trace_file)
+    perrank.analyze_file(trace_file)
     edited = tmp_path / "rank.py"
     edited.write_text("# another version of the analysis\n")
     sources = cache._sources
@@ -304,23 +302,23 @@ def test_analysis_code_change_invalidates(
     )
     cache.code_version.cache_clear()
     calls = []
-    analyze_trace = api.analyze_trace
-    monkeypatch.setattr(api, "analyze_trace", lambda *a: calls.append(1) or analyze_trace(*a))
-    api.analyze_file(trace_file)
-    api.analyze_file(trace_file)
+    analyze_trace = perrank.analyze_trace
+    monkeypatch.setattr(perrank, "analyze_trace", lambda *a: calls.append(1) or analyze_trace(*a))
+    perrank.analyze_file(trace_file)
+    perrank.analyze_file(trace_file)
     assert calls == [1]
     assert len(entries(cache_dir, "analysis")) == 2
 
 
 def test_damaged_analysis_entry_is_recomputed(cache_dir, trace_file):
-    good = api.analyze_file(trace_file, cache=False)
-    api.analyze_file(trace_file)
+    good = perrank.analyze_file(trace_file, cache=False)
+    perrank.analyze_file(trace_file)
     (entry,) = entries(cache_dir, "analysis")
     start, nbytes = _payload_offset_of_first_array(entry)
     data = bytearray(entry.read_bytes())
     data[start + nbytes // 2] ^= 0x01
     entry.write_bytes(bytes(data))
-    assert_same(good, api.analyze_file(trace_file))
+    assert_same(good, perrank.analyze_file(trace_file))
 
 
 def test_no_cache_writes_nothing(cache_dir, trace_file):
@@ -485,7 +483,7 @@ def test_temporary_files_old_are_deleted_young_are_counted(cache_dir, tmp_path, 
 
 def test_info_and_clear(cache_dir, trace_file, tmp_path):
     assert cache.clear() == (0, 0)  # no folder yet
-    api.analyze_file(trace_file)
+    perrank.analyze_file(trace_file)
     (cache_dir / ".tmp-x").write_bytes(b"12345")
     foreign = cache_dir / "notes.txt"
     foreign.write_text("not ours")
@@ -562,7 +560,7 @@ def test_json_header_of_an_entry_is_plain_json(cache_dir, trace_file):
 
 
 def test_rank_analysis_fields_are_all_stored(cache_dir, trace_file):
-    api.analyze_file(trace_file)
+    perrank.analyze_file(trace_file)
     (entry,) = entries(cache_dir, "analysis")
     data = entry.read_bytes()
     _, _, size = cache._PREFIX.unpack_from(data)
@@ -572,7 +570,7 @@ def test_rank_analysis_fields_are_all_stored(cache_dir, trace_file):
 
 def test_cache_commands_show_and_clear_the_folder(cache_dir, trace_file):
     """`fsdp-trace cache info|clear` on a cache that holds one analysed trace."""
-    api.analyze_file(trace_file, cache=True)
+    perrank.analyze_file(trace_file, cache=True)
     assert len(entries(cache_dir)) == 2  # the parsed columns and the analysis
     shown = run_cli("cache", "info")
     assert shown.returncode == 0, shown.stderr

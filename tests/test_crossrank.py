@@ -6,18 +6,22 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import tempfile
 import warnings
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from fsdp_trace.analyze import analyze
-from fsdp_trace.analyze.results import RankAnalysis
-from fsdp_trace.diagnose import diagnose, match
-from fsdp_trace.diagnose.crossrank import ARRIVAL_TIE_US, CLOCK_TOLERANCE_US
+from fsdp_trace import analyze
+from fsdp_trace.analysis.crossrank import ARRIVAL_TIE_US, CLOCK_TOLERANCE_US, match
+from fsdp_trace.analysis.inputs import RunInput
+from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.pipeline import analyze_run
 from tests.conftest import SAMPLES
+from tests.synth import TraceBuilder
 
 DIAG = SAMPLES / "diagnosis"
 
@@ -283,10 +287,10 @@ def test_ranks_covering_different_steps_get_a_notice_not_a_warning():
         "no collective matched across ranks" in n and "rank 1: steps 101–103" in n
         for n in cross.notices
     )
-    result = analyze(DIAG / "straggler", detailed=False, cache=False)
-    result.ranks[1] = _with(result.ranks[1], collectives=later)
-    findings, _ = diagnose(result)  # the rules cope with an empty cross-rank view
-    assert 10 not in {f.number for f in findings}
+    ranks = list(_ranks("diagnosis/straggler"))
+    ranks[1] = _with(ranks[1], collectives=later)
+    run = analyze_run(RunInput("straggler", []), ranks)  # the rules cope with no match
+    assert run.crossrank.empty and "straggler" not in run.diagnosis.rules()
 
 
 def test_clock_offsets_are_found_and_corrected():
@@ -302,16 +306,69 @@ def test_clock_offsets_are_found_and_corrected():
     assert (cross.matched["last_rank"] == plain.matched["last_rank"]).mean() > 0.95
 
 
-def test_without_waiting_caps_exposure_by_the_transfer():
-    r0, r1 = _ranks("gpt-small-2gpu")
-    cross = match([r0, r1])
-    c = r1.collectives
-    cost = cross.without_waiting(1, c)
-    other = r0.collectives.sort_values("correlation")
-    mine = c.sort_values("correlation")
-    transfer = np.minimum(mine["dur_us"].to_numpy(), other["dur_us"].to_numpy())
-    assert np.allclose(cost.loc[mine.index, "transfer_us"], transfer)
-    assert np.allclose(
-        cost.loc[mine.index, "exposed_us"], np.minimum(mine["exposed_us"].to_numpy(), transfer)
-    )
-    assert cost["matched"].all()
+def test_exposed_transfer_is_the_uncovered_part_of_each_transfer():
+    """Per collective, its transfer is the last `transfer` µs of its kernel (the shortest
+    duration of the pair); the part of it no compute kernel covers is exposed transfer. Over a
+    step, the collectives' shares add up to |∪ transfers \\ ∪ compute|, computed here in plain
+    Python, and to the step breakdown's exposed_transfer_us."""
+    run = analyze(SAMPLES / "gpt-small-2gpu", detailed=False, cache=False).only
+    r0, r1 = (r.collectives.sort_values("correlation").reset_index(drop=True) for r in run.ranks)
+    transfer = np.minimum(r0["dur_us"].to_numpy(), r1["dur_us"].to_numpy())
+    for r, c in zip(run.ranks, (r0, r1), strict=True):
+        assert np.allclose(c["transfer_us"], transfer, atol=1e-2)
+        assert np.allclose(c["wait_us"], c["dur_us"] - transfer, atol=1e-2)
+        assert (c["exposed_transfer_us"] <= c["transfer_us"] + 1e-6).all()
+        compute = r.kernels[r.kernels["kind"] == "compute"]
+        busy = list(zip(compute["ts"], compute["end"], strict=True))
+        for step, own in c.groupby("step"):
+            window = r.steps.set_index("step").loc[step]
+            lo, hi = float(window["start_us"]), float(window["end_us"])
+            spans = [
+                (max(e - t, s0), e)
+                for s0, e, t in zip(own["start_us"], own["end_us"], own["transfer_us"], strict=True)
+            ]
+            covered = _union_length(
+                [(max(a, lo), min(b, hi)) for a, b in spans if min(b, hi) > max(a, lo)]
+            )
+            both = _union_length(
+                [(max(a, lo), min(b, hi)) for a, b in spans + busy if min(b, hi) > max(a, lo)]
+            )
+            alone = _union_length(
+                [(max(a, lo), min(b, hi)) for a, b in busy if min(b, hi) > max(a, lo)]
+            )
+            uncovered = both - alone  # |T \\ K| within the step
+            assert float(window["exposed_transfer_us"]) == pytest.approx(uncovered, abs=1e-3)
+            assert own["exposed_transfer_us"].sum() == pytest.approx(uncovered, abs=0.5)
+
+
+def test_a_process_group_list_cut_by_the_profiler_still_matches():
+    """The profiler writes `Process Group Ranks` as the first 30 ranks and `...` for larger
+    groups. 32 ranks of one group: every collective matches across all 32 (the cut list is
+    not taken as the members), transfer = the shortest duration."""
+    cut = "[" + ", ".join(map(str, range(30))) + ", ...]"
+    ranks = []
+    for rank in range(32):
+        b = TraceBuilder(rank=rank, world_size=32)
+        b.step(1, 0, 5000)
+        for i, t in enumerate((100.0, 2100.0)):
+            b.label("FSDP::all_gather (layers.0)", t, 10)
+            start = t + 200 + (rank == 7) * 50.0 * (i + 1)  # rank 7 arrives late
+            b.nccl("AllGather", start, t + 500 - start, launch_ts=t + 2, nelems=32_000_000)
+        doc = b.document()
+        for e in doc["traceEvents"]:
+            if "Collective name" in e["args"]:
+                e["args"]["Process Group Ranks"] = cut
+                e["args"]["Group size"] = 32
+        ranks.append(doc)
+    frames = []
+    for rank, doc in enumerate(ranks):
+        folder = Path(tempfile.mkdtemp())
+        path = folder / f"rank{rank}.json"
+        path.write_text(json.dumps(doc))
+        frames.append(path)
+    run = analyze(frames, cache=False).only
+    cross = run.crossrank
+    assert len(cross.matched) == 2 and (cross.matched["n_ranks"] == 32).all()
+    assert cross.matched["transfer_us"].tolist() == pytest.approx([250.0, 200.0])
+    assert (cross.matched["last_rank"] == 7).all()
+    assert not any("no counterpart" in n for n in cross.notices)

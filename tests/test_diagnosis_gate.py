@@ -6,24 +6,22 @@ from __future__ import annotations
 import copy
 from functools import cache
 
+import numpy as np
 import pytest
 
-from fsdp_trace.analyze import analyze
-from fsdp_trace.diagnose import diagnose, gate
+from fsdp_trace import analyze
+from fsdp_trace.diagnose import gate
 from fsdp_trace.errors import UserError
 from tests.conftest import SAMPLES, run_cli
 
 
 @cache
 def analysis(path: str, detailed: bool = True):
-    result = analyze(SAMPLES / path, detailed=detailed, cache=False)
-    result.findings, result.crossrank = diagnose(result)
-    return result
+    return analyze(SAMPLES / path, detailed=detailed, cache=False).only
 
 
 def check(text: str, path: str = "gpt-small-2gpu", detailed: bool = True) -> dict[str, float]:
-    result = analysis(path, detailed)
-    return dict(gate.values(gate.parse(text), result, len(result.findings)))
+    return dict(gate.values(gate.parse(text), analysis(path, detailed)))
 
 
 def test_fail_on_gate(tmp_path):
@@ -120,10 +118,10 @@ def test_recompute_metrics_when_the_steps_carry_them():
     with pytest.raises(
         UserError, match="not available for this input: the analysis has no per-step recompute_pct"
     ):
-        gate.values(gate.parse("recompute_pct>5"), result, 0)
+        gate.values(gate.parse("recompute_pct>5"), result)
     for i, r in enumerate(result.ranks):
         r.steps = r.steps.assign(recompute_pct=[10.0 + i, 20.0 + i, 30.0 + i, 40.0 + i, 50.0 + i])
-    assert gate.values(gate.parse("recompute_pct>5"), result, 0) == [
+    assert gate.values(gate.parse("recompute_pct>5"), result) == [
         ("rank 0", 30.0),
         ("rank 1", 31.0),
     ]
@@ -131,10 +129,46 @@ def test_recompute_metrics_when_the_steps_carry_them():
 
 def test_run_metrics_need_run_json_and_the_figure():
     files = sorted((SAMPLES / "gpt-small-2gpu").glob("rank*.timing.json.gz"))
-    bare = analyze(files, cache=False)
+    bare = analyze(files, cache=False).only
     with pytest.raises(UserError, match=r"comes from run\.json"):
-        gate.values(gate.parse("mfu<0.4"), bare, 0)
+        gate.values(gate.parse("mfu<0.4"), bare)
     with pytest.raises(UserError, match=r"no scaling_efficiency \(capture with --baseline\)"):
         check("scaling_efficiency<0.9", "diagnosis/tuned-b16", detailed=False)
     assert check("scaling_efficiency<0.9") == {"run": pytest.approx(0.869, abs=1e-3)}
-    assert check("findings>0") == {"diagnosis": len(analysis("gpt-small-2gpu").findings)}
+    causes = [f for f in analysis("gpt-small-2gpu").findings if f.kind == "cause"]
+    assert check("findings>0") == {"diagnosis": len(causes)} == {"diagnosis": 1}
+
+
+def test_breakdown_metrics_per_rank():
+    """exposed_wait_pct and friends: per rank, the median over its steps of the part's share
+    of each step, computed here from the steps table."""
+    run = analysis("gpt-small-2gpu", False)
+    for metric, column in (
+        ("exposed_wait_pct", "exposed_wait_us"),
+        ("exposed_transfer_pct", "exposed_transfer_us"),
+        ("fsdp_copy_pct", "fsdp_copy_us"),
+        ("model_compute_pct", "model_compute_us"),
+    ):
+        found = check(f"{metric}>10", "gpt-small-2gpu", detailed=False)
+        for r in run.ranks:
+            share = 100 * r.steps[column] / r.steps["step_us"]
+            assert found[f"rank {r.rank}"] == pytest.approx(float(np.median(share)))
+    waits = check("exposed_wait_pct>10", detailed=False)
+    assert waits["rank 1"] > 10 > waits["rank 0"]  # rank 1 waits for host-bound rank 0
+    ms = check("exposed_wait_ms>1", detailed=False)
+    assert ms["rank 1"] == pytest.approx(run.ranks[1].steps["exposed_wait_us"].median() / 1e3)
+    done = run_cli(
+        "analyze",
+        str(SAMPLES / "gpt-small-2gpu"),
+        "--no-detailed",
+        "--no-report",
+        "--fail-on",
+        "exposed_wait_pct>10",
+    )
+    assert done.returncode == 1 and "exposed_wait_pct>10 violated (rank 1:" in done.stderr
+    assert "rank 0" not in done.stderr.split("violated")[1]
+
+
+def test_waiting_metrics_need_a_cross_rank_match():
+    with pytest.raises(UserError, match="matched across two or more ranks"):
+        check("exposed_wait_pct>1", "gpt-small-1gpu", detailed=False)

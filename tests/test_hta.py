@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_trace.analyze import analyze, load_trace
-from fsdp_trace.analyze.hta_check import cross_check, hta_overlap, overlap_with_hta_rules
+from fsdp_trace import analyze
+from fsdp_trace.analysis.hta_check import cross_check, hta_overlap, overlap_with_hta_rules
+from fsdp_trace.analysis.loader import load_trace
 from tests.conftest import SAMPLES, run_cli
 
 pytest.importorskip("hta")

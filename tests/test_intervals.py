@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fsdp_trace.analyze import intervals as iv
+from fsdp_trace.analysis import intervals as iv
 
 RES = 0.5
 

@@ -20,9 +20,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdp_trace.analyze import analyze, api, loader
-from fsdp_trace.analyze.loader import load_trace
-from fsdp_trace.analyze.rank import analyze_trace
+from fsdp_trace import analyze
+from fsdp_trace.analysis import loader, perrank
+from fsdp_trace.analysis.loader import load_trace
+from fsdp_trace.analysis.rank import analyze_trace
 from tests.conftest import REPO, SAMPLES
 from tests.synth import TraceBuilder
 
@@ -288,7 +289,7 @@ def test_small_inputs_start_no_pool(monkeypatch):
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _NoPool)
     result = analyze(SAMPLES / "gpt-small-2gpu", jobs=2, cache=False)
     assert len(result.ranks) == 2
-    monkeypatch.setattr(api, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(perrank, "POOL_MIN_BYTES", 0)
     with pytest.raises(AssertionError, match="pool was started"):
         analyze(SAMPLES / "gpt-small-2gpu", jobs=2, cache=False)
 
@@ -296,7 +297,7 @@ def test_small_inputs_start_no_pool(monkeypatch):
 def test_parallel_ranks_equal_serial(monkeypatch):
     run = SAMPLES / "gpt-small-2gpu"
     serial = analyze(run, jobs=1, cache=False)
-    monkeypatch.setattr(api, "POOL_MIN_BYTES", 0)  # workers even for the small samples
+    monkeypatch.setattr(perrank, "POOL_MIN_BYTES", 0)  # workers even for the small samples
     parallel = analyze(run, jobs=2, cache=False)
     assert [r.path for r in serial.ranks + serial.detailed] == [
         r.path for r in parallel.ranks + parallel.detailed
@@ -314,7 +315,7 @@ def test_one_traces_events_at_a_time(monkeypatch):
     arrays) are freed, by reference counting alone, before the next trace is loaded: the
     results keep copies of the few columns they need, never the events."""
     alive: list[weakref.ref] = []
-    real = api.load_trace
+    real = perrank.load_trace
 
     def tracking(*args, **kwargs):
         left = [r() for r in alive if r() is not None]
@@ -331,7 +332,7 @@ def test_one_traces_events_at_a_time(monkeypatch):
                 base = base.base
         return trace
 
-    monkeypatch.setattr(api, "load_trace", tracking)
+    monkeypatch.setattr(perrank, "load_trace", tracking)
     gc.disable()  # freed by reference counting, not by a later collection
     try:
         result = analyze(SAMPLES / "gpt-small-2gpu", jobs=1, cache=False)

@@ -6,18 +6,18 @@ approximates the transfer time, each rank's excess is time spent waiting for the
 arrive, and the rank that starts last is the one the others waited for.
 
 Matching is per process group, among its member ranks: the group is the kernel's `Process
-Group Ranks` (else the rank's `distributedInfo.pg_config` entry for its `Process Group Name`,
-else every analyzed rank), so HSDP/TP subgroups match within themselves. The profiler cuts
-`Process Group Ranks` after 30 ranks (`[0, 1, ..., 29, ...]`): a cut list is never taken as
-the members; pg_config's list is, else the analyzed ranks whose traces hold that group.
-Within a group the trace's `Seq` (torch >= 2.12) identifies a collective on every member;
-without it, the k-th collective of a group in a profiled step is the k-th on every member
-(NCCL requires that order), launch order being the kernels' correlation order. Keying by step keeps ranks aligned
-even when they dropped different numbers of kernels launched before the profiled window.
-Matched kernels must agree on collective type, unit and bytes; the others are left out, with
-a notice. Clocks of different hosts can disagree: each rank's offset is the median difference
-of matched end times, chained from the lowest rank through the groups, and start times are
-corrected by it before deciding who arrived last.
+Group Ranks` (else the rank's `distributedInfo.pg_config` entry for its `Process Group
+Name`, else every analyzed rank), so HSDP/TP subgroups match within themselves. The profiler
+cuts `Process Group Ranks` after 30 ranks (`[0, 1, ..., 29, ...]`): a cut list is never
+taken as the members; pg_config's list is, else the analyzed ranks whose traces hold that
+group. Within a group the trace's `Seq` (torch >= 2.12) identifies a collective on every
+member; without it, the k-th collective of a group in a profiled step is the k-th on every
+member (NCCL requires that order), launch order being the kernels' correlation order. Keying
+by step keeps ranks aligned even when they dropped different numbers of kernels launched
+before the profiled window. Matched kernels must agree on collective type, unit and bytes;
+the others are left out, with a notice. Clocks of different hosts can disagree: each rank's
+offset is the median difference of matched end times, chained from the lowest rank through
+the groups, and start times are corrected by it before deciding who arrived last.
 """
 
 from __future__ import annotations

@@ -39,10 +39,11 @@ def _rank_key(path: Path) -> tuple[int, str]:
 
 
 def _inside(folder: Path, name: str) -> Path:
-    """`folder / name`, refused when it leaves `folder` (a run.json is input, not trusted)."""
+    """`folder / name`, refused when the name leads out of `folder` (a run.json is input, not
+    trusted): an absolute path or `..`. Symbolic links inside the folder are the user's own."""
     path = folder / name
-    base = os.path.realpath(folder)
-    if os.path.commonpath([base, os.path.realpath(path)]) != base:
+    base = os.path.abspath(folder)
+    if os.path.isabs(name) or os.path.commonpath([base, os.path.abspath(path)]) != base:
         raise UserError(
             f"{folder / RUN_FILE}: lists the trace {name!r}, which is outside the run "
             "directory: refused (a run.json names its traces relative to its own folder)"

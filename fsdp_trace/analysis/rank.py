@@ -117,6 +117,7 @@ def _assign_steps(
 
 def analyze_trace(trace: Trace, source: str = Source.TRACE) -> RankAnalysis:
     """Everything per step, per collective and per block for one rank's trace."""
+    source = Source(source).value  # a plain string in every table (and in the cache)
     events = trace.events
     kinds = classify.event_kinds(events)
     notices: list[str] = []
@@ -268,7 +269,7 @@ def analyze_trace(trace: Trace, source: str = Source.TRACE) -> RankAnalysis:
         rank=trace.rank,
         path=trace.path,
         source=source,
-        device=Device.GPU,
+        device=Device.GPU.value,
         steps=step_frame,
         collectives=collectives,
         blocks=blocks,

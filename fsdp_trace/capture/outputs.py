@@ -7,27 +7,14 @@ where torch may be missing, to give a one-line error instead of an import traceb
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from fsdp_trace.errors import UserError
+from fsdp_trace.runrecord import RUN_FILE
 
-RUN_FILE = "run.json"
 ERROR_DIR_ENV = "FSDP_TRACE_ERROR_DIR"
 COMMAND_ENV = "FSDP_TRACE_COMMAND"
 ARGV_ENV = "FSDP_TRACE_ARGV"
-
-
-def read_run(run_dir: Path) -> dict[str, Any]:
-    """A capture run's run.json (analyze, plot and compare read it); unreadable is a user
-    error."""
-    path = Path(run_dir) / RUN_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: unreadable run.json ({exc}): re-run the capture") from None
 
 
 def trace_name(rank: int, phase: str) -> str:

@@ -38,6 +38,7 @@ from fsdp_trace.capture.outputs import (  # re-exported: the CLI imports them fr
 )
 from fsdp_trace.capture.summary import print_summary
 from fsdp_trace.errors import UserError
+from fsdp_trace.runrecord import read_run
 
 __all__ = [
     "ERROR_DIR_ENV",
@@ -438,16 +439,18 @@ def build_record(
 
 def scaling_against(baseline_dir: str, tokens_per_s_per_gpu: float) -> dict[str, Any]:
     """Scaling efficiency against a 1-GPU baseline run (same local batch)."""
-    path = Path(baseline_dir) / RUN_FILE
     try:
-        base = json.loads(path.read_text())
-        base_tps = base["figures"]["tokens_per_s_per_gpu"]
-    except (OSError, ValueError, KeyError) as exc:
-        return {"scaling_efficiency": None, "baseline_error": f"{path}: cannot read ({exc})"}
+        base = read_run(baseline_dir)
+    except UserError as exc:
+        return {"scaling_efficiency": None, "baseline_error": exc.message}
+    base_tps = base.figures.tokens_per_s_per_gpu
+    if not base_tps:
+        path = Path(baseline_dir) / RUN_FILE
+        return {"scaling_efficiency": None, "baseline_error": f"{path}: no tokens/s recorded"}
     return {
         "baseline_dir": str(baseline_dir),
         "baseline_tokens_per_s": base_tps,
-        "baseline_world_size": base.get("world", {}).get("world_size"),
+        "baseline_world_size": base.world.world_size,
         "scaling_efficiency": tokens_per_s_per_gpu / base_tps,
     }
 

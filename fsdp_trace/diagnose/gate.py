@@ -1,10 +1,11 @@
 """`--fail-on "exposed_pct>5"`: a CI gate over the reported metrics.
 
 A condition is `metric OP value` with OP one of > >= < <= == !=. Per-rank metrics (the
-median over the rank's timing steps) fail when any rank violates the condition; run metrics
-come from run.json's figures; `findings` counts the diagnosis findings. A metric the input
-cannot give (overlap on CPU/gloo traces, waiting with one rank, MFU without run.json) is an
-error, never a silent pass.
+median over the rank's timing steps) fail when any rank violates the condition; the step
+breakdown's parts (`exposed_wait_pct`, `exposed_transfer_pct`, ...) are per rank too; run
+metrics come from run.json's figures; `findings` counts the causes to act on (minor findings
+and notes about the measurement apart). A metric the input cannot give (overlap on CPU/gloo
+traces, waiting with one rank, MFU without run.json) is an error, never a silent pass.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fsdp_trace.analysis.results import Analysis
 from fsdp_trace.errors import UserError
+from fsdp_trace.result import RunAnalysis
 
 OPS = {
     ">": operator.gt,
@@ -35,7 +36,7 @@ class Metric:
     """A gateable metric: where its value comes from and what it means."""
 
     help: str
-    source: str  # "steps", "crossrank", "distortion", "run" or "findings"
+    source: str  # "steps", "breakdown", "crossrank", "distortion", "run" or "findings"
     column: str = ""  # steps / crossrank column, or run.json figure
     scale: float = 1.0
     fraction: bool = False  # a 0–1 figure: messages also show it as a percentage
@@ -58,6 +59,36 @@ METRICS: dict[str, Metric] = {
     ),
     "recompute_ms": Metric(
         "activation-checkpoint recompute per step, ms", "steps", "recompute_us", 1e-3
+    ),
+    "exposed_transfer_pct": Metric(
+        "exposed communication moving data (waiting excluded), % of the step",
+        "breakdown",
+        "exposed_transfer_us",
+        100.0,
+    ),
+    "exposed_transfer_ms": Metric(
+        "exposed communication moving data per step, ms", "steps", "exposed_transfer_us", 1e-3
+    ),
+    "exposed_wait_pct": Metric(
+        "exposed waiting for peers inside NCCL kernels, % of the step",
+        "breakdown",
+        "exposed_wait_us",
+        100.0,
+    ),
+    "exposed_wait_ms": Metric(
+        "exposed waiting for peers per step, ms", "steps", "exposed_wait_us", 1e-3
+    ),
+    "fsdp_copy_pct": Metric(
+        "FSDP's own copy/cast kernels alone on the GPU, % of the step",
+        "breakdown",
+        "fsdp_copy_us",
+        100.0,
+    ),
+    "model_compute_pct": Metric(
+        "model compute (no FSDP copies, no recompute), % of the step",
+        "breakdown",
+        "model_compute_us",
+        100.0,
     ),
     "wait_pct": Metric(
         "time waiting inside NCCL kernels for later ranks, % of the step", "crossrank", "wait_pct"
@@ -89,7 +120,7 @@ METRICS: dict[str, Metric] = {
         "peak allocated memory (run.json), GiB", "run", "peak_allocated_gib"
     ),
     "num_alloc_retries": Metric("allocator retries (run.json)", "run", "num_alloc_retries"),
-    "findings": Metric("number of diagnosis findings", "findings"),
+    "findings": Metric("number of causes to act on (minor ones apart)", "findings"),
 }
 RUN_HINTS = {
     "scaling_efficiency": "capture with --baseline",
@@ -130,20 +161,26 @@ def _unavailable(condition: Condition, why: str) -> UserError:
 
 
 def _per_rank_medians(
-    condition: Condition, analysis: Analysis, metric: Metric
+    condition: Condition, analysis: RunAnalysis, metric: Metric
 ) -> list[tuple[str, float]]:
     out = []
     for rank in analysis.ranks:
         if metric.column not in rank.steps:
             continue
         series = rank.steps[metric.column].to_numpy(dtype=np.float64)
+        if metric.source == "breakdown":  # a part's share of each step
+            with np.errstate(invalid="ignore", divide="ignore"):
+                series = series / rank.steps["step_us"].to_numpy(dtype=np.float64)
         if np.isfinite(series).any():
             out.append((f"rank {rank.rank}", float(np.nanmedian(series)) * metric.scale))
     if not out:
         if any(metric.column in r.steps for r in analysis.ranks):
             why = (
                 f"CPU (gloo) traces have no GPU kernels, so no per-step {metric.column}"
-                if all(r.device == "cpu" for r in analysis.ranks)
+                if not analysis.gpu
+                else "waiting and transfer are told apart only for collectives matched across "
+                "two or more ranks"
+                if metric.column in ("exposed_transfer_us", "exposed_wait_us")
                 else "no analyzed step has it"
             )
         else:
@@ -152,16 +189,17 @@ def _per_rank_medians(
     return out
 
 
-def values(condition: Condition, analysis: Analysis, n_findings: int) -> list[tuple[str, float]]:
+def values(condition: Condition, analysis: RunAnalysis) -> list[tuple[str, float]]:
     """(where, value) pairs the condition is checked against; UserError when the input
     cannot give the metric."""
     metric = METRICS[condition.metric]
     if metric.source == "findings":
-        return [("diagnosis", float(n_findings))]
+        causes = [f for f in analysis.diagnosis.findings if f.kind == "cause"]
+        return [("diagnosis", float(len(causes)))]
     if metric.source == "run":
         if analysis.run is None:
             raise _unavailable(condition, "it comes from run.json: analyze a capture run directory")
-        figure = (analysis.run.get("figures") or {}).get(metric.column)
+        figure = getattr(analysis.run.figures, metric.column, None)
         if figure is None:
             hint = RUN_HINTS.get(condition.metric, "the capture did not record it")
             raise _unavailable(condition, f"run.json has no {metric.column} ({hint})")
@@ -193,17 +231,19 @@ def _show(metric: Metric, value: float) -> str:
     return f"{value:.4g} ({100 * value:.1f} %)" if metric.fraction else f"{value:.4g}"
 
 
-def violations(conditions: list[Condition], analysis: Analysis, n_findings: int) -> list[str]:
-    """One line per violated condition, naming where and the value found."""
+def violations(conditions: list[Condition], runs: list[RunAnalysis]) -> list[str]:
+    """One line per violated condition and run, naming where and the value found."""
     lines = []
-    for condition in conditions:
-        metric = METRICS[condition.metric]
-        hits = [
-            (where, v)
-            for where, v in values(condition, analysis, n_findings)
-            if OPS[condition.op](v, condition.value)
-        ]
-        if hits:
-            found = ", ".join(f"{where}: {_show(metric, v)}" for where, v in hits)
-            lines.append(f"{condition} violated ({found})")
+    for run in runs:
+        prefix = f"{run.name}: " if len(runs) > 1 else ""
+        for condition in conditions:
+            metric = METRICS[condition.metric]
+            hits = [
+                (where, v)
+                for where, v in values(condition, run)
+                if OPS[condition.op](v, condition.value)
+            ]
+            if hits:
+                found = ", ".join(f"{where}: {_show(metric, v)}" for where, v in hits)
+                lines.append(f"{prefix}{condition} violated ({found})")
     return lines

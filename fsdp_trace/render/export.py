@@ -1,104 +1,50 @@
-"""--json / --csv: every number of the analysis, with stable column names, written atomically."""
+"""--json / --csv: every number of the analysis, with stable column names, written atomically;
+and the checks that every output path is writable before anything runs."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from fsdp_trace import __version__, atomic
-from fsdp_trace.analysis.results import Analysis
+from fsdp_trace import atomic
 from fsdp_trace.errors import UserError
+from fsdp_trace.result import Result
 
 
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN → null, numpy scalars → Python."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    return value
+def write_json(result: Result, path: Path) -> None:
+    """Everything (`Result.to_json()`), as --json writes it."""
+    atomic.write_text(path, json.dumps(result.to_json(), indent=1) + "\n")
 
 
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [_clean(r) for r in frame.astype(object).where(frame.notna(), None).to_dict("records")]
+CSV_NAMES = ("steps", "breakdown", "blocks", "collectives")  # tables, one NAME.csv each
 
 
-def to_payload(analysis: Analysis) -> dict[str, Any]:
-    """The whole analysis as one JSON-ready dict (the --json schema)."""
-    run = analysis.run or {}
-    return _clean(
-        {
-            "tool": "fsdp-trace",
-            "version": __version__,
-            "inputs": analysis.inputs,
-            "notices": analysis.notices,
-            "run": {
-                "config": run.get("config"),
-                "model": run.get("model"),
-                "world": run.get("world"),
-                "figures": run.get("figures"),
-            }
-            if run
-            else None,
-            "ranks": [
-                {
-                    **r.summary(),
-                    "path": r.path,
-                    "device": r.device,
-                    "notices": r.notices,
-                    "streams": r.streams,
-                }
-                for r in analysis.ranks
-            ],
-            "distortion": analysis.distortion(),
-            "steps": records(analysis.steps),
-            "blocks": records(analysis.blocks),
-            "collectives": records(analysis.collectives),
-            "hta": records(analysis.hta) if analysis.hta is not None else None,
-            "findings": [dataclasses.asdict(f) for f in analysis.findings],
-            "crossrank": _crossrank(analysis.crossrank),
-        }
+def csv_table(result: Result, name: str) -> pd.DataFrame:
+    """One table over every run (a `run` column first when there are several)."""
+    frames = [getattr(run, name) for run in result.runs]
+    if len(frames) == 1:
+        return frames[0]
+    return pd.concat(
+        [
+            f.assign(run=run.name)[["run", *f.columns]]
+            for f, run in zip(frames, result.runs, strict=True)
+        ],
+        ignore_index=True,
     )
 
 
-def _crossrank(crossrank: Any) -> dict[str, Any] | None:
-    if crossrank is None or crossrank.empty:
-        return None
-    return {
-        "per_rank": records(crossrank.per_rank),
-        "clock_offsets_us": crossrank.clock_offsets_us,
-        "notices": crossrank.notices,
-        "matched": records(crossrank.matched),
-    }
-
-
-def write_json(analysis: Analysis, path: Path) -> None:
-    atomic.write_text(path, json.dumps(to_payload(analysis), indent=1) + "\n")
-
-
-CSV_NAMES = ("steps", "blocks", "collectives")  # Analysis tables, one NAME.csv each
-
-
-def write_csv_files(analysis: Analysis, folder: Path) -> None:
-    """steps.csv, blocks.csv and collectives.csv into `folder` (a staged folder: the caller
-    moves it into place with the other outputs)."""
+def write_csv_files(result: Result, folder: Path) -> None:
+    """steps.csv, breakdown.csv, blocks.csv and collectives.csv into `folder` (a staged
+    folder: the caller moves it into place with the other outputs)."""
     try:
         for name in CSV_NAMES:
-            getattr(analysis, name).to_csv(folder / f"{name}.csv", index=False)
+            csv_table(result, name).to_csv(folder / f"{name}.csv", index=False)
     except OSError as exc:
         raise UserError(f"{folder}: cannot write ({exc.strerror or exc})") from None
 

@@ -44,7 +44,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
 
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis.loader import load_trace
-from fsdp_trace.analysis.results import Analysis, RankAnalysis
+from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.atomic import atomic_open
 from fsdp_trace.errors import UserError
 
@@ -680,18 +680,24 @@ class _RankWriter:
 
 
 def write_perfetto(
-    analysis: Analysis,
+    analysis: Any,
     path: Path,
     *,
     include_detailed: bool = False,
     cpu: bool = True,
     cache: bool = True,
 ) -> dict[str, Any]:
-    """Write `analysis` as an annotated Perfetto trace at `path` (atomically: a temporary file
-    in the same folder, renamed at the end). Returns counts of what was written: tracks,
-    slices per kind (gpu, cpu, collective, exposed), flows, counter values, per rank."""
+    """Write `analysis` (a `Result`, or one `RunAnalysis`) as an annotated Perfetto trace at
+    `path` (atomically: a temporary file in the same folder, renamed at the end). Returns
+    counts of what was written: tracks, slices per kind (gpu, cpu, collective, exposed),
+    flows, counter values, per rank."""
     path = Path(path)
-    items = list(analysis.ranks) + (list(analysis.detailed) if include_detailed else [])
+    runs = analysis.runs if hasattr(analysis, "runs") else [analysis]
+    items = [
+        r
+        for run in runs
+        for r in list(run.ranks) + (list(run.detailed) if include_detailed else [])
+    ]
     if not items:
         raise UserError("nothing to write to the Perfetto trace: the analysis holds no trace")
     started = time.perf_counter()

@@ -315,7 +315,8 @@ def ac_over_applied(ctx: Context) -> Finding | None:
             memory += (
                 ": room to keep their activations" if peak < 0.8 * total else ": little headroom"
             )
-    example = spare.loc[names[0]]
+    shown = spare.sort_values("gather", ascending=False).index[0]  # the gather it hides
+    example = spare.loc[shown]
     return Finding(
         "ac-over-applied",
         "Activation checkpointing costs more than it hides",
@@ -323,7 +324,7 @@ def ac_over_applied(ctx: Context) -> Finding | None:
         "backward compute already hides the gathers: the recompute is pure cost",
         evidence=f"{len(spare)} of {len(checkpointed)} checkpointed blocks recompute "
         f"{ms(cost)} per step ({pct(cost / step)}) while their backward compute alone "
-        f"(e.g. {names[0]}: {ms(example['compute'])}) hides the backward all-gather it "
+        f"(e.g. {shown}: {ms(example['compute'])}) hides the backward all-gather it "
         f"overlaps ({ms(example['gather'])}, transfer time){memory}",
         why="checkpointing trades compute for memory, and under FSDP its recompute also gives "
         "backward gathers work to hide behind; where the gather is hidden anyway, only the "

@@ -1,0 +1,77 @@
+"""The number formats every view uses, defined once. Standard library only."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+DASH = "—"
+
+
+def finite(value: Any) -> bool:
+    try:
+        return value is not None and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def num(value: Any, spec: str = ".1f", unit: str = "") -> str:
+    """`value` in `spec` with `unit`, or a dash when it is missing or not finite."""
+    return f"{float(value):{spec}}{unit}" if finite(value) else DASH
+
+
+def ms(us: Any, unit: str = "") -> str:
+    """µs as ms with two decimals ("13.18"), `unit` appended (" ms")."""
+    return num(float(us) / 1e3, ".2f", unit) if finite(us) else DASH
+
+
+def pct(value: Any, unit: str = "") -> str:
+    """A percentage (already ×100) with one decimal."""
+    return num(value, ".1f", unit)
+
+
+def fraction_pct(value: Any) -> str:
+    """A 0–1 fraction as "86.9 %"."""
+    return num(100.0 * float(value), ".1f", " %") if finite(value) else DASH
+
+
+def signed(value: Any, unit: str = "") -> str:
+    return num(value, "+.1f", unit)
+
+
+def mb(nbytes: Any) -> str:
+    return num(float(nbytes) / 1e6, ",.1f") if finite(nbytes) else DASH
+
+
+def gib(value: Any) -> str:
+    return num(value, ".2f", " GiB")
+
+
+def count(value: Any) -> str:
+    return f"{float(value):g}" if finite(value) else DASH
+
+
+def spread(values: Sequence[float], scale: float = 1.0, spec: str = ".1f") -> tuple[str, str]:
+    """(median, "min–max") of the finite values, scaled; ("—", "") when none, and no range
+    when they are all equal."""
+    clean = sorted(float(v) / scale for v in values if finite(v))
+    if not clean:
+        return DASH, ""
+    n = len(clean)
+    median = clean[n // 2] if n % 2 else (clean[n // 2 - 1] + clean[n // 2]) / 2
+    if clean[0] == clean[-1]:
+        return f"{median:{spec}}", ""
+    return f"{median:{spec}}", f"{clean[0]:{spec}}–{clean[-1]:{spec}}"
+
+
+def plural(n: int, word: str, suffix: str = "s") -> str:
+    return f"{n} {word}{suffix * (n != 1)}"
+
+
+def ranks_text(ranks: Sequence[int], limit: int = 6) -> str:
+    ranks = list(ranks)
+    if not ranks:
+        return ""
+    shown = ", ".join(map(str, ranks[:limit])) + (", …" if len(ranks) > limit else "")
+    return f"rank{'s' * (len(ranks) > 1)} {shown}"

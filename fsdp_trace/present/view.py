@@ -1,0 +1,728 @@
+"""What every front end shows of an analysis, computed once: the verdict, the inferred
+configuration, per-rank cards and tables (always per rank: never one median pooled over
+ranks), where each rank's step goes, the per-block table, the cross-rank table, the
+findings and the notices. Text is formatted here; the renderers only lay it out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analysis.breakdown import PARTS
+from fsdp_trace.analysis.config import From, InferredConfig
+from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.diagnose.finding import Finding
+from fsdp_trace.present import fmt, headline
+from fsdp_trace.result import Result, RunAnalysis
+from fsdp_trace.vocab import Device, Source
+
+# The breakdown's parts as people read them, in the order they stack.
+PART_LABELS = {
+    "compute_us": "compute",
+    "recompute_us": "recompute",
+    "fsdp_copy_us": "FSDP copies",
+    "exposed_transfer_us": "exposed transfer",
+    "exposed_wait_us": "waiting for peers",
+    "exposed_unsplit_us": "exposed (unsplit)",
+    "idle_us": "idle",
+}
+STACK_ORDER = (
+    "compute_us",
+    "recompute_us",
+    "fsdp_copy_us",
+    "exposed_transfer_us",
+    "exposed_wait_us",
+    "exposed_unsplit_us",
+    "idle_us",
+)
+assert set(STACK_ORDER) == set(PARTS)
+
+
+@dataclass(frozen=True)
+class Card:
+    key: str
+    label: str
+    value: str
+    sub: str = ""
+    tone: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    """Headers and rows of text; `numeric_from`: the first right-aligned column."""
+
+    key: str
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    numeric_from: int = 1
+    highlight: list[bool] = field(default_factory=list)  # per row: draw attention to it
+
+
+@dataclass(frozen=True)
+class FindingView:
+    number: int
+    rule: str
+    title: str
+    cost: str  # "13.18 ms per step (25.0 % of the step)", "" for measurement findings
+    cause: str
+    evidence: str
+    why: str
+    change: str
+    cli: str
+    code: str
+    basis: str
+    where: str  # "rank 0; layers.3, layers.4"
+    symptoms: list[FindingView]
+    minor: bool = False
+
+
+@dataclass(frozen=True)
+class BreakdownBar:
+    """One rank's median step as stacked parts (ms), for the stacked-bar figure."""
+
+    label: str
+    step: int
+    step_ms: float
+    parts: dict[str, float]  # PART_LABELS key → ms (NaN: unknown)
+
+
+@dataclass
+class RunView:
+    name: str
+    title: str  # the inputs
+    description: str  # the run line (run.json), or what the traces say
+    verdict: str
+    healthy: bool
+    run_figures: list[headline.Figure]
+    cards: list[Card]
+    config: list[tuple[str, str, str]]  # label, value, source
+    breakdown: Table
+    bars: list[BreakdownBar]
+    ranks: Table
+    distortion: Table | None
+    blocks: Table | None
+    crossrank: Table | None
+    transfer: Table | None
+    findings: list[FindingView]
+    minor: list[FindingView]
+    notices: list[str]
+    hta: Table | None
+    cpu: bool
+
+
+def rank_label(r: RankAnalysis, ranks: list[RankAnalysis]) -> str:
+    """ "rank 3", or the file name too where rank numbers do not tell traces apart."""
+    numbers = [x.rank for x in ranks]
+    if r.rank is not None and numbers.count(r.rank) == 1:
+        return f"rank {r.rank}"
+    return f"rank {'?' if r.rank is None else r.rank} ({Path(r.path).name})"
+
+
+# --- the run's parts --------------------------------------------------------------------------
+
+
+def _median(frame: pd.DataFrame, column: str) -> float:
+    if frame.empty or column not in frame:
+        return float("nan")
+    values = pd.to_numeric(frame[column], errors="coerce").dropna()
+    return float(values.median()) if len(values) else float("nan")
+
+
+def _per_rank_medians(run: RunAnalysis) -> pd.DataFrame:
+    """Per timing rank: the median over its steps of each headline figure (and the step's
+    breakdown parts as shares of its step)."""
+    rows = []
+    for r in run.ranks:
+        s = r.steps
+        row: dict[str, Any] = {"label": rank_label(r, run.ranks), "rank": r.rank}
+        for column in ("step_us", "exposed_pct", "overlap_pct", "idle_pct", "recompute_pct"):
+            row[column] = _median(s, column)
+        step = s["step_us"].to_numpy(dtype=np.float64) if len(s) else np.empty(0)
+        for part in ("exposed_transfer_us", "exposed_wait_us", "exposed_unsplit_us"):
+            values = s[part].to_numpy(dtype=np.float64) if part in s and len(s) else np.empty(0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share = 100.0 * values / step
+            share = share[np.isfinite(share)]
+            row[part.replace("_us", "_pct")] = float(np.median(share)) if share.size else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _worst(frame: pd.DataFrame, column: str) -> tuple[float, str]:
+    values = pd.to_numeric(frame[column], errors="coerce")
+    if values.notna().sum() == 0:
+        return float("nan"), ""
+    i = values.idxmax()
+    return float(values[i]), str(frame.loc[i, "label"])
+
+
+def _range(frame: pd.DataFrame, column: str) -> str:
+    values = pd.to_numeric(frame[column], errors="coerce").dropna()
+    if len(values) < 2:
+        return ""
+    return f"ranks range {values.min():.1f}–{values.max():.1f} %"
+
+
+def cards(run: RunAnalysis) -> list[Card]:
+    """Headline cards, per rank: the worst rank's figure, with the range over ranks."""
+    per = _per_rank_medians(run)
+    out: list[Card] = []
+    if per.empty:
+        return out
+    steps = pd.to_numeric(per["step_us"], errors="coerce")
+    if steps.notna().any():
+        slowest = per.loc[steps.idxmax(), "label"]
+        sub = f"profiled; slowest: {slowest}" if len(per) > 1 else "profiled, median step"
+        out.append(Card("step_ms", "Step time", fmt.ms(steps.max(), " ms"), sub))
+    if not run.gpu:
+        out.append(
+            Card(
+                "exposed_pct",
+                "Exposed communication",
+                fmt.DASH,
+                "CPU (gloo) trace: collectives run on the host; overlap not measured",
+            )
+        )
+        return out
+    transfer_known = per["exposed_transfer_pct"].notna().any()
+    if transfer_known:
+        value, who = _worst(per, "exposed_transfer_pct")
+        tone = "bad" if value >= 10 else "warn" if value >= 3 else "good"
+        sub = f"of the step, waiting excluded; worst: {who}"
+        out.append(
+            Card("exposed_transfer_pct", "Exposed transfer", fmt.pct(value, " %"), sub, tone)
+        )
+        value, who = _worst(per, "exposed_wait_pct")
+        tone = "bad" if value >= 10 else "warn" if value >= 3 else "good"
+        out.append(
+            Card(
+                "exposed_wait_pct",
+                "Waiting for peers",
+                fmt.pct(value, " %"),
+                f"of the step, inside NCCL kernels, exposed; worst: {who}",
+                tone,
+            )
+        )
+    else:
+        value, who = _worst(per, "exposed_pct")
+        tone = "bad" if value >= 20 else "warn" if value >= 5 else "good"
+        sub = f"of the step ({who}); waiting and transfer not told apart: no cross-rank match"
+        out.append(Card("exposed_pct", "Exposed communication", fmt.pct(value, " %"), sub, tone))
+    value, who = _worst(per, "idle_pct")
+    out.append(
+        Card(
+            "idle_pct",
+            "GPU idle",
+            fmt.pct(value, " %"),
+            f"nothing on the GPU; worst: {who}"
+            + (f"; {_range(per, 'idle_pct')}" if len(per) > 1 else ""),
+            "bad" if value >= 20 else "warn" if value >= 5 else "good",
+        )
+    )
+    overlap = pd.to_numeric(per["overlap_pct"], errors="coerce")
+    if overlap.notna().any():
+        low = per.loc[overlap.idxmin(), "label"]
+        out.append(
+            Card(
+                "overlap_pct",
+                "Overlap",
+                fmt.pct(overlap.min(), " %"),
+                f"of communication hidden by compute; lowest: {low}"
+                + (f"; {_range(per, 'overlap_pct')}" if len(per) > 1 else ""),
+            )
+        )
+    return out
+
+
+def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
+    """(label, value, source) per configuration item, as the views list it."""
+    units = config.units
+    blocks = config.blocks
+    others = [u.name for u in units if u.name not in blocks]
+
+    def reshard_text() -> str:
+        groups: dict[str, list[str]] = {}
+        for u in units:
+            value = u.reshard_after_forward.value
+            text = "yes" if value is True else "no" if value is False else f"to {value} ranks"
+            groups.setdefault(text, []).append(u.name)
+        return "; ".join(f"{t}: {_names(n)}" for t, n in groups.items()) or fmt.DASH
+
+    def sources(items) -> str:
+        found = sorted({i.reshard_after_forward.source for i in items})
+        return ", ".join(found)
+
+    mesh = config.mesh.value
+    ckpt = config.checkpointed.value or []
+    lines = [
+        ("mesh", mesh.describe(), config.mesh.source),
+        ("world size", fmt.count(config.world_size.value), config.world_size.source),
+        (
+            "units",
+            f"{len(units)}: {len(blocks)} blocks" + (f" + {', '.join(others)}" if others else ""),
+            From.TRACE if config.labels else From.DEFAULT,
+        ),
+        ("reshard after forward", reshard_text(), sources(units)),
+        (
+            "micro-batches per step",
+            fmt.count(config.micro_batches.value),
+            config.micro_batches.source,
+        ),
+        (
+            "activation checkpointing",
+            f"{len(ckpt)}/{len(blocks)} blocks" + (f" ({_names(ckpt)})" if ckpt else ""),
+            config.checkpointed.source,
+        ),
+        (
+            "prefetch",
+            f"forward {_prefetch(config.forward_prefetch.value, True)}, backward "
+            f"{_prefetch(config.backward_prefetch.value, False)}",
+            ", ".join(sorted({config.forward_prefetch.source, config.backward_prefetch.source})),
+        ),
+        ("torch.compile", "yes" if config.compiled.value else "no", config.compiled.source),
+        ("reduce dtype", str(config.reduce_dtype.value or fmt.DASH), config.reduce_dtype.source),
+    ]
+    if (config.micro_batches.value or 1) > 1:
+        lines.append(
+            (
+                "gradient sync",
+                "last micro-batch only" if config.accum_no_sync.value else "every micro-batch",
+                config.accum_no_sync.source,
+            )
+        )
+    return lines
+
+
+def _prefetch(depth: Any, forward: bool) -> str:
+    if depth in (None, 0) and forward:
+        return "implicit"
+    return f"{depth} unit{'s' * (depth != 1)} ahead" if depth is not None else fmt.DASH
+
+
+def _names(names: list[str], limit: int = 4) -> str:
+    names = list(names)
+    return ", ".join(names[:limit]) + (f", … ({len(names)})" if len(names) > limit else "")
+
+
+def breakdown_table(run: RunAnalysis) -> tuple[Table, list[BreakdownBar]]:
+    """Per rank: its median step cut into parts (ms and % of the step)."""
+    rows, bars = [], []
+    for r in run.ranks + run.detailed:
+        b = run.rank_breakdown(r)
+        label = rank_label(r, run.ranks) + (" (detailed)" if r.source == Source.DETAILED else "")
+        if b is None:
+            continue
+        step = b["step_us"]
+        cells = [label, str(b["step"]), fmt.ms(step)]
+        for part in STACK_ORDER:
+            value = b[part]
+            cells.append(
+                fmt.DASH if value is None else f"{value / 1e3:.2f} ({100 * value / step:.1f} %)"
+            )
+        rows.append(cells)
+        bars.append(
+            BreakdownBar(
+                label,
+                b["step"],
+                step / 1e3,
+                {p: (b[p] / 1e3 if b[p] is not None else float("nan")) for p in STACK_ORDER},
+            )
+        )
+    headers = ["rank", "step", "step ms", *(f"{PART_LABELS[p]} ms (%)" for p in STACK_ORDER)]
+    return (
+        Table(
+            "breakdown",
+            "Where each rank's step goes (its median step; the parts add up to the step)",
+            headers,
+            rows,
+        ),
+        bars,
+    )
+
+
+def rank_table(run: RunAnalysis) -> Table:
+    """Per rank: median and min–max over the profiled steps of the headline figures."""
+    with_recompute = any(
+        (pd.to_numeric(r.steps["recompute_us"], errors="coerce").fillna(0) > 0).any()
+        for r in run.ranks
+        if len(r.steps)
+    )
+    headers = ["rank", "steps", "step ms", "exposed comm %", "overlap %", "comm ms", "compute ms"]
+    headers += ["recompute %", "idle %"] if with_recompute else ["idle %"]
+    rows = []
+    for r in run.ranks:
+        s = r.steps
+
+        def cell(column: str, scale: float = 1.0, spec: str = ".1f", s=s) -> str:
+            median, span = fmt.spread(s[column].tolist() if column in s else [], scale, spec)
+            return f"{median} ({span})" if span else median
+
+        cells = [
+            rank_label(r, run.ranks),
+            str(len(s)),
+            cell("step_us", 1e3, ".2f"),
+            cell("exposed_pct"),
+            cell("overlap_pct"),
+            cell("comm_us", 1e3, ".2f"),
+            cell("compute_us", 1e3, ".2f"),
+        ]
+        if with_recompute:
+            cells.append(cell("recompute_pct"))
+        cells.append(cell("idle_pct"))
+        rows.append(cells)
+    return Table("ranks", "Per rank (median and min–max over the profiled steps)", headers, rows)
+
+
+def distortion_table(run: RunAnalysis) -> Table | None:
+    items = run.distortion()
+    if not items:
+        return None
+    rows = [
+        [
+            f"rank {d['rank']}",
+            fmt.ms(d["detailed_step_us"]),
+            fmt.ms(d["timing_median_step_us"]),
+            fmt.signed(d["slowdown_pct"]),
+            fmt.pct(d["detailed_exposed_pct"]),
+            fmt.pct(d["timing_exposed_pct"]),
+        ]
+        for d in items
+    ]
+    headers = [
+        "rank",
+        "detailed step ms",
+        "timing median ms",
+        "slowdown %",
+        "detailed exposed %",
+        "timing exposed %",
+    ]
+    return Table(
+        "distortion",
+        "Profiler distortion: the detailed step (record_shapes + with_stack) vs the timing steps",
+        headers,
+        rows,
+    )
+
+
+def block_table(run: RunAnalysis, top: int | None = None) -> Table | None:
+    """Per block × phase × collective, averaged over ranks, worst exposed first."""
+    blocks = pd.concat([r.blocks for r in run.ranks if len(r.blocks)] or [pd.DataFrame()])
+    if blocks.empty:
+        return None
+    grouped = (
+        blocks.groupby(["block", "phase", "collective"], sort=False)
+        .agg(
+            count=("count_per_step", "mean"),
+            unit=("unit_count_per_step", "mean"),
+            expected=("expected_per_step", "first"),
+            excess=("excess", "max"),
+            time=("time_us_per_step", "mean"),
+            exposed=("exposed_us_per_step", "mean"),
+            nbytes=("bytes_per_step", "mean"),
+            busbw=("busbw_gbps", "mean"),
+            compute=("compute_us_per_step", "mean"),
+            recompute=("recompute_us_per_step", "mean"),
+            ranks=("rank", "nunique"),
+        )
+        .reset_index()
+        .sort_values(["exposed", "time"], ascending=False, na_position="last")
+    )
+    shown = grouped if top is None else grouped.head(top)
+    with_recompute = bool(grouped["recompute"].notna().any())
+    headers = [
+        "block",
+        "phase",
+        "collective",
+        "count (unit/expected)",
+        "comm ms",
+        "exposed ms",
+        "MB",
+        "busbw GB/s",
+        "block compute ms",
+    ]
+    if with_recompute:  # under AC the unit's backward window also recomputes its forward
+        headers.append("+ recompute ms")
+    rows, flags = [], []
+    for row in shown.itertuples():
+        count = fmt.count(row.count)
+        if fmt.finite(row.expected):
+            count += f" ({row.unit:g}/{row.expected:g})"
+        cells = [
+            str(row.block),
+            str(row.phase),
+            str(row.collective),
+            count,
+            fmt.ms(row.time),
+            fmt.ms(row.exposed),
+            fmt.mb(row.nbytes),
+            fmt.num(row.busbw, ".0f"),
+            fmt.ms(row.compute),
+        ]
+        if with_recompute:
+            cells.append(fmt.ms(row.recompute))
+        rows.append(cells)
+        flags.append(bool(fmt.finite(row.excess) and row.excess > 1e-9))
+    ranks = int(grouped["ranks"].max())
+    note = f", mean of {ranks} ranks" if ranks > 1 else ""
+    return Table(
+        "blocks",
+        f"Per block and phase, per step (worst exposed first{note}; {len(shown)} of "
+        f"{len(grouped)} rows)",
+        headers,
+        rows,
+        numeric_from=3,
+        highlight=flags,
+    )
+
+
+def crossrank_table(run: RunAnalysis) -> Table | None:
+    """Per rank: waiting inside NCCL kernels for peers, who arrived last, clock offset."""
+    cross = run.crossrank
+    if cross is None or cross.empty:
+        return None
+    per = cross.per_rank
+    rows = []
+    for row in per.itertuples():
+        share = (
+            f"{row.arrived_last} ({100 * row.arrived_last_share:.0f} %)"
+            if fmt.finite(row.arrived_last_share)
+            else str(row.arrived_last)
+        )
+        rows.append(
+            [
+                f"rank {row.rank}",
+                f"{int(row.n_matched):,}",
+                fmt.ms(row.wait_us_per_step),
+                fmt.pct(row.wait_pct),
+                share,
+                fmt.signed(row.clock_offset_us),
+            ]
+        )
+    return Table(
+        "crossrank",
+        f"Across ranks ({len(cross.matched):,} matched collectives; transfer = the shortest "
+        "duration across ranks, the rest is waiting)",
+        [
+            "rank",
+            "matched collectives",
+            "waiting ms / step",
+            "waiting % of step",
+            "arrived last",
+            "clock offset µs",
+        ],
+        rows,
+    )
+
+
+def transfer_table(run: RunAnalysis) -> Table | None:
+    """Per collective type: busbw from kernel time (waiting included) and transfer time."""
+    cross = run.crossrank
+    if cross is None or cross.empty:
+        return None
+    matched = cross.matched
+    coll = pd.concat([r.collectives for r in run.ranks if len(r.collectives)] or [pd.DataFrame()])
+    rows = []
+    for kind in sorted(matched["collective"].dropna().astype(str).unique()):
+        mine = matched[matched["collective"].astype(str) == kind]
+        bw = pd.to_numeric(mine["transfer_busbw_gbps"], errors="coerce").dropna()
+        kernel = (
+            pd.to_numeric(
+                coll.loc[coll["collective"] == kind, "busbw_gbps"], errors="coerce"
+            ).dropna()
+            if len(coll)
+            else pd.Series(dtype=float)
+        )
+        rows.append(
+            [
+                kind,
+                f"{len(mine):,}",
+                fmt.mb(pd.to_numeric(mine["bytes"], errors="coerce").median()),
+                fmt.num(kernel.median() if len(kernel) else None, ",.1f"),
+                fmt.num(bw.median() if len(bw) else None, ",.1f"),
+                fmt.num(np.percentile(bw, 90) if len(bw) else None, ",.1f"),
+            ]
+        )
+    if not rows:
+        return None
+    return Table(
+        "transfer",
+        "Bandwidth: a kernel's duration includes waiting for peers; the transfer time does not",
+        [
+            "collective",
+            "matched",
+            "median MB",
+            "busbw from kernel time, median GB/s",
+            "busbw from transfer time, median GB/s",
+            "p90 GB/s",
+        ],
+        rows,
+    )
+
+
+def hta_table(run: RunAnalysis) -> Table | None:
+    hta = run.hta
+    if hta is None or hta.empty:
+        return None
+    rows = [
+        [
+            f"rank {row['rank']}",
+            fmt.num(row.get("hta_pct"), ".2f"),
+            fmt.num(row.get("ours_hta_rules_pct"), ".2f"),
+            fmt.num(row.get("ours_steps_pct"), ".2f"),
+        ]
+        for row in hta.to_dict("records")
+    ]
+    return Table(
+        "hta",
+        "Cross-check with HTA get_comm_comp_overlap (same trace)",
+        ["rank", "HTA overlap %", "fsdp-trace, HTA's rules %", "fsdp-trace, its steps %"],
+        rows,
+    )
+
+
+def finding_view(f: Finding, minor: bool = False) -> FindingView:
+    cost = (
+        ""
+        if f.kind == "measurement"
+        else f"{fmt.ms(f.cost_us, ' ms')} per step ({f.cost_pct:.1f} % of the step)"
+    )
+    where = "; ".join(
+        p
+        for p in (
+            fmt.ranks_text(f.ranks),
+            _names(f.blocks, 6) if f.blocks else "",
+        )
+        if p
+    )
+    return FindingView(
+        number=f.number,
+        rule=f.rule,
+        title=f.title,
+        cost=cost,
+        cause=f.cause,
+        evidence=f.evidence,
+        why=f.why,
+        change=f.change.text,
+        cli=f.change.cli,
+        code=f.change.code,
+        basis=str(f.basis),
+        where=where,
+        symptoms=[finding_view(s) for s in f.symptoms],
+        minor=minor,
+    )
+
+
+def _owners(traces: list[RankAnalysis]) -> str:
+    """Who a notice came from: 'rank 1', 'ranks 0, 1 (timing and detailed traces)', 'rank 1;
+    rank 0 (detailed)', or file names where ranks cannot tell traces apart."""
+
+    def ranks(numbers: list[int]) -> str:
+        return ("ranks " if len(numbers) > 1 else "rank ") + ", ".join(map(str, numbers))
+
+    numbers = [r.rank for r in traces]
+    if None in numbers or len({(r.rank, r.source) for r in traces}) < len(traces):
+        return ", ".join(dict.fromkeys(Path(r.path).name for r in traces))
+    plain = sorted({r.rank for r in traces if r.source != Source.DETAILED})
+    detailed = sorted({r.rank for r in traces if r.source == Source.DETAILED})
+    if plain and plain == detailed:
+        return f"{ranks(plain)} (timing and detailed traces)"
+    parts = [ranks(plain)] if plain else []
+    parts += [f"{ranks(detailed)} (detailed)"] if detailed else []
+    return "; ".join(parts)
+
+
+def notices(run: RunAnalysis) -> list[str]:
+    """run.json's notices, the run's, then each trace's (prefixed by who gave it; one line
+    for a notice several traces share)."""
+    lines = [f"run.json: {n}" for n in (run.run.figures.notices if run.run else [])]
+    lines += list(run.notices)
+    owners: dict[str, list[RankAnalysis]] = {}
+    for r in run.ranks + run.detailed:
+        for notice in dict.fromkeys(r.notices):
+            owners.setdefault(notice, []).append(r)
+    lines += [f"{_owners(traces)}: {notice}" for notice, traces in owners.items()]
+    return list(dict.fromkeys(lines))
+
+
+def _traces_description(run: RunAnalysis) -> str:
+    devices = {r.device for r in run.ranks}
+    kind = "GPU" if Device.GPU in devices else "CPU (gloo)"
+    return (
+        f"{fmt.plural(len(run.ranks), 'trace')} ({kind}), "
+        f"{run.config.mesh.value.describe()}; no run.json: the configuration below is inferred "
+        "from the traces"
+    )
+
+
+def run_view(run: RunAnalysis, top: int | None = 15) -> RunView:
+    breakdown, bars = breakdown_table(run)
+    return RunView(
+        name=run.name,
+        title=", ".join(run.inputs),
+        description=headline.description(run.run) if run.run else _traces_description(run),
+        verdict=run.diagnosis.verdict,
+        healthy=run.diagnosis.healthy,
+        run_figures=headline.figures(run.run) if run.run else [],
+        cards=cards(run),
+        config=config_lines(run.config),
+        breakdown=breakdown,
+        bars=bars,
+        ranks=rank_table(run),
+        distortion=distortion_table(run),
+        blocks=block_table(run, top),
+        crossrank=crossrank_table(run),
+        transfer=transfer_table(run),
+        findings=[finding_view(f) for f in run.diagnosis.findings],
+        minor=[finding_view(f, minor=True) for f in run.diagnosis.minor],
+        notices=notices(run),
+        hta=hta_table(run),
+        cpu=not run.gpu,
+    )
+
+
+def side_by_side(result: Result) -> Table | None:
+    """Several runs analyzed together: one row each, per-rank figures as worst-rank values."""
+    if len(result.runs) < 2:
+        return None
+    rows = []
+    for run in result.runs:
+        per = _per_rank_medians(run)
+        step = pd.to_numeric(per["step_us"], errors="coerce").max() if len(per) else np.nan
+        transfer, _ = _worst(per, "exposed_transfer_pct") if len(per) else (np.nan, "")
+        wait, _ = _worst(per, "exposed_wait_pct") if len(per) else (np.nan, "")
+        exposed, _ = _worst(per, "exposed_pct") if len(per) else (np.nan, "")
+        idle, _ = _worst(per, "idle_pct") if len(per) else (np.nan, "")
+        rows.append(
+            [
+                run.name,
+                str(len(run.ranks)),
+                run.config.mesh.value.describe(),
+                fmt.ms(step),
+                fmt.pct(exposed),
+                fmt.pct(transfer),
+                fmt.pct(wait),
+                fmt.pct(idle),
+                run.diagnosis.verdict,
+            ]
+        )
+    return Table(
+        "runs",
+        "Runs side by side (per-rank figures: the worst rank's median)",
+        [
+            "run",
+            "ranks",
+            "mesh",
+            "step ms",
+            "exposed %",
+            "exposed transfer %",
+            "waiting %",
+            "idle %",
+            "verdict",
+        ],
+        rows,
+    )
