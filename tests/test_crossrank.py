@@ -327,9 +327,6 @@ def test_exposed_transfer_is_the_uncovered_part_of_each_transfer():
                 (max(e - t, s0), e)
                 for s0, e, t in zip(own["start_us"], own["end_us"], own["transfer_us"], strict=True)
             ]
-            covered = _union_length(
-                [(max(a, lo), min(b, hi)) for a, b in spans if min(b, hi) > max(a, lo)]
-            )
             both = _union_length(
                 [(max(a, lo), min(b, hi)) for a, b in spans + busy if min(b, hi) > max(a, lo)]
             )
