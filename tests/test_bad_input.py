@@ -168,6 +168,7 @@ def test_all_outputs_written_into_new_folders(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["a.json", "csv", "r.html"]  # no leftovers
     assert sorted(p.name for p in (out / "csv").iterdir()) == [
         "blocks.csv",
+        "breakdown.csv",
         "collectives.csv",
         "steps.csv",
     ]

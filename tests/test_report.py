@@ -216,7 +216,8 @@ def test_breakdown_figure_is_one_bar_per_rank_adding_up_to_its_median_step(sampl
     # The hover carries the table's own ms and share of the step.
     view = run_view(run)
     transfer = next(t for t in bars if t["meta"]["part"] == "exposed_transfer_us")
-    assert view.breakdown.rows[0][6] in transfer["hovertext"][0]  # "1.91 (3.6 %)"
+    assert view.bars[0].text["exposed_transfer_us"] in transfer["hovertext"][0]  # 1.91 ms (3.6 %)
+    assert view.breakdown.rows[0][6] == "1.91 (3.6 %)"  # the table says the same
     assert "(3.6 %)" in transfer["hovertext"][0]
     # Fixed colours; transfer and waiting are told apart at a glance.
     colors = {t["meta"]["part"]: t["marker"]["color"] for t in bars}

@@ -251,6 +251,13 @@ def analyze_trace(trace: Trace, source: str = Source.TRACE) -> RankAnalysis:
         cover.compute,
         source,
     )
+    unknown = int(collectives["group_size"].isna().sum()) if len(collectives) else 0
+    if unknown:
+        notices.append(
+            f"{unknown} NCCL kernels name no `Group size` and their process group is not in the "
+            "trace's pg_config: their bus bandwidth is left empty (never assumed from the world "
+            "size, which is wrong for HSDP and tensor-parallel groups)"
+        )
     k_compute = k[is_compute]
     blocks = block_table(collectives, k_compute, len(windows), trace.rank, source)
     compute_phases = iv.grouped_union_length(

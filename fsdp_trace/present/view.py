@@ -78,6 +78,7 @@ class FindingView:
     basis: str
     where: str  # "rank 0; layers.3, layers.4"
     symptoms: list[FindingView]
+    kind: str = "cause"  # "cause" or "measurement" (about the profile, costs training nothing)
     minor: bool = False
 
 
@@ -89,6 +90,7 @@ class BreakdownBar:
     step: int
     step_ms: float
     parts: dict[str, float]  # PART_LABELS key → ms (NaN: unknown)
+    text: dict[str, str]  # PART_LABELS key → "1.91 ms (3.6 %)", or "—" when unknown
 
 
 @dataclass
@@ -264,7 +266,7 @@ def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
         ("world size", fmt.count(config.world_size.value), config.world_size.source),
         (
             "units",
-            f"{len(units)}: {len(blocks)} blocks" + (f" + {', '.join(others)}" if others else ""),
+            f"{len(units)}: {len(blocks)} blocks" + (f" + {'; '.join(others)}" if others else ""),
             From.TRACE if config.labels else From.DEFAULT,
         ),
         ("reshard after forward", reshard_text(), sources(units)),
@@ -318,19 +320,21 @@ def breakdown_table(run: RunAnalysis) -> tuple[Table, list[BreakdownBar]]:
         if b is None:
             continue
         step = b["step_us"]
+        text = {
+            part: fmt.DASH
+            if b[part] is None
+            else f"{b[part] / 1e3:.2f} ms ({100 * b[part] / step:.1f} %)"
+            for part in STACK_ORDER
+        }
         cells = [label, str(b["step"]), fmt.ms(step)]
-        for part in STACK_ORDER:
-            value = b[part]
-            cells.append(
-                fmt.DASH if value is None else f"{value / 1e3:.2f} ({100 * value / step:.1f} %)"
-            )
-        rows.append(cells)
+        rows.append(cells + [text[p].replace(" ms", "") for p in STACK_ORDER])
         bars.append(
             BreakdownBar(
                 label,
                 b["step"],
                 step / 1e3,
                 {p: (b[p] / 1e3 if b[p] is not None else float("nan")) for p in STACK_ORDER},
+                text,
             )
         )
     headers = ["rank", "step", "step ms", *(f"{PART_LABELS[p]} ms (%)" for p in STACK_ORDER)]
@@ -613,6 +617,7 @@ def finding_view(f: Finding, minor: bool = False) -> FindingView:
         basis=str(f.basis),
         where=where,
         symptoms=[finding_view(s) for s in f.symptoms],
+        kind=f.kind,
         minor=minor,
     )
 
@@ -700,14 +705,14 @@ def side_by_side(result: Result) -> Table | None:
         rows.append(
             [
                 run.name,
-                str(len(run.ranks)),
                 run.config.mesh.value.describe(),
+                run.diagnosis.verdict,
+                str(len(run.ranks)),
                 fmt.ms(step),
                 fmt.pct(exposed),
                 fmt.pct(transfer),
                 fmt.pct(wait),
                 fmt.pct(idle),
-                run.diagnosis.verdict,
             ]
         )
     return Table(
@@ -715,14 +720,15 @@ def side_by_side(result: Result) -> Table | None:
         "Runs side by side (per-rank figures: the worst rank's median)",
         [
             "run",
-            "ranks",
             "mesh",
+            "verdict",
+            "ranks",
             "step ms",
             "exposed %",
             "exposed transfer %",
             "waiting %",
             "idle %",
-            "verdict",
         ],
         rows,
+        numeric_from=3,
     )

@@ -106,7 +106,7 @@ def render_findings(view: RunView, console: Console) -> None:
     if not view.findings and not view.minor:
         console.print("[green]Diagnosis:[/] healthy: no rule found a problem.")
         return
-    causes = [f for f in view.findings if f.cost]
+    causes = [f for f in view.findings if f.kind == "cause"]
     console.print(
         f"[bold]Diagnosis[/] ({fmt.plural(len(causes), 'cause')} to act on, the first first)"
         if causes

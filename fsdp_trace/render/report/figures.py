@@ -37,33 +37,14 @@ def _labels(run: RunAnalysis) -> dict[Any, str]:
 # --- where each rank's step goes ---------------------------------------------------------------
 
 
-def _breakdown_cells(view: RunView) -> dict[tuple[str, str], str]:
-    """(bar label, part) → the breakdown table's own words for it, header and cell:
-    "exposed transfer ms (%): 1.91 (3.6 %)"."""
-    table = view.breakdown
-    columns = {
-        part: i
-        for i, header in enumerate(table.headers)
-        for part in STACK_ORDER
-        if header.startswith(PART_LABELS[part] + " ")
-    }
-    return {
-        (row[0], part): f"{table.headers[i]}: {row[i]}"
-        for row in table.rows
-        for part, i in columns.items()
-        if i < len(row)
-    }
-
-
 def breakdown_figure(view: RunView):
     """One stacked bar per rank: its median step cut into the view's parts (STACK_ORDER), in
-    fixed colours; hover gives each part's ms and share of the step (the table's own text)."""
+    fixed colours; hover gives each part's ms and share of the step (the view's text)."""
     import plotly.graph_objects as go
 
     bars = view.bars
     if not bars:
         return None
-    cells = _breakdown_cells(view)
     labels = [f"{b.label} · step {b.step}" for b in bars]
     fig = go.Figure()
     for part in STACK_ORDER:
@@ -72,7 +53,7 @@ def breakdown_figure(view: RunView):
             continue
         hover = [
             f"<b>{b.label}</b>, step {b.step}: {b.step_ms:.2f} ms<br>"
-            + cells.get((b.label, part), f"{PART_LABELS[part]}: {fmt.DASH}")
+            + f"{PART_LABELS[part]}: {b.text[part]}"
             for b in bars
         ]
         fig.add_trace(

@@ -116,8 +116,8 @@ def _symptom(s: FindingView) -> str:
 def finding(f: FindingView) -> str:
     """One numbered cause: what it costs, the cause, where, the evidence, why it matters, the
     change (and how to try it), its basis, and the symptoms it explains folded under it."""
-    measurement = not f.cost  # the view gives measurement findings no cost
-    kind = "measurement" if measurement else "cause"
+    measurement = f.kind == "measurement"
+    kind = f.kind
     badge = (
         '<span class="badge measurement">about the measurement</span>'
         if measurement
@@ -148,7 +148,7 @@ def findings(view: RunView) -> str:
     minor findings apart; a plain healthy line when there is nothing."""
     if not view.findings and not view.minor:
         return '<p class="healthy" data-healthy="true">Healthy: no rule found a problem.</p>'
-    causes = [f for f in view.findings if f.cost]
+    causes = [f for f in view.findings if f.kind == "cause"]
     lead = (
         f"{fmt.plural(len(causes), 'cause')} to act on, the first first."
         if causes
