@@ -19,8 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
-from fsdp_trace.analysis import analyze  # noqa: E402
-from fsdp_trace.diagnose import diagnose  # noqa: E402
+import fsdp_trace  # noqa: E402
 from fsdp_trace.render import terminal  # noqa: E402
 from fsdp_trace.render.report import write_report  # noqa: E402
 from tests.test_report_browser import BROWSER, chromium, probed  # noqa: E402
@@ -37,8 +36,7 @@ def screenshot(html: Path, png: Path, width: int, height: int) -> None:
 def main() -> None:
     IMAGES.mkdir(parents=True, exist_ok=True)
     sample = ROOT / "sample_traces" / "gpt-small-2gpu"
-    result = analyze(sample)
-    result.findings, result.crossrank = diagnose(result)
+    result = fsdp_trace.analyze(sample)
     result.inputs = ["sample_traces/gpt-small-2gpu"]
     console = Console(record=True, width=150, file=open("/dev/null", "w"))  # noqa: SIM115
     terminal.render(result, console=console, top=10)

@@ -13,8 +13,19 @@ from fsdp_trace.diagnose.rules import RULES, run_rules
 
 
 def diagnose(analysis) -> Diagnosis:
-    """The diagnosis of one run (`fsdp_trace.result.RunAnalysis`)."""
-    return order(run_rules(Context(analysis)))
+    """The diagnosis of one run (`fsdp_trace.result.RunAnalysis`). Under HSDP the verdict
+    says so first: every cost is read against that mesh."""
+    diagnosis = order(run_rules(Context(analysis)))
+    if not analysis.gpu:  # gloo: collectives on the host, no GPU timing to cost anything
+        diagnosis.healthy = False
+        diagnosis.verdict = (
+            "not measured: CPU (gloo) traces have no GPU kernels, so no cause can be costed; "
+            "what is shown is which collectives run where"
+        )
+    mesh = analysis.config.mesh.value
+    if mesh.kind == "hsdp":
+        diagnosis.verdict = f"{mesh.describe()}: {diagnosis.verdict}"
+    return diagnosis
 
 
 __all__ = ["RULES", "Change", "Diagnosis", "Finding", "diagnose"]

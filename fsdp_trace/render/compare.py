@@ -15,14 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from fsdp_trace import atomic
+from fsdp_trace.present import fmt
+from fsdp_trace.present.compare import compare_table, numeric
 
 THROUGHPUT = "#4e79a7"
 EFFICIENCY = "#59a14f"
 EXPOSED = "#e15759"
-
-
-def _fmt(value, spec: str, unit: str = "") -> str:
-    return "—" if pd.isna(value) else format(value, spec) + unit
 
 
 def run_labels(table: pd.DataFrame) -> list[str]:
@@ -49,7 +47,7 @@ def figure(table: pd.DataFrame):
             y=tps,
             name="tokens/s/GPU",
             marker_color=THROUGHPUT,
-            text=tps.map(lambda v: _fmt(v, ",.0f")),
+            text=tps.map(lambda v: fmt.num(v, ",.0f")),
             textposition="outside",
             cliponaxis=False,
             hovertext=table["change"].map(lambda c: c or "first run"),
@@ -77,7 +75,7 @@ def figure(table: pd.DataFrame):
                 mode="lines+markers+text",
                 line={"color": color, "width": 2},
                 marker={"color": color, "size": 9},
-                text=values.map(lambda v: _fmt(v, ".1f")),
+                text=values.map(lambda v: fmt.num(v, ".1f")),
                 textposition="top center",
                 textfont={"color": color},
                 cliponaxis=False,
@@ -102,43 +100,22 @@ def figure(table: pd.DataFrame):
     return fig
 
 
-TABLE_COLUMNS = (
-    # header, formatter, numeric
-    ("#", lambda i, row: str(i + 1), True),
-    ("run", lambda i, row: str(row["label"]), False),
-    ("GPUs", lambda i, row: str(row["world_size"]), True),
-    ("tok/s/GPU", lambda i, row: _fmt(row["tokens_per_s_per_gpu"], ",.0f"), True),
-    (
-        "Δ tok/s/GPU",
-        lambda i, row: _fmt(row["tokens_per_s_per_gpu_change_pct"], "+.1f", " %"),
-        True,
-    ),
-    ("efficiency", lambda i, row: _fmt(100 * row["scaling_efficiency"], ".1f", " %"), True),
-    ("baseline (1 GPU)", lambda i, row: str(row["baseline"] or "—"), False),
-    ("exposed %", lambda i, row: _fmt(row["exposed_pct"], ".1f"), True),
-    ("Δ exposed", lambda i, row: _fmt(row["exposed_pct_change"], "+.1f", " pt"), True),
-    ("MFU", lambda i, row: _fmt(100 * row["mfu"], ".1f", " %"), True),
-    ("mem GiB", lambda i, row: _fmt(row["peak_allocated_gib"], ".2f"), True),
-    ("Δ mem", lambda i, row: _fmt(row["peak_allocated_gib_change"], "+.2f", " GiB"), True),
-    ("what changed", lambda i, row: str(row["change"] or "—"), False),
-)
-
-
 def table_html(table: pd.DataFrame) -> str:
+    view = compare_table(table)
     head = "".join(
-        f'<th class="{"num" if numeric else ""}">{html.escape(header)}</th>'
-        for header, _, numeric in TABLE_COLUMNS
+        f'<th class="{"num" if numeric(h) else ""}">{html.escape(h)}</th>' for h in view.headers
     )
-    rows = []
-    for i, row in enumerate(table.to_dict("records")):
-        cells = "".join(
-            f'<td class="{"num" if numeric else ""}">{html.escape(fmt(i, row))}</td>'
-            for _, fmt, numeric in TABLE_COLUMNS
+    rows = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="{"num" if numeric(h) else ""}">{html.escape(c)}</td>'
+            for h, c in zip(view.headers, row, strict=True)
         )
-        rows.append(f"<tr>{cells}</tr>")
+        + "</tr>"
+        for row in view.rows
+    )
     return (
-        f'<table data-table="compare"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
+        f'<table data-table="compare"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 
 import pandas as pd
@@ -15,9 +14,9 @@ from fsdp_trace.present.view import FindingView, RunView, Table, run_view, side_
 from fsdp_trace.result import Result
 
 
-def make_console() -> Console:
-    """Wide enough for the block table when output is piped (rich assumes 80 columns)."""
-    return Console() if sys.stdout.isatty() else Console(width=160)
+def make_console(width: int = 160) -> Console:
+    """Wide enough for the widest table when output is piped (rich assumes 80 columns)."""
+    return Console() if sys.stdout.isatty() else Console(width=width)
 
 
 def table(view: Table) -> RichTable:
@@ -48,22 +47,23 @@ def render_run(view: RunView, console: Console, several: bool = False) -> None:
     console.print(escape(view.description))
     if view.run_figures:
         console.print("  ".join(f"{f.label}: [bold]{escape(f.value)}[/]" for f in view.run_figures))
-    tone = "green" if view.healthy else "bold red"
+    tone = "yellow" if view.cpu else "green" if view.healthy else "bold red"
     console.print(f"[bold]Verdict:[/] [{tone}]{escape(view.verdict)}[/]")
     if view.cards:
-        console.print(
-            "  ".join(
-                f"{c.label}: [bold]{escape(c.value)}[/] [dim]({escape(c.sub)})[/]"
-                for c in view.cards
+        cards = RichTable.grid(padding=(0, 2))
+        for _ in range(3):
+            cards.add_column()
+        for c in view.cards:
+            cards.add_row(
+                escape(c.label), f"[bold]{escape(c.value)}[/]", f"[dim]{escape(c.sub)}[/]"
             )
-        )
-    console.print(
-        "[bold]Inferred configuration[/] "
-        + "; ".join(
-            f"{escape(label)}: {escape(value)} [dim]({escape(source)})[/]"
-            for label, value, source in view.config
-        )
-    )
+        console.print(cards)
+    config = RichTable(title="Inferred configuration", title_justify="left", show_header=False)
+    for column in ("item", "value", "from"):
+        config.add_column(column, style="dim" if column == "from" else None)
+    for label, value, source in view.config:
+        config.add_row(escape(label), escape(value), escape(source))
+    console.print(config)
     for notice in view.notices:
         console.print(f"[yellow]notice:[/] {escape(notice)}")
     if view.breakdown.rows:
@@ -122,41 +122,16 @@ def render_findings(view: RunView, console: Console) -> None:
 
 def compare_view(table_: pd.DataFrame, console: Console | None = None) -> None:
     """`fsdp-trace compare`: one row per run, with the change each step bought."""
-    console = console or make_console()
-    view = RichTable(title="Runs compared, in the order given", title_justify="left")
-    for header in (
-        "#",
-        "run",
-        "GPUs",
-        "tok/s/GPU",
-        "Δ",
-        "efficiency",
-        "baseline",
-        "exposed %",
-        "Δ exposed",
-        "MFU",
-        "mem GiB",
-        "Δ mem",
-        "what changed",
-    ):
-        view.add_column(
-            header, justify="left" if header in ("run", "baseline", "what changed") else "right"
-        )
-    for i, row in enumerate(table_.itertuples(), start=1):
-        change = row.tokens_per_s_per_gpu_change_pct
-        view.add_row(
-            str(i),
-            escape(str(row.label)),
-            str(row.world_size),
-            fmt.num(row.tokens_per_s_per_gpu, ",.0f"),
-            fmt.num(change, "+.1f", " %") if not math.isnan(change) else fmt.DASH,
-            fmt.fraction_pct(row.scaling_efficiency),
-            escape(str(getattr(row, "baseline", "") or fmt.DASH)),
-            fmt.pct(row.exposed_pct),
-            fmt.signed(getattr(row, "exposed_pct_change", math.nan), " pt"),
-            fmt.fraction_pct(row.mfu),
-            fmt.num(row.peak_allocated_gib, ".1f"),
-            fmt.signed(getattr(row, "peak_allocated_gib_change", math.nan)),
-            escape(str(row.change)),
-        )
-    console.print(view)
+    from fsdp_trace.present.compare import compare_table, numeric
+
+    console = console or make_console(200)
+    view = compare_table(table_)
+    out = RichTable(title=view.title, title_justify="left")
+    for header in view.headers:  # numbers never wrap; the run and what changed may
+        if numeric(header):
+            out.add_column(header, justify="right", no_wrap=True)
+        else:
+            out.add_column(header, min_width=24 if header == "what changed" else None)
+    for row in view.rows:
+        out.add_row(*(escape(c) for c in row))
+    console.print(out)

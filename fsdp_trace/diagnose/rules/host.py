@@ -20,6 +20,13 @@ DISTORTION = 0.25  # detailed step slower than the timing median by this much, a
 # than every timing step (else it is within the run's own spread)
 
 
+def _who(ranks: list[int]) -> str:
+    """ "rank 1 waits" / "ranks 1, 2 wait"."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} waits"
+    return f"ranks {', '.join(map(str, ranks[:6]))}{', …' if len(ranks) > 6 else ''} wait"
+
+
 def _waiting_on_others(ctx: Context, ranks: set[int]) -> tuple[float, list[int]]:
     """Median over the other ranks of their exposed waiting per step, and who they are."""
     others = [r for r in ctx.gpu_ranks if r.rank not in ranks]
@@ -47,10 +54,7 @@ def host_bound(ctx: Context) -> Finding | None:
     wait, others = _waiting_on_others(ctx, set(bound))
     peers = ""
     if others and np.isfinite(wait) and wait > 0:
-        peers = (
-            f"; rank{'s' * (len(others) > 1)} {', '.join(map(str, others))} wait for it inside "
-            f"NCCL kernels {ms(wait)} per step (exposed, median)"
-        )
+        peers = f"; {_who(others)} for it inside NCCL kernels {ms(wait)} per step (exposed, median)"
     where = f"rank {worst}" if len(bound) == 1 else f"ranks {', '.join(map(str, sorted(bound)))}"
     knobs, cli = [], []
     if not ctx.config.compiled.value:
@@ -138,8 +142,7 @@ def straggler(ctx: Context) -> Finding | None:
         cause=cause,
         evidence=f"rank {rank} arrived last at {pct(slow['arrived_last_share'])} of its "
         f"{int(slow['n_matched'])} matched collectives (median {late / 1e3:.2f} ms late; "
-        f"threshold {pct(STRAGGLER_SHARE)}); rank{'s' * (len(others) > 1)} "
-        f"{', '.join(map(str, others))} wait for it {ms(wait)} per step, exposed "
+        f"threshold {pct(STRAGGLER_SHARE)}); {_who(others)} for it {ms(wait)} per step, exposed "
         f"({pct(wait / step)} of the step, median; threshold {pct(STRAGGLER_WAIT)})",
         why="a collective ends when its last rank arrives: every other rank's NCCL kernel "
         "includes that wait, so the slowest rank sets the pace of all",

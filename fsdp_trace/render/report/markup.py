@@ -70,7 +70,7 @@ def cards(items: Iterable, group: str, heading: str) -> str:
 
 
 def verdict(view: RunView) -> str:
-    tone = "good" if view.healthy else "bad"
+    tone = "unmeasured" if view.cpu else "good" if view.healthy else "bad"
     return (
         f'<div class="verdict {tone}" data-verdict="{tone}"><span class="tag">Verdict</span>'
         f"{esc(view.verdict)}</div>"
