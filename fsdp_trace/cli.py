@@ -34,11 +34,27 @@ def fail(command: str, message: str, code: int = 2) -> typer.Exit:
 
 @contextmanager
 def user_errors(command: str) -> Iterator[None]:
-    """Turn a UserError into one line on stderr and exit code 2, never a traceback."""
+    """Turn a UserError into one line on stderr and exit code 2, and Ctrl-C into one line and
+    exit code 130: never a traceback."""
     try:
         yield
     except UserError as exc:
         raise fail(command, exc.message, exc.exit_code) from None
+    except KeyboardInterrupt:
+        raise fail(command, "interrupted (Ctrl-C): nothing written", 130) from None
+
+
+def input_files(paths: list[str]) -> list[Path]:
+    """Every file an analysis of `paths` reads (traces and run.json), for the output checks."""
+    from fsdp_trace.analysis.inputs import resolve
+    from fsdp_trace.runrecord import RUN_FILE
+
+    found = resolve(paths)
+    files = list(found.loose)
+    for run in found.runs:
+        files += [t.path for t in run.traces]
+        files.append(run.run_dir / RUN_FILE)
+    return files
 
 
 def _version(value: bool) -> None:
@@ -320,8 +336,13 @@ def analyze(
             "--report": None if no_report else Path(report),
             "--perfetto": Path(perfetto) if perfetto else None,
         }
-        # Every output path is checked before the analysis runs and anything is written.
-        export.check_outputs(outputs, {"--csv": Path(csv_out) if csv_out else None})
+        if jobs < 1:
+            raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
+        # Every output path is checked before the analysis runs and anything is written: it
+        # must be writable, and never one of the inputs.
+        export.check_outputs(
+            outputs, {"--csv": Path(csv_out) if csv_out else None}, inputs=input_files(paths)
+        )
         result = run_analysis(paths, jobs=jobs, detailed=detailed, cache=not no_cache, hta=hta)
         # The gate can refuse a condition (a run metric without run.json): before any output.
         violated = gate.violations(conditions, result.runs)

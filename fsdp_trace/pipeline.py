@@ -11,18 +11,20 @@ Pure: traces in, a typed `Result` out; nothing printed, nothing written. Every f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis import grouping, perrank
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis import perrank
 from fsdp_trace.analysis.breakdown import collective_transfer, rank_breakdown
 from fsdp_trace.analysis.config import InferredConfig, infer
 from fsdp_trace.analysis.crossrank import CrossRank, match
-from fsdp_trace.analysis.inputs import RunInput, resolve
+from fsdp_trace.analysis.inputs import Inputs, RunInput, resolve
+from fsdp_trace.analysis.perrank import TraceInput
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose import diagnose
 from fsdp_trace.diagnose.finding import Diagnosis
@@ -48,15 +50,77 @@ def analyze(
     read nor write the cache); `hta`: cross-check overlap with holistictraceanalysis."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
-    runs_in, grouping = resolve(paths)
-    work = [t for r in runs_in for t in r.traces if detailed or t.source != Source.DETAILED]
-    analyses = iter(perrank.analyze_all(work, jobs, cache))
-    runs = []
-    for run_in in runs_in:
-        mine = [next(analyses) for t in run_in.traces if detailed or t.source != Source.DETAILED]
-        runs.append(analyze_run(run_in, mine, hta=hta, cache=cache))
-    inputs = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
-    return Result(inputs=inputs, runs=runs, grouping=grouping)
+    inputs = resolve(paths)
+    work = [t for r in inputs.runs for t in r.traces if detailed or t.source != Source.DETAILED]
+    work += [TraceInput(p) for p in inputs.loose]
+    analyses = perrank.analyze_all(work, jobs, cache)
+    runs_in: list[tuple[RunInput, list[RankAnalysis]]] = []
+    done = 0
+    for run_in in inputs.runs:
+        n = sum(1 for t in run_in.traces if detailed or t.source != Source.DETAILED)
+        runs_in.append((run_in, analyses[done : done + n]))
+        done += n
+    runs_in += _group_loose(inputs, analyses[done:], detailed)
+    runs = [analyze_run(r, a, hta=hta, cache=cache) for r, a in runs_in]
+    given = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
+    return Result(inputs=given, runs=runs, grouping=grouping_line(runs_in, len(work)))
+
+
+def _group_loose(
+    inputs: Inputs, analyses: list[RankAnalysis], detailed: bool
+) -> list[tuple[RunInput, list[RankAnalysis]]]:
+    """Runs among the trace files given without run.json, told apart by their content."""
+    out = []
+    taken = {r.name for r in inputs.runs}
+    for timing, extra in grouping.group(analyses):
+        files = [inputs.loose[i] for i in timing + extra]
+        name = grouping.run_name(files, taken)
+        taken.add(name)
+        mine = [relabel(analyses[i], Source.TRACE) for i in timing]
+        if detailed:
+            mine += [relabel(analyses[i], Source.DETAILED) for i in extra]
+        run_in = RunInput(
+            name,
+            [TraceInput(f) for f in files],
+            sources=list(dict.fromkeys(inputs.sources[f] for f in files)),
+        )
+        out.append((run_in, mine))
+    return out
+
+
+def relabel(rank: RankAnalysis, source: str) -> RankAnalysis:
+    """The same analysis as a trace of another kind (its tables' `source` column too)."""
+    if rank.source == source:
+        return rank
+    changes = {"source": str(source)}
+    for name in ("steps", "collectives", "blocks", "compute_phases"):
+        frame = getattr(rank, name)
+        if "source" in frame:
+            changes[name] = frame.assign(source=str(source))
+    return dataclasses.replace(rank, **changes)
+
+
+def grouping_line(runs: list[tuple[RunInput, list[RankAnalysis]]], files: int) -> str:
+    """How the files were grouped, in one line."""
+    parts = []
+    for run_in, analyses in runs:
+        timing = sum(a.source != Source.DETAILED for a in analyses)
+        detailed = len(analyses) - timing
+        kind = "capture run" if run_in.run is not None else "traces"
+        ranks = sorted({a.rank for a in analyses if a.rank is not None})
+        who = (
+            f"ranks {ranks[0]}–{ranks[-1]}"
+            if len(ranks) > 1
+            else f"rank {ranks[0]}"
+            if ranks
+            else "no rank"
+        )
+        text = f"{run_in.name} ({kind}, {who}: {timing} trace{'s' * (timing != 1)}"
+        parts.append(text + (f" + {detailed} detailed)" if detailed else ")"))
+    return (
+        f"{files} file{'s' * (files != 1)} → {len(runs)} run{'s' * (len(runs) != 1)}: "
+        + "; ".join(parts)
+    )
 
 
 def analyze_run(

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis import context
+from fsdp_trace.analysis.context import display_name
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.analysis.trace import pg_sizes
 from fsdp_trace.runrecord import RunRecord
@@ -56,7 +57,8 @@ class Item:
 class Unit:
     """One FSDP unit as the run used it."""
 
-    name: str
+    name: str  # as users know it (wrapper segments stripped)
+    raw: str  # the path in the trace's FSDP2 labels
     reshard_after_forward: Item  # True, False or an int group size
     gathers_per_micro_batch: float | None  # measured: all-gathers per forward+backward
     checkpointed: bool
@@ -147,9 +149,13 @@ def infer(ranks: list[RankAnalysis], run: RunRecord | None) -> InferredConfig:
     micro = _micro_batches(facts, run, notices)
     order = _unit_order(facts, coll)
     recompute_units = _recompute_units(facts)
+    raw_names = {}
+    for r in ranks:
+        raw_names.update(r.meta.get("unit_names") or {})
     units = [
         Unit(
             name=name,
+            raw=raw_names.get(name, name),
             reshard_after_forward=_reshard(name, coll, run, notices),
             gathers_per_micro_batch=_gathers(name, coll, n_steps * len(ranks), micro.value),
             checkpointed=name in recompute_units,
@@ -259,7 +265,7 @@ def _reshard(name: str, coll: pd.DataFrame, run: RunRecord | None, notices: list
                 evidence = f"gathered again in backward, on a group of {seen}"
         elif len(fwd):
             seen, evidence = False, "gathered in forward only"
-    if run is not None and name in run.parallel.reshard_after_forward:
+    if run is not None and name in _recorded_units(run):
         recorded = _recorded_reshard(name, run)
         if recorded is not None:
             if seen is not None and bool(seen) != bool(recorded):
@@ -277,7 +283,7 @@ def _reshard(name: str, coll: pd.DataFrame, run: RunRecord | None, notices: list
 def _recorded_reshard(name: str, run: RunRecord) -> bool | int | None:
     """A unit's recorded setting; "default" is FSDP2's default for it (torch >= 2.8: True
     except the root; before 2.8 the root never resharded after forward)."""
-    setting = run.parallel.reshard_after_forward.get(name)
+    setting = _recorded_units(run).get(name)
     if setting is None:
         return None
     if name == ROOT and _torch_before(run.environment.torch or "", (2, 8)):
@@ -288,6 +294,11 @@ def _recorded_reshard(name: str, run: RunRecord) -> bool | int | None:
         text = setting.strip().lower()
         return True if text == "true" else False if text == "false" else None
     return setting
+
+
+def _recorded_units(run: RunRecord) -> dict[str, bool | int | str]:
+    """run.json's reshard setting per unit, by the unit's name as shown (wrappers stripped)."""
+    return {display_name(u): v for u, v in run.parallel.reshard_after_forward.items()}
 
 
 def _torch_before(version: str, limit: tuple[int, int]) -> bool:
@@ -304,7 +315,7 @@ def _recompute_units(facts: pd.DataFrame) -> set[str]:
 
 def _checkpointed(seen: set[str], run: RunRecord | None, notices: list[str]) -> Item:
     if run is not None:
-        recorded = list(run.parallel.ac_blocks)
+        recorded = [display_name(b) for b in run.parallel.ac_blocks]
         extra = sorted(seen - set(recorded))
         missing = sorted(set(recorded) - seen)
         if seen and (extra or missing):

@@ -81,13 +81,33 @@ C10D_COLLECTIVES = {
 }
 
 
-def parse_fsdp_label(name: str) -> tuple[str, str] | None:
-    """('all_gather', 'layers.3') from 'FSDP::all_gather (layers.3)'; the root's fqn is 'root'."""
+# Module-path segments that wrappers add: activation checkpointing, torch.compile, FSDP1,
+# DDP/DataParallel's leading `module.`. Users know `model.layers.3`, not
+# `model.layers.3._checkpoint_wrapped_module`.
+WRAPPER_SEGMENTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
+
+
+def display_name(fqn: str) -> str:
+    """A unit's path as users know it: wrapper segments and a leading `module.` removed, in
+    every module of a multi-module unit ("a, b"); the root stays `root`."""
+    parts = []
+    for module in str(fqn).split(", "):
+        segments = [s for s in module.split(".") if s not in WRAPPER_SEGMENTS]
+        if len(segments) > 1 and segments[0] == "module":
+            segments = segments[1:]
+        parts.append(".".join(segments) or module)
+    return ", ".join(parts)
+
+
+def parse_fsdp_label(name: str) -> tuple[str, str, str] | None:
+    """('all_gather', 'layers.3', raw) from 'FSDP::all_gather (layers.3)': the kind, the unit
+    as users know it (`display_name`) and its raw path; the root's is 'root'."""
     match = FSDP_PREFETCH.match(name) or FSDP_LABEL.match(name)
     if match is None:
         return None
     fqn = match.group("fqn")
-    return match.group("kind"), (fqn.strip() or ROOT) if fqn is not None else ROOT
+    raw = (fqn.strip() or ROOT) if fqn is not None else ROOT
+    return match.group("kind"), display_name(raw) if raw != ROOT else ROOT, raw
 
 
 class ThreadKeys:
@@ -221,6 +241,7 @@ def fsdp_labels(cpu: pd.DataFrame) -> pd.DataFrame:
     parsed = parsed[parsed.notna()]
     labels["kind"] = [p[0] for p in parsed]
     labels["fqn"] = [p[1] for p in parsed]
+    labels["fqn_raw"] = [p[2] for p in parsed]
     return labels.reset_index(drop=True)
 
 
@@ -288,6 +309,15 @@ class CpuContext:
     label_table: pd.DataFrame  # one row per FSDP2 label: pid, tid, ts, end, kind, fqn
     recompute_ops: pd.DataFrame  # forward ops run inside backward: pid, tid, ts
     compiled_regions: int  # torch.compile regions entered (CPU ops)
+
+    @property
+    def unit_names(self) -> dict[str, str]:
+        """Each unit's name as shown (wrappers stripped) → its raw path in the labels."""
+        table = self.label_table
+        if table.empty:
+            return {}
+        return dict(zip(table["fqn"], table["fqn_raw"], strict=True))
+
     COLUMNS = ("pid", "tid", "ts", "end", "name", "sequence_number")
 
     @classmethod

@@ -27,7 +27,7 @@ from fsdp_trace.analysis.context import (
     name_mask,
 )
 from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
-from fsdp_trace.analysis.trace import MISSING, Trace, pg_sizes
+from fsdp_trace.analysis.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Phase
 
 
@@ -84,7 +84,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
             compute_phases=phase_table(pd.Series(dtype=float), trace.rank, source),
             fsdp=CpuContext.build(cpu).facts(cpu_steps),
             notices=notices,
-            meta=_meta(trace, 0),
+            meta=trace_meta(trace, 0, []),
         )
     notices.insert(
         0, "no GPU kernels: a CPU (gloo) trace; reporting CPU-side collectives, no overlap"
@@ -179,17 +179,8 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
         fsdp=ctx.facts(cpu_steps),
         streams={},
         notices=notices,
-        meta=_meta(trace, ctx.compiled_regions),
+        meta=trace_meta(trace, ctx.compiled_regions, [], ctx.unit_names),
     )
-
-
-def _meta(trace: Trace, compiled_regions: int) -> dict:
-    return {
-        "world_size": trace.world_size,
-        "distributed": trace.distributed,
-        "device_names": [],
-        "compiled_regions": compiled_regions,
-    }
 
 
 def _gloo_group_sizes(trace: Trace, ctype: np.ndarray) -> np.ndarray:

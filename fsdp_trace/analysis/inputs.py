@@ -73,54 +73,75 @@ def capture_run(path: Path) -> RunInput:
     )
 
 
-def trace_files(path: Path) -> list[Path]:
-    """The trace files a path names: itself, or the traces in a directory."""
-    if not path.exists():
-        raise UserError(f"{path}: no such file or directory")
-    if path.is_file():
-        if not path.name.endswith(TRACE_SUFFIXES):
-            raise UserError(f"{path}: not a .json or .json.gz trace")
-        return [path]
-    candidates = sorted((p for p in path.iterdir() if is_trace_file(p)), key=_rank_key)
-    if not candidates:
-        raise UserError(f"{path}: no .json/.json.gz traces and no run.json in this directory")
-    return candidates
+# How deep below a given folder run directories and traces are looked for (a sweep's folder,
+# torchtitan's profile_traces/iteration_N/, a parent of several runs).
+SEARCH_DEPTH = 3
 
 
-def resolve(paths: str | Path | Sequence[str | Path]) -> tuple[list[RunInput], str]:
-    """The runs behind `paths`, and one line saying how files were grouped: each capture run
-    directory is a run; trace files and directories of traces given together form one run."""
+@dataclass
+class Inputs:
+    """What the paths hold: capture runs (with run.json), and trace files to group by their
+    content (`fsdp_trace.analysis.grouping`)."""
+
+    runs: list[RunInput]
+    loose: list[Path]
+    sources: dict[Path, str]  # each loose file → the user's path that named it
+
+
+def _walk(folder: Path, depth: int) -> tuple[list[Path], list[Path]]:
+    """Capture run folders and loose trace files at or below `folder`."""
+    if (folder / RUN_FILE).exists():
+        return [folder], []
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise UserError(f"{folder}: cannot list the folder ({exc.strerror or exc})") from None
+    files = sorted((p for p in entries if is_trace_file(p)), key=_rank_key)
+    if files or depth == 0:
+        return [], files
+    runs, loose = [], []
+    for sub in entries:
+        if sub.is_dir() and not sub.name.startswith("."):
+            r, f = _walk(sub, depth - 1)
+            runs += r
+            loose += f
+    return runs, loose
+
+
+def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
+    """The capture runs and loose trace files behind `paths`."""
     if isinstance(paths, str | Path):
         paths = [paths]
     if not paths:
         raise UserError("no input: give trace files, run directories or trace directories")
     runs: list[RunInput] = []
     loose: list[Path] = []
-    loose_sources: list[str] = []
+    sources: dict[Path, str] = {}
     for raw in paths:
         path = Path(raw)
-        if path.is_dir() and (path / RUN_FILE).exists():
-            runs.append(capture_run(path))
+        if not path.exists():
+            raise UserError(f"{path}: no such file or directory")
+        if path.is_file():
+            if not path.name.endswith(TRACE_SUFFIXES):
+                raise UserError(f"{path}: not a .json or .json.gz trace")
+            found_runs, found = [], [path]
+        elif path.is_dir():
+            found_runs, found = _walk(path, SEARCH_DEPTH)
+            if not found_runs and not found:
+                raise UserError(
+                    f"{path}: no .json/.json.gz traces and no run.json here or "
+                    f"{SEARCH_DEPTH} folders below"
+                )
         else:
-            loose += trace_files(path)
-            loose_sources.append(str(path))
-    if loose:
-        unique = list(dict.fromkeys(loose))
-        name = Path(loose_sources[0]).name if len(loose_sources) == 1 else "traces"
-        runs.append(RunInput(name, [TraceInput(p) for p in unique], None, None, loose_sources))
-    names = [r.name for r in runs]
-    for i, run in enumerate(runs):  # two runs of one name are told apart by their path
-        if names.count(run.name) > 1:
-            run.name = run.sources[0] if run.sources else f"{run.name} #{i + 1}"
-    return runs, _grouping(runs)
-
-
-def _grouping(runs: list[RunInput]) -> str:
-    parts = []
-    for run in runs:
-        timing = sum(t.source != Source.DETAILED for t in run.traces)
-        detailed = len(run.traces) - timing
-        kind = "capture run" if run.run is not None else "traces"
-        text = f"{run.name} ({kind}: {timing} trace{'s' * (timing != 1)}"
-        parts.append(text + (f" + {detailed} detailed)" if detailed else ")"))
-    return f"{len(runs)} run{'s' * (len(runs) != 1)}: " + "; ".join(parts)
+            raise UserError(f"{path}: not a regular file or a folder")
+        for folder in found_runs:
+            if all(folder != r.run_dir for r in runs):
+                run = capture_run(folder)
+                if any(r.name == run.name for r in runs):  # a/run and b/run: by their path
+                    run.name = str(folder)
+                runs.append(run)
+        for file in found:
+            if file not in sources:
+                loose.append(file)
+                sources[file] = str(path)
+    return Inputs(runs, loose, sources)

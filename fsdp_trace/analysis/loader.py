@@ -129,6 +129,7 @@ _DENSE_ARGS = ("correlation", "external_id", "sequence_number", "stream")
 _get = {name: attrgetter(name) for name in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
 _get_arg = {name: attrgetter(name) for name in (*_DENSE_ARGS, *(r for r, _ in _RARE))}
 _get_rare = attrgetter(*(r for r, _ in _RARE))
+_get_input_dims = attrgetter("input_dims")
 
 
 def raw_size(path: Path) -> int:
@@ -285,6 +286,8 @@ class _Columns:
         self.thread_names: dict[tuple[int, int], str] = {}
         self.process_names: dict[int, str] = {}
         self.raw_count = 0
+        self.python_events = 0  # with_stack's python_function events (dropped)
+        self.input_dims = False  # any operator carries `Input Dims` (record_shapes)
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -302,6 +305,7 @@ class _Columns:
             return
         cats = list(map(_get["cat"], events))
         if "python_function" in cats or "Trace" in cats:  # DROPPED_CATEGORIES
+            self.python_events += cats.count("python_function")
             keep = [c not in DROPPED_CATEGORIES for c in cats]
             events = list(compress(events, keep))
             cats = list(compress(cats, keep))
@@ -337,6 +341,8 @@ class _Columns:
         args = list(map(_get["args"], events))
         if None in args:
             args = [_NO_ARGS if a is None else a for a in args]
+        if not self.input_dims:
+            self.input_dims = any(map(_get_input_dims, args))
         for name in _DENSE_ARGS:
             try:
                 self.dense[name] += array("q", map(_get_arg[name], args))
@@ -417,6 +423,8 @@ class _Columns:
         for batch in batches:
             n = len(batch)
             out.raw_count += batch.raw_count
+            out.python_events += batch.python_events
+            out.input_dims = out.input_dims or batch.input_dims
             if not n:
                 continue
             for attr, dtype in (
@@ -587,6 +595,8 @@ def _parse(path: Path, progress: bool | None, parallel: bool | None = None) -> T
         process_names=columns.process_names,
         string_ids=columns.ids.ids,
         raw_event_count=columns.raw_count,
+        python_events=columns.python_events,
+        input_dims=columns.input_dims,
     )
 
 

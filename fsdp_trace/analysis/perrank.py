@@ -111,7 +111,10 @@ def analyze_all(work: list[TraceInput], jobs: int = 1, cache: bool = True) -> li
         return results  # type: ignore[return-value]
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # Workers ignore Ctrl-C: the main process handles it (one line, no worker tracebacks) and
+    # stops them itself.
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_interrupts)
+    try:
         # Workers are forked here, before the progress bar starts its thread; each gets the
         # lookup (parameters, cache entry, content hash: the file is not hashed again).
         futures = {pool.submit(_compute_in_worker, lookups[i]): i for i in todo}
@@ -121,7 +124,24 @@ def analyze_all(work: list[TraceInput], jobs: int = 1, cache: bool = True) -> li
                 i = futures[future]
                 results[i] = future.result()
                 progress.advance(_size(work[i].path))
+    except BaseException:
+        stop_pool(pool)
+        raise
+    pool.shutdown()
     return results  # type: ignore[return-value]
+
+
+def _ignore_interrupts() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_pool(pool) -> None:
+    """Cancel what has not started and end the workers now (not after their current trace)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in list(getattr(pool, "_processes", {}).values()):
+        process.terminate()
 
 
 def _compute_in_worker(lookup: _Lookup) -> RankAnalysis:

@@ -15,7 +15,7 @@ from fsdp_trace.analysis.blocks import block_table, empty_frame, phase_table
 from fsdp_trace.analysis.context import CpuContext
 from fsdp_trace.analysis.cpu_collectives import analyze_cpu_trace
 from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
-from fsdp_trace.analysis.trace import MISSING, Trace, pg_sizes
+from fsdp_trace.analysis.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Kind, Phase, Source
 
 
@@ -286,19 +286,8 @@ def analyze_trace(trace: Trace, source: str = Source.TRACE) -> RankAnalysis:
         fsdp=cpu_ctx.facts(cpu_steps),
         streams=_stream_roles(kernels, collectives),
         notices=notices,
-        meta=_meta(trace, cpu_ctx),
+        meta=trace_meta(trace, cpu_ctx.compiled_regions, device_names(trace), cpu_ctx.unit_names),
     )
-
-
-def _meta(trace: Trace, cpu_ctx: CpuContext) -> dict:
-    """What the trace says about its run beyond the events: rank, world, process groups,
-    devices, compiled regions."""
-    return {
-        "world_size": trace.world_size,
-        "distributed": trace.distributed,
-        "device_names": device_names(trace),
-        "compiled_regions": cpu_ctx.compiled_regions,
-    }
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pandas as pd
 MISSING = -1  # integer columns use -1 for "absent"
 # Bump when the parsed columns change (names, dtypes, meaning): cached entries of another
 # version are ignored.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
@@ -35,6 +35,8 @@ class Trace:
     process_names: dict[int, str] = field(default_factory=dict)
     string_ids: dict[str, int] = field(default_factory=dict)  # string pid/tid -> negative ids
     raw_event_count: int = 0
+    python_events: int = 0  # with_stack's python_function events (dropped on load)
+    input_dims: bool = False  # an operator carries `Input Dims` (record_shapes)
 
 
 def pg_sizes(distributed: dict) -> dict[str, float]:
@@ -58,3 +60,24 @@ def rank_from_name(path: Path) -> int | None:
     itself does not say."""
     match = _RANK_IN_NAME.search(Path(path).name)
     return int(match.group(1)) if match else None
+
+
+def trace_meta(
+    trace: Trace,
+    compiled_regions: int,
+    device_names: list[str],
+    unit_names: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """What a RankAnalysis keeps about its trace beyond the tables: who it is (rank, world,
+    process groups), when (the absolute time base), how it was profiled (record_shapes,
+    with_stack), its GPUs and compiled regions. Grouping files into runs reads these."""
+    return {
+        "world_size": trace.world_size,
+        "distributed": trace.distributed,
+        "device_names": device_names,
+        "compiled_regions": compiled_regions,
+        "base_time_ns": trace.base_time_ns,
+        "record_shapes": trace.input_dims,
+        "with_stack": trace.python_events > 0,
+        "unit_names": unit_names or {},  # unit as shown → its raw path in the labels
+    }

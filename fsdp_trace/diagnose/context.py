@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis.config import InferredConfig
+from fsdp_trace.analysis.context import display_name
 from fsdp_trace.analysis.crossrank import CrossRank
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.runrecord import RunRecord
@@ -81,7 +82,7 @@ class Context:
     def block_units(self) -> set[str]:
         """The transformer-block units: run.json's list, else the inferred ones."""
         if self.record is not None and self.record.model.blocks:
-            return set(self.record.model.blocks)
+            return {display_name(b) for b in self.record.model.blocks}
         return set(self.config.blocks)
 
     @property

@@ -88,6 +88,7 @@ def config_payload(config: InferredConfig) -> dict[str, Any]:
         "units": [
             {
                 "name": u.name,
+                "raw": u.raw,
                 "reshard_after_forward": _item(u.reshard_after_forward),
                 "gathers_per_micro_batch": u.gathers_per_micro_batch,
                 "checkpointed": u.checkpointed,

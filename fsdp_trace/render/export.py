@@ -77,9 +77,27 @@ def output_problem(path: Path, folder: bool = False) -> str | None:
     return None
 
 
-def check_outputs(files: dict[str, Path | None], folders: dict[str, Path | None]) -> None:
+def check_outputs(
+    files: dict[str, Path | None],
+    folders: dict[str, Path | None],
+    inputs: list[Path] = (),
+) -> None:
     """Every output path of one command (option name -> path), before anything is written:
-    one UserError naming the first bad one, or two options that would write the same file."""
+    one UserError naming the first bad one, two options that would write the same file, or an
+    output that would replace one of the `inputs`."""
+    protected = {os.path.realpath(p) for p in inputs}
+    for option, path in files.items():
+        if path is not None and os.path.realpath(path) in protected:
+            raise UserError(
+                f"{option} {path}: is one of the inputs: refusing to overwrite it, give another "
+                "path"
+            )
+    for option, path in folders.items():
+        if path is not None and any(
+            os.path.dirname(p) == os.path.realpath(path) and os.path.basename(p).endswith(".csv")
+            for p in protected
+        ):
+            raise UserError(f"{option} {path}: would overwrite an input: give another folder")
     seen: dict[Path, str] = {}
     for option, path, is_folder in [
         *((o, p, False) for o, p in files.items()),

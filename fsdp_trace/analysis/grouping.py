@@ -1,0 +1,167 @@
+"""Group trace files into runs by what they carry, not by their names.
+
+Traces given without a run.json (a directory of a torchtitan profile, tensorboard_trace_handler
+files named `host_pid.<n>.pt.trace.json.gz`, two runs' traces side by side) are told apart by:
+- the job: world size and the process groups (`distributedInfo`: their descriptions and
+  sizes), which every rank of one job shares;
+- the time: ranks of one profile cover the same steps, so their windows on the absolute
+  clock (`baseTimeNanoseconds` + `ts`) overlap; another run, or another profiled iteration of
+  the same job, lies elsewhere in time;
+- the rank (`distributedInfo.rank`, else the file name): one trace per rank in a run;
+- how it was profiled: a detailed trace (record_shapes → `Input Dims`, with_stack → Python
+  stack events) next to a lean one of the same job and ranks, taken just before it, is that
+  run's detailed trace (as `fsdp-trace capture` writes them); a detailed trace with no lean
+  partner is the user's own timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.vocab import Source
+
+# How far apart (on the absolute clock) two traces of one profile may start and end: ranks
+# on other hosts run on other clocks (NTP keeps them within milliseconds), and a rank's window
+# starts where its own first kernel does. Beyond this they are other profiles.
+SAME_PROFILE_SLACK_NS = 2_000_000_000  # 2 s
+# A capture's detailed trace precedes its timing trace by warmup and a barrier: seconds.
+DETAILED_BEFORE_NS = 600_000_000_000  # 10 minutes
+
+
+@dataclass
+class Member:
+    index: int  # position in the analyses list
+    analysis: RankAnalysis
+    job: tuple
+    start: float  # absolute ns
+    end: float
+    detailed: bool
+
+
+@dataclass
+class Group:
+    members: list[Member] = field(default_factory=list)
+    detailed: list[Member] = field(default_factory=list)
+
+    @property
+    def start(self) -> float:
+        return min(m.start for m in self.members)
+
+    @property
+    def end(self) -> float:
+        return max(m.end for m in self.members)
+
+    @property
+    def ranks(self) -> set:
+        return {m.analysis.rank for m in self.members}
+
+
+def job_key(a: RankAnalysis) -> tuple:
+    """What every rank of one job shares: the world size and its process groups' kinds and
+    sizes (each rank lists only its own groups, so members are left out)."""
+    distributed = a.meta.get("distributed") or {}
+    groups = distributed.get("pg_config") if isinstance(distributed, dict) else None
+    kinds = set()
+    for pg in groups if isinstance(groups, list) else []:
+        if isinstance(pg, dict):
+            size = pg.get("pg_size") or len(pg.get("ranks") or [])
+            kinds.add((str(pg.get("pg_desc") or ""), int(size) if isinstance(size, int) else 0))
+    return (a.meta.get("world_size"), tuple(sorted(kinds)))
+
+
+def window(a: RankAnalysis) -> tuple[float, float]:
+    """The trace's profiled steps on the absolute clock, ns."""
+    base = float(a.meta.get("base_time_ns") or 0)
+    steps = a.steps
+    if steps.empty:
+        return base, base
+    return base + 1e3 * float(steps["start_us"].min()), base + 1e3 * float(steps["end_us"].max())
+
+
+def is_detailed(a: RankAnalysis) -> bool:
+    return bool(a.meta.get("record_shapes") or a.meta.get("with_stack"))
+
+
+def _cluster(members: list[Member]) -> list[Group]:
+    """Members of one job and kind, by time: each joins the group its window overlaps (with
+    slack) unless that group already holds its rank."""
+    groups: list[Group] = []
+    for m in sorted(members, key=lambda m: (m.start, m.index)):
+        home = next(
+            (
+                g
+                for g in groups
+                if m.start <= g.end + SAME_PROFILE_SLACK_NS
+                and m.end >= g.start - SAME_PROFILE_SLACK_NS
+                and (m.analysis.rank is None or m.analysis.rank not in g.ranks)
+            ),
+            None,
+        )
+        if home is None:
+            groups.append(Group([m]))
+        else:
+            home.members.append(m)
+    return groups
+
+
+def group(analyses: list[RankAnalysis]) -> list[tuple[list[int], list[int]]]:
+    """Runs among `analyses` (traces given without run.json): per run, the indices of its
+    timing traces and of its detailed ones, runs in the order of their first trace given."""
+    members = []
+    for i, a in enumerate(analyses):
+        start, end = window(a)
+        members.append(Member(i, a, job_key(a), start, end, is_detailed(a)))
+    jobs: dict[tuple, list[Member]] = {}
+    for m in members:
+        jobs.setdefault(m.job, []).append(m)
+    runs: list[Group] = []
+    for job_members in jobs.values():
+        lean = _cluster([m for m in job_members if not m.detailed])
+        detailed = _cluster([m for m in job_members if m.detailed])
+        for d in detailed:  # beside the lean profile of the same ranks that follows it
+            partner = min(
+                (
+                    g
+                    for g in lean
+                    if not g.detailed
+                    and g.ranks == d.ranks
+                    and 0 <= g.start - d.end <= DETAILED_BEFORE_NS
+                ),
+                key=lambda g: g.start - d.end,
+                default=None,
+            )
+            if partner is None:
+                lean.append(d)  # the user's own profile: its timing is what they have
+            else:
+                partner.detailed = d.members
+        runs += lean
+    runs.sort(key=lambda g: min(m.index for m in g.members + g.detailed))
+    return [
+        (
+            sorted(m.index for m in g.members),
+            sorted(m.index for m in g.detailed),
+        )
+        for g in runs
+    ]
+
+
+def run_name(paths: list[Path], taken: set[str]) -> str:
+    """A run's name from its files: their common folder, else "traces"; numbered when two
+    runs would share one."""
+    parents = {p.parent for p in paths}
+    name = next(iter(parents)).name if len(parents) == 1 else "traces"
+    name = name or "traces"
+    if name not in taken:
+        return name
+    n = 2
+    while f"{name} #{n}" in taken:
+        n += 1
+    return f"{name} #{n}"
+
+
+def source_of(a: RankAnalysis, detailed: bool) -> str:
+    if detailed:
+        return Source.DETAILED
+    return a.source if a.source == Source.TIMING else Source.TRACE
