@@ -138,13 +138,11 @@ def group(analyses: list[RankAnalysis]) -> list[tuple[list[int], list[int]]]:
                 partner.detailed = d.members
         runs += lean
     runs.sort(key=lambda g: min(m.index for m in g.members + g.detailed))
-    return [
-        (
-            sorted(m.index for m in g.members),
-            sorted(m.index for m in g.detailed),
-        )
-        for g in runs
-    ]
+    def by_rank(members: list[Member]) -> list[int]:
+        rank = lambda m: (m.analysis.rank is None, m.analysis.rank or 0, m.index)  # noqa: E731
+        return [m.index for m in sorted(members, key=rank)]
+
+    return [(by_rank(g.members), by_rank(g.detailed)) for g in runs]
 
 
 def run_name(paths: list[Path], taken: set[str]) -> str:
