@@ -9,13 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsdp_trace.analysis import readers
 from fsdp_trace.analysis.perrank import TraceInput
 from fsdp_trace.analysis.trace import rank_from_name
 from fsdp_trace.errors import UserError
 from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
 from fsdp_trace.vocab import Source
-
-TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 @dataclass
@@ -30,7 +29,7 @@ class RunInput:
 
 
 def is_trace_file(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(TRACE_SUFFIXES) and path.name != RUN_FILE
+    return path.is_file() and path.name.endswith(readers.suffixes()) and path.name != RUN_FILE
 
 
 def _rank_key(path: Path) -> tuple[int, str]:
@@ -122,8 +121,7 @@ def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
         if not path.exists():
             raise UserError(f"{path}: no such file or directory")
         if path.is_file():
-            if not path.name.endswith(TRACE_SUFFIXES):
-                raise UserError(f"{path}: not a .json or .json.gz trace")
+            readers.reader_for(path)  # a format some reader takes, else a one-line error
             found_runs, found = [], [path]
         elif path.is_dir():
             found_runs, found = _walk(path, SEARCH_DEPTH)

@@ -8,8 +8,9 @@ import dataclasses
 from pathlib import Path
 
 from fsdp_trace.analysis import cache as cache_mod
-from fsdp_trace.analysis.loader import load_trace, raw_size, wants_progress
+from fsdp_trace.analysis.loader import raw_size, wants_progress
 from fsdp_trace.analysis.rank import analyze_trace
+from fsdp_trace.analysis.readers import load as load_trace  # through the reader registry
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.analysis.trace import rank_from_name
 from fsdp_trace.vocab import Source
