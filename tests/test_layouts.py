@@ -148,3 +148,31 @@ def test_unit_names_drop_wrapper_segments_and_keep_the_raw_path():
     assert display_name("module._orig_mod.layers.3") == "layers.3"
     assert display_name("_fsdp_wrapped_module.layers.3, norm") == "layers.3, norm"
     assert display_name("module") == "module"
+
+
+def test_another_format_is_one_registered_reader(tmp_path, monkeypatch):
+    """The reader registry: a reader for bzip2-compressed Kineto JSON (one function and one
+    registration) makes `.json.bz2` files analyzable like any other."""
+    import bz2
+
+    from fsdp_trace.analysis import readers
+    from fsdp_trace.analysis.loader import load_trace
+
+    def bz2_reader(path, **options):
+        plain = tmp_path / (Path(path).name.removesuffix(".bz2"))
+        plain.write_bytes(bz2.decompress(Path(path).read_bytes()))
+        trace = load_trace(plain, **options)
+        trace.path = str(path)
+        return trace
+
+    monkeypatch.setattr(readers, "READERS", list(readers.READERS))
+    readers.register(readers.Reader("bzip2 Kineto JSON", (".json.bz2",), bz2_reader))
+    folder = tmp_path / "bz"
+    folder.mkdir()
+    for rank in (0, 1):
+        raw = gzip.decompress((SMALL / f"rank{rank}.timing.json.gz").read_bytes())
+        (folder / f"rank{rank}.json.bz2").write_bytes(bz2.compress(raw))
+    run = fsdp_trace.analyze(folder, cache=False).only
+    reference = fsdp_trace.analyze(SMALL, detailed=False, cache=False).only
+    assert run.diagnosis.verdict == reference.diagnosis.verdict
+    assert run.steps["exposed_us"].tolist() == reference.steps["exposed_us"].tolist()
