@@ -1,5 +1,6 @@
 """Shared fixtures: one real CPU/gloo capture per test session, the shipped samples, and a
-one-process gloo group; `free_port` for rendezvous and servers."""
+one-process gloo group; `free_port` for rendezvous and servers. No test touches the user's
+own cache or home: the cache, XDG_CACHE_HOME and HOME point into the session's tmp folder."""
 
 from __future__ import annotations
 
@@ -35,6 +36,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_cache(tmp_path_factory):
+    """Every test (and every process it starts) caches into a folder of this session, and a
+    cache path that falls back to ~ lands in a scratch home, never the user's."""
+    saved = {k: os.environ.get(k) for k in ("FSDP_TRACE_CACHE_DIR", "XDG_CACHE_HOME", "HOME")}
+    home = tmp_path_factory.mktemp("home")
+    os.environ["FSDP_TRACE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    os.environ["XDG_CACHE_HOME"] = str(home / ".cache")
+    os.environ["HOME"] = str(home)
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

@@ -245,3 +245,15 @@ def test_capture_side_stays_importable_without_analysis_libraries():
     for name in ("runrecord.py", "present/headline.py", "present/fmt.py", "capture/summary.py"):
         heavy = {m.split(".")[0] for m in _imports(REPO / "fsdp_trace" / name)}
         assert not heavy & {"pandas", "numpy", "plotly", "msgspec", "perfetto"}, name
+
+
+def test_the_suite_never_writes_into_the_users_cache():
+    """conftest points the cache (and HOME) into the session's tmp folder for every test and
+    every process a test starts."""
+    import os
+
+    from fsdp_trace.analysis import cache
+
+    assert str(cache.directory()).startswith(os.environ["FSDP_TRACE_CACHE_DIR"])
+    assert not str(cache.directory()).startswith(os.path.expanduser("~user"))
+    assert "pytest" in os.environ["HOME"] or "tmp" in os.environ["HOME"]
