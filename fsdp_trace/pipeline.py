@@ -154,6 +154,7 @@ def analyze_run(
         run_dir=str(run_in.run_dir) if run_in.run_dir is not None else None,
     )
     analysis.diagnosis = diagnose(analysis)
+    analysis.notices += analysis.diagnosis.notices
     if hta:
         from fsdp_trace.analysis.hta_check import cross_check
 

@@ -49,6 +49,7 @@ class RunAnalysis:
     notices: list[str] = field(default_factory=list)
     hta: pd.DataFrame | None = None
     run_dir: str | None = None
+    _median_steps: dict = field(default_factory=dict, repr=False, compare=False)
 
     # --- tables over every trace of the run (timing, then detailed: tell them by `source`)
 
@@ -80,13 +81,20 @@ class RunAnalysis:
         return out[BREAKDOWN_COLUMNS]
 
     def rank_breakdown(self, rank: RankAnalysis) -> dict[str, Any] | None:
-        """A rank's breakdown: its median step's parts (they add up to its step_us)."""
-        rows = self.breakdown
-        rows = rows[(rows["rank"] == rank.rank) & (rows["source"] == rank.source)]
-        row = median_step(rows)
-        if row is None or not np.isfinite(row["compute_us"]):
-            return None
-        return {"step": int(row["step"]), **{k: _float(row[k]) for k in ("step_us", *PARTS)}}
+        """A rank's breakdown: its median step's parts (they add up to its step_us). The one
+        per-rank statistic every view and rule reads (cards, tables, costs)."""
+        key = (id(rank), rank.rank, rank.source)
+        if key not in self._median_steps:
+            frame = rank.steps.rename(columns={"compute_us": "all_compute_us"}).rename(
+                columns={"model_compute_us": "compute_us"}
+            )
+            row = median_step(frame.reindex(columns=["step", "step_us", *PARTS]))
+            if row is None or not np.isfinite(row["compute_us"]):
+                self._median_steps[key] = None
+            else:
+                parts = {k: _float(row[k]) for k in ("step_us", *PARTS)}
+                self._median_steps[key] = {"step": int(row["step"]), **parts}
+        return self._median_steps[key]
 
     @property
     def findings(self) -> list:

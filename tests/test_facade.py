@@ -80,11 +80,12 @@ def test_the_world_and_run_json_say_the_same_mesh():
 def test_a_disagreement_with_run_json_is_a_notice():
     """The Accelerate-like run wraps its blocks in checkpoint_wrapper inside its own factory,
     so run.json records no activation checkpointing; the traces show every block
-    recomputing. run.json wins, and the notice says so."""
+    recomputing. Recompute is a fact: both count, and the notice says they differ."""
     run = fsdp_trace.analyze(SAMPLES / "cpu-accelerate-like", cache=False).only
-    assert run.config.checkpointed.value == []
+    assert run.config.checkpointed.value == [f"model.layers.{i}" for i in range(4)]
+    assert run.config.checkpointed.source == "run.json + trace"
     (notice,) = run.config.notices
-    assert "recompute without checkpointing: model.layers.0" in notice
+    assert "recompute run.json does not record: model.layers.0" in notice
     assert notice in run_view(run).notices
     bare = fsdp_trace.analyze(timing_files("cpu-accelerate-like"), cache=False).only
     assert len(bare.config.checkpointed.value) == 4

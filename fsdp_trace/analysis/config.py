@@ -314,25 +314,28 @@ def _recompute_units(facts: pd.DataFrame) -> set[str]:
 
 
 def _checkpointed(seen: set[str], run: RunRecord | None, notices: list[str]) -> Item:
-    if run is not None:
-        recorded = [display_name(b) for b in run.parallel.ac_blocks]
-        extra = sorted(seen - set(recorded))
-        missing = sorted(set(recorded) - seen)
-        if seen and (extra or missing):
-            notices.append(
-                "run.json's checkpointed blocks and the recompute the trace shows differ ("
-                + "; ".join(
-                    p
-                    for p in (
-                        f"recompute without checkpointing: {', '.join(extra)}" if extra else "",
-                        f"checkpointed, no recompute seen: {', '.join(missing)}" if missing else "",
-                    )
-                    if p
-                )
-                + "): run.json is used"
-            )
-        return Item(recorded, From.RUN)
-    return Item(sorted(seen, key=_natural), From.TRACE, "forward ops re-run inside backward")
+    """Checkpointed units: run.json records what `--ac-coverage` applied; recompute in the
+    trace is a fact too (a model may checkpoint its own blocks): the union, and a notice
+    where they differ."""
+    ordered = sorted(seen, key=_natural)
+    if run is None:
+        return Item(ordered, From.TRACE, "forward ops re-run inside backward")
+    recorded = [display_name(b) for b in run.parallel.ac_blocks]
+    extra = [b for b in ordered if b not in recorded]
+    missing = [b for b in recorded if seen and b not in seen]
+    if extra or missing:
+        parts = []
+        if extra:
+            parts.append(f"recompute run.json does not record: {', '.join(extra)}")
+        if missing:
+            parts.append(f"recorded as checkpointed, no recompute seen: {', '.join(missing)}")
+        notices.append(
+            "run.json's checkpointed blocks and the trace differ (" + "; ".join(parts) + "): "
+            "both are taken as checkpointed"
+        )
+    union = sorted(set(recorded) | seen, key=_natural)
+    source = From.RUN if not extra else f"{From.RUN} + {From.TRACE}"
+    return Item(union, source, "recorded, and forward ops re-run inside backward")
 
 
 def _natural(name: str) -> list:
@@ -390,7 +393,12 @@ def _reduce_dtype(coll: pd.DataFrame, run: RunRecord | None) -> Item:
     rs = coll.loc[coll["collective"] == Collective.REDUCE_SCATTER, "dtype"].dropna()
     if rs.empty:
         return Item(None, From.TRACE)
-    return Item(str(rs.mode().iloc[0]), From.TRACE, "reduce-scatter dtype")
+    dtype = str(rs.mode().iloc[0])
+    return Item(DTYPE_NAMES.get(dtype, dtype), From.TRACE, f"reduce-scatter dtype {dtype}")
+
+
+# The trace's dtype names as the capture options spell them.
+DTYPE_NAMES = {"Float": "fp32", "BFloat16": "bf16", "Half": "fp16", "Float16": "fp16"}
 
 
 def _no_sync(coll: pd.DataFrame, micro: int, rank_steps: int, run: RunRecord | None) -> Item:
@@ -430,7 +438,13 @@ def _mesh(
             {_group_label(n, d) for n, d in zip(coll["pg_name"], coll["pg_desc"], strict=True)}
             - {shard_name, replicate_name}
         )
-        if shard is not None and replicate is not None and replicate > 1:
+        hsdp = shard is not None and replicate is not None and replicate > 1
+        if hsdp and world and shard * replicate != world:
+            # A backward all-reduce that is not HSDP's (R × S would be the world): e.g.
+            # tensor parallelism beside FSDP. Named, not taken for a replicate group.
+            others = [*others, f"all-reduce over {replicate} ranks ({replicate_name})"]
+            hsdp = False
+        if hsdp:
             seen = Mesh("hsdp", shard, replicate, shard_name, replicate_name, others)
         elif shard is not None:
             seen = Mesh("fsdp", shard, 1, shard_name, None, others)

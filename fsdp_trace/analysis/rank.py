@@ -404,6 +404,14 @@ def _collectives(
         Phase.BACKWARD.value,
         phase,
     )
+    # Without a hook label (FSDP1, labels lost) a reduce-scatter is still a gradient
+    # reduction: backward, never the forward a missing label would leave.
+    unlabeled = pd.isna(hook_kind) | (hooks < 0)
+    phase = np.where(
+        unlabeled & (coll == Collective.REDUCE_SCATTER) & (phase == Phase.FORWARD),
+        Phase.BACKWARD.value,
+        phase,
+    )
     frame = pd.DataFrame(
         {
             "rank": trace.rank,

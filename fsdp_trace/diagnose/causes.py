@@ -6,14 +6,18 @@ A cause explains a symptom when fixing the cause would remove it: a host-bound r
 its peers wait (the straggler is that rank); a link far below its bandwidth makes blocks
 communication-bound and every exposed gather or reduction longer; one hardware queue
 (CUDA_DEVICE_MAX_CONNECTIONS=1) exposes whatever communication there is; a shard group
-that leaves the node runs at the network's bandwidth."""
+that leaves the node runs at the network's bandwidth. Only a cause that is itself worth
+acting on (not minor) takes symptoms: a costly symptom never hides under a minor cause.
+
+Costs that may include waiting for peers (collectives no other rank's trace matched) are
+upper bounds: they come after the measured causes; CPU (gloo) findings are not costed."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from fsdp_trace.diagnose.context import ms
-from fsdp_trace.diagnose.finding import Diagnosis, Finding, Kind
+from fsdp_trace.diagnose.finding import Diagnosis, Finding, FindingKind
 
 _EXPOSED_COMMUNICATION = (
     "communication-bound",
@@ -31,10 +35,19 @@ def _always(cause: Finding, symptom: Finding) -> bool:
     return True
 
 
+def _on_the_link(cause: Finding, symptom: Finding) -> bool:
+    """The link's bandwidth (measured on all-gathers and reduce-scatters) explains a tail
+    only when the tail is mostly those, not HSDP's all-reduce across replicas."""
+    if symptom.rule != "reduction-tail":
+        return True
+    exposed = symptom.metrics.get("exposed_us") or 0.0
+    return (symptom.metrics.get("all_reduce_us") or 0.0) < 0.5 * exposed
+
+
 # (cause rule, symptom rule, when the cause explains it)
 EXPLAINS: tuple[tuple[str, str, Callable[[Finding, Finding], bool]], ...] = (
     ("host-bound", "straggler", _same_rank),
-    *(("low-bus-bandwidth", s, _always) for s in _EXPOSED_COMMUNICATION),
+    *(("low-bus-bandwidth", s, _on_the_link) for s in _EXPOSED_COMMUNICATION),
     *(("max-connections-1", s, _always) for s in _EXPOSED_COMMUNICATION),
     ("max-connections-1", "overlap-tax", _always),
     ("shard-group-crosses-nodes", "low-bus-bandwidth", _always),
@@ -43,11 +56,16 @@ EXPLAINS: tuple[tuple[str, str, Callable[[Finding, Finding], bool]], ...] = (
 
 
 def _explainer(symptom: Finding, found: dict[str, Finding]) -> Finding | None:
-    """The costliest finding that explains `symptom`, following chains to the root cause."""
+    """The costliest finding worth acting on that explains `symptom`, following chains to
+    the root cause."""
     candidates = [
         found[cause]
         for cause, rule, applies in EXPLAINS
-        if rule == symptom.rule and cause in found and applies(found[cause], symptom)
+        if rule == symptom.rule
+        and cause in found
+        and found[cause].kind == FindingKind.CAUSE
+        and not found[cause].minor
+        and applies(found[cause], symptom)
     ]
     if not candidates:
         return None
@@ -55,27 +73,31 @@ def _explainer(symptom: Finding, found: dict[str, Finding]) -> Finding | None:
     return _explainer(best, found) or best
 
 
+def _rank(f: Finding) -> tuple:
+    """Order: measured causes by cost, then upper bounds by cost, then uncosted ones."""
+    return (not f.costed, f.upper_bound, -f.cost_us)
+
+
 def order(findings: list[Finding]) -> Diagnosis:
     """Fold, order and number the findings of one run."""
     found = {f.rule: f for f in findings}
     roots: list[Finding] = []
     for finding in findings:
-        cause = _explainer(finding, found) if finding.kind == Kind.CAUSE else None
+        cause = _explainer(finding, found) if finding.kind == FindingKind.CAUSE else None
         if cause is not None and cause is not finding:
             cause.symptoms.append(finding)
         else:
             roots.append(finding)
     for finding in roots:
-        finding.symptoms.sort(key=lambda f: -f.cost_us)
-    causes = sorted(
-        (f for f in roots if f.kind == Kind.CAUSE and not f.minor), key=lambda f: -f.cost_us
-    )
-    measurement = [f for f in roots if f.kind == Kind.MEASUREMENT]
-    minor = sorted((f for f in roots if f.minor), key=lambda f: -f.cost_us)
+        finding.symptoms.sort(key=_rank)
+    causes = sorted((f for f in roots if f.kind == FindingKind.CAUSE and not f.minor), key=_rank)
+    measurement = [f for f in roots if f.kind == FindingKind.MEASUREMENT]
+    minor = sorted((f for f in roots if f.minor), key=_rank)
     ordered = causes + measurement
     for number, finding in enumerate(ordered, start=1):
         finding.number = number
-    return Diagnosis(findings=ordered, minor=minor, verdict=verdict(causes), healthy=not causes)
+    costed = [f for f in causes if f.costed]
+    return Diagnosis(findings=ordered, minor=minor, verdict=verdict(costed), healthy=not causes)
 
 
 def verdict(causes: list[Finding]) -> str:
@@ -83,12 +105,11 @@ def verdict(causes: list[Finding]) -> str:
     if not causes:
         return "healthy: no cause costs 1 % of the step or more"
     top = causes[0]
-    where = (
-        f" (rank{'s' * (len(top.ranks) > 1)} {', '.join(map(str, top.ranks))})"
-        if top.ranks and len(top.ranks) <= 4
-        else ""
-    )
+    where = ""
+    if top.ranks and len(top.ranks) <= 4:
+        where = f" (rank{'s' * (len(top.ranks) > 1)} {', '.join(map(str, top.ranks))})"
+    cost = f"{ms(top.cost_us)} per step ({top.cost_pct:.1f} % of the step)"
+    if top.upper_bound:
+        cost = f"up to {cost}: waiting for peers not told apart"
     more = f"; {len(causes) - 1} more cause{'s' * (len(causes) > 2)}" if len(causes) > 1 else ""
-    return (
-        f"{top.title}{where}: {ms(top.cost_us)} per step ({top.cost_pct:.1f} % of the step){more}"
-    )
+    return f"{top.title}{where}: {cost}{more}"

@@ -41,23 +41,21 @@ class Context:
         """Timing (or plain) GPU traces with at least one step."""
         return [r for r in self.analysis.ranks if r.device == Device.GPU and not r.steps.empty]
 
-    @cached_property
-    def _breakdown(self) -> pd.DataFrame:
-        frame = self.analysis.breakdown
-        return frame[frame["source"] != "detailed"]
-
     def step_us(self, rank: RankAnalysis) -> float:
-        return float(rank.steps["step_us"].median())
+        """The rank's median step (the step every per-rank figure is read from)."""
+        b = self.analysis.rank_breakdown(rank)
+        return float(b["step_us"]) if b is not None else float(rank.steps["step_us"].median())
 
     def median_step_us(self) -> float:
         steps = [self.step_us(r) for r in self.gpu_ranks]
         return float(np.median(steps)) if steps else 0.0
 
     def part(self, rank: RankAnalysis, name: str) -> float:
-        """A breakdown part of a rank: its median over the rank's steps (NaN unknown)."""
-        rows = self._breakdown[self._breakdown["rank"] == rank.rank]
-        values = pd.to_numeric(rows[name], errors="coerce").dropna()
-        return float(values.median()) if len(values) else float("nan")
+        """A breakdown part of the rank's median step (NaN: unknown), so a cost and its share
+        of the step come from one real step, as the views show them."""
+        b = self.analysis.rank_breakdown(rank)
+        value = b.get(name) if b is not None else None
+        return float(value) if value is not None else float("nan")
 
     def collectives(self, rank: RankAnalysis) -> pd.DataFrame:
         """A rank's collectives with `net_us` (the cross-rank transfer time, the duration
@@ -71,6 +69,17 @@ class Context:
             exposed_net_us=np.where(matched, c["exposed_transfer_us"], c["exposed_us"]),
             matched=matched,
         )
+
+    def unmatched_share(self) -> float:
+        """Share of the timing GPU ranks' collectives with no cross-rank match, in a job of
+        more than one rank (0 for one rank: nothing to wait for)."""
+        world = self.config.world_size.value or len(self.gpu_ranks)
+        counts = [len(r.collectives) for r in self.gpu_ranks]
+        total = sum(counts)
+        if world <= 1 or total == 0:
+            return 0.0
+        matched = sum(int(r.collectives["transfer_us"].notna().sum()) for r in self.gpu_ranks)
+        return 1.0 - matched / total
 
     def env(self, name: str) -> str | None:
         """An environment variable of the capture (run.json; not in the trace)."""

@@ -22,7 +22,7 @@ class Change:
     code: str = ""
 
 
-class Kind:
+class FindingKind:
     CAUSE = "cause"  # costs training time: act on it
     MEASUREMENT = "measurement"  # about the profile itself (costs un-profiled steps nothing)
 
@@ -43,10 +43,14 @@ class Finding:
     basis: Basis = Basis.MEASURED
     ranks: list[int] = field(default_factory=list)
     blocks: list[str] = field(default_factory=list)
-    kind: str = Kind.CAUSE
+    kind: str = FindingKind.CAUSE
     metrics: dict[str, Any] = field(default_factory=dict)
     symptoms: list[Finding] = field(default_factory=list)  # what this cause explains
     number: int = 0  # position in the output, 1..N (0: a folded symptom or minor)
+    # The cost may include waiting for peers: collectives no other rank's trace matched.
+    upper_bound: bool = False
+    # False on CPU (gloo) traces: no GPU timing, so the finding is structural, not costed.
+    costed: bool = True
 
     @property
     def cost_pct(self) -> float:
@@ -54,7 +58,9 @@ class Finding:
 
     @property
     def minor(self) -> bool:
-        return self.kind == Kind.CAUSE and self.cost_us < MINOR * self.step_us
+        return (
+            self.kind == FindingKind.CAUSE and self.costed and self.cost_us < MINOR * self.step_us
+        )
 
     # The names the first version of the diagnosis used, kept for readers of old JSON.
     @property

@@ -90,6 +90,28 @@ METRICS: dict[str, Metric] = {
         "model_compute_us",
         100.0,
     ),
+    "exposed_unsplit_pct": Metric(
+        "exposed communication not matched across ranks, % of the step",
+        "breakdown",
+        "exposed_unsplit_us",
+        100.0,
+    ),
+    "exposed_unsplit_ms": Metric(
+        "exposed communication not matched across ranks per step, ms",
+        "steps",
+        "exposed_unsplit_us",
+        1e-3,
+    ),
+    "idle_ms": Metric("GPU idle (no kernel) per step, ms", "steps", "idle_us", 1e-3),
+    "fsdp_copy_ms": Metric(
+        "FSDP's own copy/cast kernels alone on the GPU per step, ms", "steps", "fsdp_copy_us", 1e-3
+    ),
+    "model_compute_ms": Metric(
+        "model compute (no FSDP copies, no recompute) per step, ms",
+        "steps",
+        "model_compute_us",
+        1e-3,
+    ),
     "wait_pct": Metric(
         "time waiting inside NCCL kernels for later ranks, % of the step", "crossrank", "wait_pct"
     ),

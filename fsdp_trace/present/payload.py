@@ -18,21 +18,9 @@ import pandas as pd
 from fsdp_trace import __version__
 from fsdp_trace.analysis.config import InferredConfig, Item, Mesh
 from fsdp_trace.analysis.crossrank import CrossRank
-from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose.finding import Finding
 from fsdp_trace.present.view import notices
 from fsdp_trace.result import Result, RunAnalysis
-
-SUMMARY_COLUMNS = (
-    "step_us",
-    "exposed_us",
-    "exposed_pct",
-    "overlap_pct",
-    "idle_pct",
-    "comm_us",
-    "compute_us",
-    "recompute_pct",
-)
 
 
 def clean(value: Any) -> Any:
@@ -54,24 +42,6 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     if frame is None or frame.empty:
         return []
     return [clean(r) for r in frame.astype(object).where(frame.notna(), None).to_dict("records")]
-
-
-def rank_summary(r: RankAnalysis) -> dict[str, Any]:
-    """Median and min–max over this trace's steps of the headline figures."""
-    out: dict[str, Any] = {"rank": r.rank, "source": str(r.source), "n_steps": len(r.steps)}
-    for column in SUMMARY_COLUMNS:
-        values = r.steps[column].to_numpy(dtype=np.float64) if len(r.steps) else np.empty(0)
-        values = values[~np.isnan(values)]
-        out[column] = (
-            {
-                "median": float(np.median(values)),
-                "min": float(values.min()),
-                "max": float(values.max()),
-            }
-            if values.size
-            else None
-        )
-    return out
 
 
 def _item(item: Item) -> dict[str, Any]:
@@ -159,7 +129,7 @@ def run_payload(run: RunAnalysis) -> dict[str, Any]:
             "config": config_payload(run.config),
             "ranks": [
                 {
-                    **rank_summary(r),
+                    **r.summary(),
                     "breakdown": run.rank_breakdown(r),
                     "path": r.path,
                     "device": str(r.device),
@@ -169,7 +139,7 @@ def run_payload(run: RunAnalysis) -> dict[str, Any]:
                 for r in run.ranks
             ],
             "detailed": [
-                {**rank_summary(r), "breakdown": run.rank_breakdown(r), "path": r.path}
+                {**r.summary(), "breakdown": run.rank_breakdown(r), "path": r.path}
                 for r in run.detailed
             ],
             "distortion": run.distortion(),

@@ -15,7 +15,7 @@ import pandas as pd
 from fsdp_trace.analysis.breakdown import PARTS
 from fsdp_trace.analysis.config import From, InferredConfig
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.diagnose.finding import Finding
+from fsdp_trace.diagnose.finding import Finding, FindingKind
 from fsdp_trace.present import fmt, headline
 from fsdp_trace.result import Result, RunAnalysis
 from fsdp_trace.vocab import Device, Source
@@ -40,6 +40,7 @@ STACK_ORDER = (
     "idle_us",
 )
 assert set(STACK_ORDER) == set(PARTS)
+EXPOSED_PARTS = ("exposed_transfer_us", "exposed_wait_us", "exposed_unsplit_us")
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,25 @@ class RunView:
     notices: list[str]
     hta: Table | None
     cpu: bool
+    diagnosis_heading: str  # the line above the findings
+
+
+def diagnosis_heading(run: RunAnalysis) -> str:
+    """What the findings amount to, in one line (every front end prints this one)."""
+    d = run.diagnosis
+    causes = [f for f in d.findings if f.kind == FindingKind.CAUSE]
+    if not run.gpu:
+        if not causes:
+            return "CPU (gloo) trace: no structural finding (timing is not measured on CPU)"
+        return (
+            f"{fmt.plural(len(causes), 'finding')} on a CPU (gloo) trace: structural, not costed "
+            "(timing is not measured on CPU)"
+        )
+    if causes:
+        return f"{fmt.plural(len(causes), 'cause')} to act on, the first first"
+    if d.minor:
+        return "Healthy: no cause costs 1 % of the step or more (minor ones below)"
+    return "Healthy: no rule found a problem"
 
 
 def rank_label(r: RankAnalysis, ranks: list[RankAnalysis]) -> str:
@@ -128,29 +148,32 @@ def rank_label(r: RankAnalysis, ranks: list[RankAnalysis]) -> str:
 # --- the run's parts --------------------------------------------------------------------------
 
 
-def _median(frame: pd.DataFrame, column: str) -> float:
-    if frame.empty or column not in frame:
-        return float("nan")
-    values = pd.to_numeric(frame[column], errors="coerce").dropna()
-    return float(values.median()) if len(values) else float("nan")
-
-
-def _per_rank_medians(run: RunAnalysis) -> pd.DataFrame:
-    """Per timing rank: the median over its steps of each headline figure (and the step's
-    breakdown parts as shares of its step)."""
+def per_rank(run: RunAnalysis) -> pd.DataFrame:
+    """Per timing rank, its headline figures from its median step (the breakdown every view
+    and rule reads: `RunAnalysis.rank_breakdown`), in % of that step; and overlap, the
+    median over its steps (not a part of the step)."""
     rows = []
     for r in run.ranks:
-        s = r.steps
         row: dict[str, Any] = {"label": rank_label(r, run.ranks), "rank": r.rank}
-        for column in ("step_us", "exposed_pct", "overlap_pct", "idle_pct", "recompute_pct"):
-            row[column] = _median(s, column)
-        step = s["step_us"].to_numpy(dtype=np.float64) if len(s) else np.empty(0)
-        for part in ("exposed_transfer_us", "exposed_wait_us", "exposed_unsplit_us"):
-            values = s[part].to_numpy(dtype=np.float64) if part in s and len(s) else np.empty(0)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                share = 100.0 * values / step
-            share = share[np.isfinite(share)]
-            row[part.replace("_us", "_pct")] = float(np.median(share)) if share.size else np.nan
+        b = run.rank_breakdown(r)
+        overlap = pd.to_numeric(r.steps["overlap_pct"], errors="coerce").dropna()
+        row["overlap_pct"] = float(overlap.median()) if len(overlap) else np.nan
+        if b is None:  # CPU traces: the step only
+            step = pd.to_numeric(r.steps["step_us"], errors="coerce").dropna()
+            row["step_us"] = float(step.median()) if len(step) else np.nan
+            for part in ("exposed", *PARTS):
+                row[part.replace("_us", "") + "_pct"] = np.nan
+            rows.append(row)
+            continue
+        step = b["step_us"]
+        row["step_us"] = step
+        for part in PARTS:
+            value = b[part]
+            row[part.replace("_us", "_pct")] = 100.0 * value / step if value is not None else np.nan
+        exposed = sum(
+            b[p] or 0.0 for p in ("exposed_transfer_us", "exposed_wait_us", "exposed_unsplit_us")
+        )
+        row["exposed_pct"] = 100.0 * exposed / step
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -163,6 +186,14 @@ def _worst(frame: pd.DataFrame, column: str) -> tuple[float, str]:
     return float(values[i]), str(frame.loc[i, "label"])
 
 
+def _worst_row(frame: pd.DataFrame) -> pd.Series | None:
+    """The rank whose median step exposes the most communication."""
+    values = pd.to_numeric(frame["exposed_pct"], errors="coerce") if len(frame) else None
+    if values is None or values.notna().sum() == 0:
+        return None
+    return frame.loc[values.idxmax()]
+
+
 def _range(frame: pd.DataFrame, column: str) -> str:
     values = pd.to_numeric(frame[column], errors="coerce").dropna()
     if len(values) < 2:
@@ -172,7 +203,7 @@ def _range(frame: pd.DataFrame, column: str) -> str:
 
 def cards(run: RunAnalysis) -> list[Card]:
     """Headline cards, per rank: the worst rank's figure, with the range over ranks."""
-    per = _per_rank_medians(run)
+    per = per_rank(run)
     out: list[Card] = []
     if per.empty:
         return out
@@ -590,11 +621,14 @@ def hta_table(run: RunAnalysis) -> Table | None:
 
 
 def finding_view(f: Finding, minor: bool = False) -> FindingView:
-    cost = (
-        ""
-        if f.kind == "measurement"
-        else f"{fmt.ms(f.cost_us, ' ms')} per step ({f.cost_pct:.1f} % of the step)"
-    )
+    if f.kind == FindingKind.MEASUREMENT:
+        cost = ""
+    elif not f.costed:
+        cost = "not costed (CPU trace: no GPU timing)"
+    else:
+        cost = f"{fmt.ms(f.cost_us, ' ms')} per step ({f.cost_pct:.1f} % of the step)"
+        if f.upper_bound:
+            cost = "up to " + cost
     where = "; ".join(
         p
         for p in (
@@ -687,6 +721,7 @@ def run_view(run: RunAnalysis, top: int | None = 15) -> RunView:
         notices=notices(run),
         hta=hta_table(run),
         cpu=not run.gpu,
+        diagnosis_heading=diagnosis_heading(run),
     )
 
 
@@ -696,11 +731,14 @@ def side_by_side(result: Result) -> Table | None:
         return None
     rows = []
     for run in result.runs:
-        per = _per_rank_medians(run)
+        per = per_rank(run)
         step = pd.to_numeric(per["step_us"], errors="coerce").max() if len(per) else np.nan
-        transfer, _ = _worst(per, "exposed_transfer_pct") if len(per) else (np.nan, "")
-        wait, _ = _worst(per, "exposed_wait_pct") if len(per) else (np.nan, "")
-        exposed, _ = _worst(per, "exposed_pct") if len(per) else (np.nan, "")
+        worst = _worst_row(per)  # one rank: its exposure and its own split
+        exposed, transfer, wait = (
+            (worst["exposed_pct"], worst["exposed_transfer_pct"], worst["exposed_wait_pct"])
+            if worst is not None
+            else (np.nan, np.nan, np.nan)
+        )
         idle, _ = _worst(per, "idle_pct") if len(per) else (np.nan, "")
         rows.append(
             [
@@ -717,7 +755,7 @@ def side_by_side(result: Result) -> Table | None:
         )
     return Table(
         "runs",
-        "Runs side by side (per-rank figures: the worst rank's median)",
+        "Runs side by side (the rank exposing the most, its median step; idle: the worst rank)",
         [
             "run",
             "mesh",

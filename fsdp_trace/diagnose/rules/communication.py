@@ -13,7 +13,7 @@ import pandas as pd
 
 from fsdp_trace.diagnose.context import Context, ms, pct, per_step
 from fsdp_trace.diagnose.finding import Change, Finding
-from fsdp_trace.diagnose.rules import rule
+from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.vocab import (
     GRADIENT_REDUCTIONS,
     NON_BLOCK_UNITS,
@@ -54,6 +54,7 @@ def _gathers(ctx: Context, r) -> pd.DataFrame:
     "First forward all-gather exposed",
     "the step's first gather is the root unit, ≥ 2 blocks' bytes, exposed ≥ 1 % of the step "
     "(waiting excluded)",
+    communication=True,
 )
 def first_forward_allgather(ctx: Context) -> Finding | None:
     """The first forward all-gather (the root unit) is exposed: expected once per step, but
@@ -127,6 +128,7 @@ def _net(matched: bool) -> str:
     "last-unit-regathered",
     "Last unit re-gathered at the start of backward",
     "backward's first gather is forward's last unit, its transfer ≥ 0.2 % of the step",
+    communication=True,
 )
 def last_unit_regathered(ctx: Context) -> Finding | None:
     """The last block of forward is all-gathered again right at the start of backward."""
@@ -193,6 +195,7 @@ def last_unit_regathered(ctx: Context) -> Finding | None:
     "Gradient-reduction tail exposed at the end of backward",
     "reduce-scatters (and HSDP all-reduces) after the last backward kernel expose ≥ 2 % of "
     "the step (waiting excluded)",
+    communication=True,
 )
 def reduction_tail(ctx: Context) -> Finding | None:
     """Gradient reductions still running after the last backward compute: every reduce-scatter
@@ -279,6 +282,7 @@ def reduction_tail(ctx: Context) -> Finding | None:
     "Communication-bound blocks",
     "≥ 25 % of blocks gather (transfer time) ≥ 1.2× longer than the fastest rank computes "
     "them (backward compute includes recompute)",
+    communication=True,
 )
 def communication_bound(ctx: Context) -> Finding | None:
     """A block's all-gather takes longer than the compute it could hide behind.
@@ -412,6 +416,7 @@ def _gpus_per_node(ctx: Context) -> int | None:
     "Bus bandwidth far below the interconnect",
     "busbw of ≥ 8 MB all-gathers/reduce-scatters below 50 GB/s on NVLink (20 mixed, 5 PCIe, 10 "
     "unknown); a known SXM GPU counts as NVLink only when every rank is on one node",
+    communication=True,
 )
 def low_bus_bandwidth(ctx: Context) -> Finding | None:
     """Large all-gathers and reduce-scatters (the shard group's; HSDP's all-reduce across
@@ -502,6 +507,7 @@ def low_bus_bandwidth(ctx: Context) -> Finding | None:
     "Shard group spans several nodes",
     "the all-gather/reduce-scatter group has more ranks than a node has GPUs",
     needs="run.json (GPUs per node)",
+    communication=True,
 )
 def shard_group_crosses_nodes(ctx: Context) -> Finding | None:
     """Every block's gathers and reductions cross the network when the shard group is

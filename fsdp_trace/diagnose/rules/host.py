@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 
 from fsdp_trace.diagnose.context import Context, ms, pct
-from fsdp_trace.diagnose.finding import Change, Finding, Kind
-from fsdp_trace.diagnose.rules import rule
+from fsdp_trace.diagnose.finding import Change, Finding, FindingKind
+from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.vocab import Basis
 from fsdp_trace.vocab import Kind as EventKind
 
 HOST_IDLE = 0.20  # GPU idle share of the step
+IMBALANCE = 0.25  # another rank idling under this × the worst's share: the worst's own host
 STRAGGLER_SHARE = 0.6  # arrives last at this share of its matched collectives ...
 STRAGGLER_WAIT = 0.10  # ... and the others wait (exposed) at least this share of the step
 SLOW_COMPUTE = 1.05  # a straggler computing this much longer than the others: a slow GPU
@@ -62,26 +63,51 @@ def host_bound(ctx: Context) -> Finding | None:
         cli.append("--compile")
     knobs += ["fewer and larger FSDP units", "explicit prefetch", "a larger batch per step"]
     cli += ["--prefetch-forward 1", "--batch-size"]
+    # The same work on every rank: a rank idling far more than its peers has a slow or busy
+    # host (data loading, another process, logging on rank 0), not launch overhead alone.
+    shares = {k: v[0] / v[1] for k, v in idle.items() if v[1] > 0}
+    calm = min(shares.values()) if shares else 0.0
+    lone = len(shares) > 1 and calm < IMBALANCE * shares[worst]
+    if lone:
+        text = (
+            f"look at rank {worst}'s host first: it idles {pct(shares[worst])} of the step where "
+            f"another rank on the same work idles {pct(calm)} (data loading, CPU contention or "
+            "affinity, another process, logging or metrics on that rank); then launch less from "
+            "the host: " + ", ".join(knobs)
+        )
+        code = (
+            "DataLoader(..., num_workers=N, pin_memory=True, persistent_workers=True)  # the "
+            "slow rank's input; pin its threads (taskset / numactl) away from others"
+        )
+        cause = (
+            f"{where}: its host is slower than its peers' on the same work, so its GPU idles "
+            f"{pct(idle_us / step)} of the step"
+        )
+    else:
+        text = (
+            "launch less from the host: "
+            + ", ".join(knobs)
+            + "; check the optimizer's and the data loader's CPU time"
+        )
+        code = (
+            "for block in model.layers: block.compile()  # before fully_shard; "
+            "layers[i].set_modules_to_forward_prefetch([layers[i + 1]])"
+        )
+        cause = (
+            f"{where}: the host cannot launch work fast enough, so the GPU idles "
+            f"{pct(idle_us / step)} of the step"
+        )
     return Finding(
         "host-bound",
         "Host-bound: the GPU waits for the CPU",
-        cause=f"{where}: the host cannot launch work fast enough, so the GPU idles "
-        f"{pct(idle_us / step)} of the step"
-        + (" and the other ranks wait for it" if peers else ""),
+        cause=cause + (" and the other ranks wait for it" if peers else ""),
         evidence=f"{where}: the GPU is idle {pct(idle_us / step)} of the step ({ms(idle_us)}, "
-        f"median over steps; threshold {pct(HOST_IDLE)}), running {per_step:.0f} compute kernels "
+        f"its median step; threshold {pct(HOST_IDLE)}), running {per_step:.0f} compute kernels "
         f"per step of {mean_us:.0f} µs on average{peers}",
         why="with no communication or compute running, the GPU waits for the host to launch "
         "work (Python, FSDP hooks, the optimizer, data loading); a rank that is late makes "
         "every collective wait for it",
-        change=Change(
-            "launch less from the host: "
-            + ", ".join(knobs)
-            + "; check the optimizer's and the data loader's CPU time",
-            cli=" / ".join(cli),
-            code="for block in model.layers: block.compile()  # before fully_shard; "
-            "layers[i].set_modules_to_forward_prefetch([layers[i + 1]])",
-        ),
+        change=Change(text, cli=" / ".join(cli), code=code),
         cost_us=idle_us,
         step_us=step,
         ranks=sorted(bound),
@@ -90,6 +116,7 @@ def host_bound(ctx: Context) -> Finding | None:
             "idle_pct": 100 * idle_us / step,
             "kernels_per_step": per_step,
             "peers_wait_us": wait,
+            "imbalanced": lone,
         },
     )
 
@@ -131,11 +158,11 @@ def straggler(ctx: Context) -> Finding | None:
             f"rank {rank}'s GPU computes {compute[rank] / np.median(others_compute) - 1:.0%} "
             "longer per step than the others', so it arrives last and they wait"
         )
-        look = "its GPU: clocks and thermals (nvidia-smi -q -d CLOCK,PERFORMANCE), a different "
+        look = "GPU: clocks and thermals (nvidia-smi -q -d CLOCK,PERFORMANCE), a different "
         look += "GPU model, or other work sharing it"
     else:
         cause = f"rank {rank} arrives last at most collectives and the other ranks wait for it"
-        look = "its host: data loading, CPU contention or affinity, a different GPU"
+        look = "host: data loading, CPU contention or affinity, a different GPU"
     return Finding(
         "straggler",
         f"Straggler: rank {rank}",
@@ -199,6 +226,6 @@ def profiler_distortion(ctx: Context) -> Finding | None:
         step_us=worst["timing_median_step_us"],
         basis=Basis.MEASURED,
         ranks=[int(worst["rank"])],
-        kind=Kind.MEASUREMENT,
+        kind=FindingKind.MEASUREMENT,
         metrics=worst,
     )

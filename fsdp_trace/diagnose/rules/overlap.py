@@ -10,7 +10,7 @@ from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding
-from fsdp_trace.diagnose.rules import rule
+from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.vocab import Basis
 from fsdp_trace.vocab import Kind as EventKind
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding
-from fsdp_trace.diagnose.rules import rule
+from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.vocab import ROOT, Basis, Collective, Phase
 
 PAIR = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
@@ -27,6 +27,7 @@ def _exposed_per_step(ctx: Context, r, mask) -> float:
     "Redundant collectives",
     "more all-gathers / reduce-scatters per unit and optimizer step than the configuration "
     "implies (2 per micro-batch with reshard, 1 without)",
+    communication=True,
 )
 def redundant_collectives(ctx: Context) -> Finding | None:
     """More all-gathers (or reduce-scatters) per unit and optimizer step than the reshard
@@ -102,6 +103,7 @@ def redundant_collectives(ctx: Context) -> Finding | None:
     "gradient-accumulation",
     "Gradient accumulation repeats the collectives of every micro-batch",
     "micro-batches > 1 and units re-gather or reduce-scatter per micro-batch",
+    communication=True,
 )
 def gradient_accumulation(ctx: Context) -> Finding | None:
     """Under gradient accumulation FSDP2 re-gathers each unit and reduce-scatters its
@@ -170,6 +172,7 @@ def gradient_accumulation(ctx: Context) -> Finding | None:
     "root-resharded",
     "Root unit resharded after forward",
     "the root unit is all-gathered again in backward (reshard_after_forward=True on the root)",
+    communication=True,
 )
 def root_resharded(ctx: Context) -> Finding | None:
     """The root unit (the module given to the last fully_shard) is gathered in forward and
@@ -225,6 +228,7 @@ def root_resharded(ctx: Context) -> Finding | None:
     "CUDA_DEVICE_MAX_CONNECTIONS=1",
     "the capture's environment set it",
     needs="run.json (the environment is not in the trace)",
+    communication=True,
 )
 def max_connections_one(ctx: Context) -> Finding | None:
     """CUDA_DEVICE_MAX_CONNECTIONS=1 serialises communication with compute."""
@@ -266,8 +270,8 @@ AC_HIDES = 1.0  # a block's own backward compute at least this × the gather it 
 @rule(
     "ac-over-applied",
     "Activation checkpointing costs more than it hides",
-    "checkpointed blocks whose backward compute alone hides the backward all-gather "
-    "recompute ≥ 1 % of the step",
+    "checkpointed blocks recompute ≥ 1 % of the step although their own backward compute "
+    "already hides the all-gather they overlap",
 )
 def ac_over_applied(ctx: Context) -> Finding | None:
     """Activation checkpointing recomputes a block's forward inside its backward. That gives
