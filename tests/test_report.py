@@ -14,19 +14,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from plotly.offline import get_plotlyjs
 
 import fsdp_trace
 from fsdp_trace import atomic
 from fsdp_trace.present.view import STACK_ORDER, run_view
-from fsdp_trace.render import report
+from fsdp_trace.render import plotlyjs, report
 from fsdp_trace.render.report import figures as figs
 from fsdp_trace.render.report import panels, style, timeline, write_report
+from fsdp_trace.render.report.page import static
 from fsdp_trace.result import Result, RunAnalysis
 from tests.conftest import SAMPLES, run_cli
 from tests.synth import AUTOGRAD, TraceBuilder
 
 GPU_RUN = SAMPLES / "gpt-small-2gpu"
-PAYLOAD = re.compile(r'<script type="application/json" id="fsdp-figures">(.*?)</script>', re.DOTALL)
+PAYLOAD_ID = "fsdp-figures"  # the packed element holding every figure's JSON
 
 
 # --- helpers (also used by test_report_browser.py) ---------------------------------------------
@@ -99,9 +101,10 @@ def gpu_run(folder: Path, block: str = "layers.0", ranks: int = 2, skew: float =
 
 
 def payload(text: str) -> dict:
-    match = PAYLOAD.search(text)
-    assert match, "no figure payload in the page"
-    return json.loads(match.group(1))
+    try:
+        return json.loads(plotlyjs.unpack_element(text, PAYLOAD_ID))
+    except KeyError:
+        raise AssertionError("no figure payload in the page") from None
 
 
 def figure(text: str, key: str) -> dict:
@@ -166,12 +169,16 @@ def test_page_is_self_contained_with_plotly_once(sample):
     assert not re.search(r"<script[^>]*\bsrc\s*=", text, re.IGNORECASE)
     assert not re.search(r"""<link[^>]*href\s*=\s*["']?(https?:)?//""", text, re.IGNORECASE)
     assert not re.search(r"@import|url\(\s*['\"]?https?:", text.split("<script")[0])
+    # plotly.js once, packed (its licence line kept in the clear), never inlined as is.
     assert len(re.findall(r"\* plotly\.js v\d+\.\d+\.\d+", text)) == 1
-    assert text.count("Plotly.newPlot(") == 1  # our one call site (plotly.js has none)
-    # The stylesheet and script are the package's static files, inlined.
-    from fsdp_trace.render.report.page import static
-
+    assert text.count('id="fsdp-plotlyjs"') == 1
+    assert plotlyjs.unpack_element(text, "fsdp-plotlyjs") == get_plotlyjs().encode("utf-8")
+    assert get_plotlyjs()[1000:1200] not in text
+    assert text.count("Plotly.newPlot(") == 1  # our one call site (plotly.js is packed)
+    # The stylesheet and scripts are the package's static files, inlined; plotly.js is
+    # unpacked and evaluated before the script that draws the figures.
     assert static("report.css") in text and static("report.js") in text
+    assert text.index(static("unpack.js")) < text.index(static("report.js"))
     # Written by rename: no temporary file left beside it, readable by others.
     assert [p.name for p in path.parent.iterdir()] == ["report.html"]
     assert path.stat().st_mode & 0o044 == 0o044

@@ -1,7 +1,8 @@
-"""report.html in a real browser (headless Chromium, offline, from file://): nothing is logged
-to the console, every figure has drawn data (counted by Plotly itself and in the rendered SVG),
-and on a full-page screenshot every figure's plot area holds coloured marks where a blank page
-has none. A report with one figure emptied must fail these checks (tested below), or they prove
+"""report.html, compare.html and efficiency.html in a real browser (headless Chromium,
+offline, from file://): plotly.js, inlined packed, unpacks; nothing is logged to the console,
+every figure has drawn data (counted by Plotly itself and in the rendered SVG), and on a
+full-page screenshot every figure's plot area holds coloured marks where a blank page has none.
+A report with one figure emptied must fail these checks (tested below), or they prove
 nothing."""
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import pytest
 from PIL import Image
 
 import fsdp_trace
+from fsdp_trace.render import plotlyjs
 from fsdp_trace.render.report import COLORS, RENDERED_ATTRIBUTE, write_report
-from tests.conftest import SAMPLES
-from tests.test_report import PAYLOAD, gloo_run, single_gpu_trace
+from tests.conftest import SAMPLES, run_cli
+from tests.test_report import PAYLOAD_ID, gloo_run, single_gpu_trace
+from tests.test_report_size import fnv1a, page_of_packed, samples_to_pack
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = os.environ.get("FSDP_TRACE_CHROMIUM") or next(
@@ -55,9 +58,11 @@ CONSOLE = re.compile(r"CONSOLE[(:]\d*\)?\]? ?(.*)$|Uncaught.*$", re.MULTILINE)
 WIDTH = 1400
 PROBE_ATTRIBUTE = "data-test-probe"
 # Added to a copy of the page by the test (the shipped page carries no test code): once the
-# page says its figures are drawn, record per figure what Plotly holds (`_fullData`: finite
-# points of visible traces; bars of zero length and NaN cells do not count), what the SVG shows
-# (bar paths and markers with a non-empty box, heatmap images), and where its plot area is.
+# page says its figures are drawn (report.html: all of them at once; compare.html and
+# efficiency.html: one count per figure drawn, up to their number of plotly divs), record per
+# figure what Plotly holds (`_fullData`: finite points of visible traces; bars of zero length
+# and NaN cells do not count), what the SVG shows (bar paths and markers with a non-empty box,
+# heatmap images), and where its plot area is.
 PROBE = """<script>
 (function () {
   function finite(v) { return v !== null && v !== "" && isFinite(Number(v)); }
@@ -79,7 +84,7 @@ PROBE = """<script>
   }
   function measure() {
     var out = {height: document.documentElement.scrollHeight, figures: {}};
-    document.querySelectorAll("div.plot").forEach(function (gd) {
+    document.querySelectorAll(FIGURES).forEach(function (gd) {
       var points = (gd._fullData || []).reduce(function (s, t) { return s + drawnPoints(t); }, 0);
       var marks = 0;
       gd.querySelectorAll(".bars g.point path, .scatterlayer path.point, g.hm image")
@@ -96,12 +101,15 @@ PROBE = """<script>
     document.body.setAttribute("__PROBE__", JSON.stringify(out));
   }
   (function wait() {
-    var b = document.body;
-    if (b.hasAttribute("__DONE__") || b.hasAttribute("__DONE__-error")) measure();
+    var b = document.body, expected = document.querySelectorAll(FIGURES).length;
+    if (Number(b.getAttribute("__DONE__")) >= expected || b.hasAttribute("__DONE__-error")
+        || b.hasAttribute("data-fsdp-plotly-error")) measure();
     else setTimeout(wait, 50);
   })();
 })();
 </script>""".replace("__PROBE__", PROBE_ATTRIBUTE).replace("__DONE__", RENDERED_ATTRIBUTE)
+# The figures' divs: report.html's, and those of plotly's own to_html (compare, efficiency).
+PROBE = PROBE.replace("FIGURES", json.dumps("div.plot, div.plotly-graph-div"))
 # A plot area is drawn when this share of its pixels (and at least MIN_MARK_PIXELS) is clearly
 # coloured: axes, grid lines, text and the page are grey or white (channel spread < 40).
 COLOURED_SPREAD = 40
@@ -141,17 +149,20 @@ def probed(page: Path, tmp: Path) -> tuple[dict, dict[str, str], list[str]]:
     """Load a copy of `page` with the probe: (probe result, <body> attributes, console)."""
     text = page.read_text(encoding="utf-8")
     copy = tmp / f"probed-{page.name}"
-    copy.write_text(text.replace("</body></html>", PROBE + "</body></html>"), encoding="utf-8")
+    end = text.rindex("</body>")
+    copy.write_text(text[:end] + PROBE + text[end:], encoding="utf-8")
     dom, errors = rendered(copy)
     attributes = body_attributes(dom)
     assert PROBE_ATTRIBUTE in attributes, f"the probe never ran: {attributes}"
     return json.loads(attributes[PROBE_ATTRIBUTE]), attributes, errors
 
 
-def check_page(attributes: dict[str, str], errors: list[str]) -> int:
-    """No console output; the page says all of its figures were drawn. Returns their number."""
+def check_page(attributes: dict[str, str], errors: list[str], n: int | None = None) -> int:
+    """No console output; plotly.js unpacked; the page says all of its figures were drawn
+    (`n`: their number where the page does not say it). Returns their number."""
     assert errors == [], errors
-    n = int(attributes["data-fsdp-figures"])
+    assert "data-fsdp-plotly-error" not in attributes, attributes
+    n = int(attributes["data-fsdp-figures"]) if n is None else n
     assert f"{RENDERED_ATTRIBUTE}-error" not in attributes, attributes
     assert attributes.get(RENDERED_ATTRIBUTE) == str(n), (
         f"the page never said all {n} figures were drawn: {attributes}"
@@ -208,7 +219,7 @@ def full_check(page: Path, tmp: Path) -> tuple[dict[str, str], dict[str, str], d
     """Everything the browser can tell about `page`: (figures undrawn in the DOM, figures
     blank on the screenshot, probe). The page must load without console output."""
     probe, attributes, errors = probed(page, tmp)
-    n = check_page(attributes, errors)
+    n = check_page(attributes, errors, None if "data-fsdp-figures" in attributes else 1)
     assert len(probe["figures"]) == n
     height = int(probe["height"])
     blank_page = tmp / "blank.html"
@@ -308,15 +319,16 @@ def empty_one_figure(page: Path, key: str, out: Path) -> Path:
     """A copy of the report whose figure `key` keeps its traces (legend, axes, layers) but has
     no data in them: what a regression that loses a figure's data would ship."""
     text = page.read_text(encoding="utf-8")
-    match = PAYLOAD.search(text)
-    payload = json.loads(match.group(1))
+    payload = json.loads(plotlyjs.unpack_element(text, PAYLOAD_ID))
     (figure,) = [f["figure"] for f in payload["figures"] if f["id"] == key]
     for trace in figure["data"]:
         for field in ("x", "y", "z", "base", "hovertext", "text", "customdata"):
             if field in trace:
                 trace[field] = []
-    body = json.dumps(payload).replace("<", "\\u003c")
-    out.write_text(text[: match.start(1)] + body + text[match.end(1) :], encoding="utf-8")
+    start = text.index(f'<script type="{plotlyjs.PACKED_TYPE}" id="{PAYLOAD_ID}"')
+    end = text.index("</script>", start) + len("</script>")
+    packed = plotlyjs.packed_element(PAYLOAD_ID, json.dumps(payload).encode("utf-8"))
+    out.write_text(text[:start] + packed + text[end:], encoding="utf-8")
     return out
 
 
@@ -342,3 +354,82 @@ def test_several_runs_draw_without_console_errors(tmp_path):
     probe, attributes, errors = probed(path, tmp_path)
     assert check_page(attributes, errors) == len(probe["figures"]) == 5 + 2
     assert undrawn_in_dom(probe) == {}
+
+
+def test_compare_page_draws_without_console_errors(tmp_path):
+    """compare.html: plotly.js (packed) defined before plotly's own figure script runs; the
+    chart drawn, bars and lines, with its colours on the screenshot."""
+    from fsdp_trace.render.compare import EFFICIENCY, THROUGHPUT
+
+    page = tmp_path / "compare.html"
+    runs = [
+        SAMPLES / "gpt-small-1gpu",
+        SAMPLES / "gpt-small-2gpu",
+        SAMPLES / "gpt-small-2gpu-fullac",
+    ]
+    done = run_cli("compare", *map(str, runs), "--no-traces", "--html", str(page))
+    assert done.returncode == 0, done.stderr
+    undrawn, blank, probe = full_check(page, tmp_path)
+    assert undrawn == {} and blank == {}, (undrawn, blank)
+    ((key, chart),) = probe["figures"].items()
+    # Three bars, and markers on the lines (scaling efficiency of both 2-GPU runs at least).
+    assert chart["points"] == 3 and chart["marks"] >= 3 + 2, chart
+    area = region(probe["shot"], chart["plot"])
+    for color in (THROUGHPUT, EFFICIENCY):
+        assert near(area, color) > 200, (key, color)
+
+
+def test_efficiency_page_draws_without_console_errors(tmp_path):
+    """efficiency.html of the committed sweep, regenerated: every panel's points drawn."""
+    from fsdp_trace.render.efficiency import COLORS as WORLD_COLORS
+
+    page = tmp_path / "efficiency.html"
+    done = run_cli("plot", str(SAMPLES / "sweep-gpt-1.3b-b1"), "--out", str(page))
+    assert done.returncode == 0, done.stderr
+    undrawn, blank, probe = full_check(page, tmp_path)
+    assert undrawn == {} and blank == {}, (undrawn, blank)
+    ((key, chart),) = probe["figures"].items()
+    # 5 points a line: 2 GPUs in 5 panels, 1 GPU in 3 (no efficiency or exposed %), and the
+    # best point's star in each panel.
+    assert chart["points"] == 5 * (5 + 3) + 5, chart
+    area = region(probe["shot"], chart["plot"])
+    for color in WORLD_COLORS[:2]:
+        assert near(area, color) > 200, (key, color)
+
+
+def test_the_committed_efficiency_page_draws(tmp_path):
+    """sample_traces/sweep-gpt-1.3b-b1/efficiency.html as committed (packed plotly.js)."""
+    page = tmp_path / "efficiency.html"
+    shutil.copy(SAMPLES / "sweep-gpt-1.3b-b1" / "efficiency.html", page)
+    probe, attributes, errors = probed(page, tmp_path)
+    assert check_page(attributes, errors, 1) == len(probe["figures"]) == 1
+    assert undrawn_in_dom(probe) == {}
+
+
+def test_the_page_unpacks_what_python_packed(tmp_path):
+    """static/unpack.js against plotlyjs.pack on edge cases (empty, incompressible, long
+    repeats, escaped groups, text beyond ASCII): the same bytes, and nothing on the console."""
+    dom, errors = rendered(page_of_packed(tmp_path / "packed.html"))
+    assert errors == [], errors
+    unpacked = json.loads(body_attributes(dom)["data-unpacked"])
+    expected = {k: [len(v), fnv1a(v)] for k, v in samples_to_pack().items()}
+    assert unpacked == expected
+
+
+def test_a_damaged_plotly_js_is_said_on_the_page(sample_report, tmp_path):
+    """A page whose packed plotly.js was cut short says so at its top and on <body>, and the
+    report's script marks the figures as not drawn (no silent blank page)."""
+    text = sample_report.read_text(encoding="utf-8")
+    start = text.index(f'id="{plotlyjs.PLOTLY_ID}"')
+    start = text.index(">", start) + 1
+    broken = tmp_path / "broken.html"
+    broken.write_text(
+        text[:start] + text[start + 1000 : start + 20000] + text[text.index("</script>", start) :],
+        encoding="utf-8",
+    )
+    dom, errors = rendered(broken)
+    attributes = body_attributes(dom)
+    assert "data-fsdp-plotly-error" in attributes, attributes
+    assert f"{RENDERED_ATTRIBUTE}-error" in attributes and RENDERED_ATTRIBUTE not in attributes
+    assert "plotly.js could not be unpacked" in dom
+    assert any("Uncaught" in e for e in errors), errors

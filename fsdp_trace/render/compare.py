@@ -136,8 +136,10 @@ ul.notices { color:#8a6d1a; font-size:13px; }
 
 
 def render_html(table: pd.DataFrame) -> str:
-    chart = figure(table).to_html(
-        include_plotlyjs=True,
+    from fsdp_trace.render import plotlyjs  # plotly.js inlined packed: the page stays small
+
+    chart = plotlyjs.to_html(
+        figure(table),
         full_html=False,
         default_width="100%",
         default_height="720px",

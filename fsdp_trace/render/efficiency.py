@@ -188,8 +188,10 @@ def footnotes(table: pd.DataFrame) -> list[str]:
 
 
 def write_efficiency_html(table: pd.DataFrame, path: Path, title: str) -> None:
-    html = figure(table, title).to_html(
-        include_plotlyjs=True,
+    from fsdp_trace.render import plotlyjs  # plotly.js inlined packed: the page stays small
+
+    html = plotlyjs.to_html(
+        figure(table, title),
         full_html=True,
         default_width="100%",
         default_height="820px",
