@@ -1,19 +1,39 @@
-"""Our overlap figure beside HTA's get_comm_comp_overlap on the same traces."""
+"""Our overlap figure beside HTA's get_comm_comp_overlap on the same traces, with whichever
+HTA is installed: holistictraceanalysis 0.5.0 (the dev extra) or its successor traceinsight
+0.6.1. The two install the same module, `hta`, over each other, so they never share an
+environment: CI installs traceinsight apart (`pip install --no-deps --target DIR`, .ci/run)
+and names DIR in FSDP_TRACE_TRACEINSIGHT; `test_with_traceinsight` then runs this file again
+in a process that imports `hta` from DIR."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from fsdp_trace import analyze
-from fsdp_trace.analysis.hta_check import cross_check, hta_overlap, overlap_with_hta_rules
+from fsdp_trace.analysis import hta_check
+from fsdp_trace.analysis.hta_check import (
+    HTA_PACKAGES,
+    cross_check,
+    hta_overlap,
+    hta_tool,
+    overlap_with_hta_rules,
+)
 from fsdp_trace.analysis.loader import load_trace
-from tests.conftest import SAMPLES, run_cli
+from tests.conftest import REPO, SAMPLES, run_cli
 
 pytest.importorskip("hta")
+TRACEINSIGHT = "traceinsight 0.6.1"
+# A folder holding traceinsight (pip install --no-deps --target FOLDER traceinsight==0.6.1).
+TRACEINSIGHT_DIR = os.environ.get("FSDP_TRACE_TRACEINSIGHT")
+# Set by test_with_traceinsight for the process it starts: the HTA that must be running there.
+EXPECTED = os.environ.get("FSDP_TRACE_EXPECT_HTA")
 DATA = Path(__file__).parent / "data" / "hta"
 TRACES = [
     DATA / "sampled_rank-0_pt20.json.gz",
@@ -41,10 +61,22 @@ def test_reference_figures_and_the_rounding_difference():
     assert hta_overlap(nccl, 0) == pytest.approx(14.31, abs=0.005)
 
 
+def test_the_hta_that_runs_is_named():
+    tool = hta_tool()
+    assert tool is not None and tool.split(" ")[0] in HTA_PACKAGES, tool
+    import hta
+
+    assert tool.split(" ")[1] == hta.__version__
+    if EXPECTED:
+        assert tool == EXPECTED
+
+
 def test_cross_check_table_and_cli():
     result = analyze(SAMPLES / "gpt-small-2gpu", detailed=False)
     table, notices = cross_check(result.ranks)
-    assert not notices and list(table["rank"]) == [0, 1]
+    tool = hta_tool()
+    assert notices == [f"HTA cross-check: {tool}"] and list(table["rank"]) == [0, 1]
+    assert table["tool"].tolist() == [tool, tool]  # which HTA ran, per row
     # HTA's default rounds ns timestamps to whole µs: off by under a point on these traces.
     assert (table["ours_hta_rules_pct"] - table["hta_pct"]).abs().max() < 1.0
     done = run_cli(
@@ -52,6 +84,44 @@ def test_cross_check_table_and_cli():
     )
     assert done.returncode == 0, done.stderr
     assert "Cross-check with HTA" in done.stdout
+    assert f"HTA cross-check: {tool}" in " ".join(done.stdout.split())
+
+
+def test_no_hta_is_a_notice(monkeypatch):
+    monkeypatch.setattr(hta_check, "hta_tool", lambda: None)
+    table, notices = cross_check(analyze(SAMPLES / "gpt-small-2gpu", detailed=False).ranks)
+    assert table.empty and notices == [hta_check.NOT_INSTALLED]
+    assert "pip install traceinsight" in notices[0]
+
+
+def test_cpu_run_names_the_hta_and_checks_nothing():
+    table, notices = cross_check(analyze(SAMPLES / "cpu-gloo-2proc", detailed=False).ranks)
+    assert table.empty
+    assert notices == [f"HTA cross-check: {hta_tool()} — no GPU rank with collectives to check"]
+
+
+def test_with_traceinsight():
+    """This file's tests again, with traceinsight 0.6.1 as `hta` (a process of its own)."""
+    if hta_tool() == TRACEINSIGHT:
+        return  # this process runs traceinsight: the tests above were its run
+    if not TRACEINSIGHT_DIR:
+        pytest.skip(
+            "traceinsight is not installed apart: pip install --no-deps --target DIR "
+            "traceinsight==0.6.1 and set FSDP_TRACE_TRACEINSIGHT=DIR (.ci/run does)"
+        )
+    path = os.pathsep.join(filter(None, [TRACEINSIGHT_DIR, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "FSDP_TRACE_EXPECT_HTA": TRACEINSIGHT}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    done = subprocess.run(
+        [*command, "-k", "not test_with_traceinsight"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout, done.stdout[-2000:]
 
 
 def _without_profiler_steps(source: Path, target: Path) -> Path:

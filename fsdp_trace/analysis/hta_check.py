@@ -1,5 +1,13 @@
 """Cross-check against Holistic Trace Analysis' `get_comm_comp_overlap` on the same trace.
 
+HTA publishes as `traceinsight` (0.6.1) since `holistictraceanalysis` 0.5.0; both install the
+module `hta`, with the same `TraceAnalysis(trace_files=...).get_comm_comp_overlap()`, so either
+works, whichever is importable; `hta_tool()` says which ("traceinsight 0.6.1"), and the table
+(column `tool`) and a notice name it. They cannot be installed side by side: pip installs the
+second over the first's files, and removing either removes `hta`. One difference matters here:
+traceinsight reads HTA_DISABLE_NS_ROUNDING once, into `HTAEnvOptions`, so the rounding is set
+there too (`_ns_rounding`). Its figures are those of 0.5.0 (tested on the same traces).
+
 HTA 0.5.0's figure is |U(comm) ∩ U(compute)| / |U(comm)| over one window per rank: kernels
 whose launch starts before the last `ProfilerStep` (the last step is dropped; nothing is
 clipped to step boundaries), comm/compute told apart by kernel name, and, when timestamps
@@ -11,9 +19,12 @@ that window to our own kernel classes with exact timestamps, so it must equal HT
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import importlib.util
 import io
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +35,38 @@ from fsdp_trace.analysis.context import name_mask
 from fsdp_trace.analysis.loader import Trace, load_trace
 from fsdp_trace.analysis.rank import Coverage, overlap_pct
 from fsdp_trace.analysis.results import RankAnalysis
+
+# The distributions that provide the module `hta`, the successor first.
+HTA_PACKAGES = ("traceinsight", "holistictraceanalysis")
+NOT_INSTALLED = (
+    "--hta: HTA is not installed: pip install traceinsight (HTA's successor; or "
+    "holistictraceanalysis, not both: they install the same module)"
+)
+
+
+def hta_tool() -> str | None:
+    """Which HTA `import hta` gives, as "PACKAGE VERSION" ("traceinsight 0.6.1",
+    "holistictraceanalysis 0.5.0"): the installed distribution whose `hta/__init__.py` is the
+    one found first; None when there is no `hta` to import."""
+    try:
+        spec = importlib.util.find_spec("hta")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    origin = Path(spec.origin).resolve()
+    for name in HTA_PACKAGES:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if Path(str(dist.locate_file("hta/__init__.py"))).resolve() == origin:
+            return f"{name} {dist.version}"
+    try:  # an `hta` from elsewhere (a source checkout): its own version
+        from hta import __version__
+    except Exception:
+        __version__ = "(version unknown)"
+    return f"hta {__version__} ({origin.parent})"
 
 
 def hta_window(trace: Trace, kinds: np.ndarray) -> np.ndarray:
@@ -61,34 +104,56 @@ def overlap_with_hta_rules(trace: Trace) -> float:
     return float(overlap_pct(figures["comm_us"], figures["overlap_us"])[0])
 
 
-def hta_overlap(path: str | Path, rank: int, rounding: bool = True) -> float:
-    """HTA's own figure for one trace file (holistictraceanalysis must be installed)."""
-    logging.getLogger("hta").setLevel(logging.ERROR)
-    from hta.trace_analysis import TraceAnalysis
+@contextlib.contextmanager
+def _ns_rounding(rounding: bool) -> Iterator[None]:
+    """HTA rounding ns timestamps inward to whole µs (its default) or not, for the duration:
+    holistictraceanalysis 0.5.0 reads HTA_DISABLE_NS_ROUNDING at each use; traceinsight 0.6
+    reads it once into `HTAEnvOptions`, which is set as well. Both are restored after."""
+    try:
+        from hta.configs.env_options import HTAEnvOptions
 
+        options = HTAEnvOptions.instance()  # first use: reads the user's setting
+        before = options.disable_ns_rounding()
+    except (ImportError, AttributeError):
+        options = before = None
     previous = os.environ.get("HTA_DISABLE_NS_ROUNDING")
     os.environ["HTA_DISABLE_NS_ROUNDING"] = "0" if rounding else "1"
+    if options is not None:
+        options.set_disable_ns_rounding(not rounding)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            analysis = TraceAnalysis(trace_files={rank: str(Path(path).resolve())})
-            frame = analysis.get_comm_comp_overlap(visualize=False)
+        yield
     finally:
         if previous is None:
             os.environ.pop("HTA_DISABLE_NS_ROUNDING", None)
         else:
             os.environ["HTA_DISABLE_NS_ROUNDING"] = previous
+        if options is not None:
+            options.set_disable_ns_rounding(before)
+
+
+def hta_overlap(path: str | Path, rank: int, rounding: bool = True) -> float:
+    """HTA's own figure for one trace file (traceinsight or holistictraceanalysis must be
+    installed)."""
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    from hta.trace_analysis import TraceAnalysis
+
+    with _ns_rounding(rounding), contextlib.redirect_stdout(io.StringIO()):
+        analysis = TraceAnalysis(trace_files={rank: str(Path(path).resolve())})
+        frame = analysis.get_comm_comp_overlap(visualize=False)
     return float(frame.loc[frame["rank"] == rank, "comp_comm_overlap_pctg"].iloc[0])
 
 
 def cross_check(ranks: list[RankAnalysis], cache: bool = True) -> tuple[pd.DataFrame, list[str]]:
-    """HTA's figure beside ours for each GPU rank; notices for what could not run."""
-    rows, notices = [], []
+    """HTA's figure beside ours for each GPU rank (column `tool`: which HTA ran, as
+    `hta_tool()` says); notices: which HTA ran, and what could not run."""
+    tool = hta_tool()
+    if tool is None:
+        return pd.DataFrame(), [NOT_INSTALLED]
     try:
         import hta  # noqa: F401
-    except ImportError:
-        return pd.DataFrame(), [
-            "--hta: holistictraceanalysis is not installed (pip install holistictraceanalysis)"
-        ]
+    except Exception as exc:
+        return pd.DataFrame(), [f"--hta: {tool} cannot be imported: {type(exc).__name__}: {exc}"]
+    rows, notices = [], [f"HTA cross-check: {tool}"]
     for r in ranks:
         if r.device != "gpu" or r.collectives.empty:
             continue
@@ -105,9 +170,12 @@ def cross_check(ranks: list[RankAnalysis], cache: bool = True) -> tuple[pd.DataF
             {
                 "rank": rank,
                 "path": r.path,
+                "tool": tool,
                 "hta_pct": hta_pct,
                 "ours_hta_rules_pct": overlap_with_hta_rules(load_trace(r.path, cache=cache)),
                 "ours_steps_pct": ours_steps,
             }
         )
+    if not rows and len(notices) == 1:
+        notices[0] += " — no GPU rank with collectives to check"
     return pd.DataFrame(rows), notices
