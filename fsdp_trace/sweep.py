@@ -122,64 +122,59 @@ def timing_traces(run_dir: Path, run: RunRecord) -> list[Path] | None:
     return paths
 
 
-def _median(values: pd.Series) -> float | None:
-    values = pd.to_numeric(values, errors="coerce").dropna()
-    return float(values.median()) if len(values) else None
-
-
 def summarize(run) -> dict[str, Any]:
-    """The figures of one analyzed run (`RunAnalysis`) that the efficiency table needs, per
-    rank (medians over its timing steps, the breakdown's parts as % of the step) and for the
-    run: the worst rank's figure (never one median pooled over ranks), and recompute time as
-    a share of all steps' time."""
-    ranks = []
-    total_step = total_recompute = 0.0
-    for r in run.ranks:
-        s = r.steps
-        if s.empty:
-            continue
-        step = s["step_us"].to_numpy(dtype=np.float64)
-        total_step += float(step.sum())
-        total_recompute += float(np.nansum(s["recompute_us"].to_numpy(dtype=np.float64)))
+    """The figures of one analyzed run (`RunAnalysis`) that the efficiency table needs: per
+    rank, what every view shows for it (its median step's breakdown, in % of that step;
+    overlap: the median over its steps), and for the run the rank that exposes the most
+    communication with its own split (never one median pooled over ranks, never figures of
+    different ranks mixed), and recompute time as a share of all steps' time."""
+    from fsdp_trace.present.view import per_rank
 
-        def share(column: str, s=s, step=step) -> float | None:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return _median(pd.Series(100.0 * s[column].to_numpy(dtype=np.float64) / step))
-
-        ranks.append(
-            {
-                "rank": int(r.rank) if r.rank is not None else None,
-                "steps": len(s),
-                "step_ms": _median(s["step_us"] / 1e3),
-                "exposed_pct": _median(s["exposed_pct"]),
-                "exposed_transfer_pct": share("exposed_transfer_us"),
-                "exposed_wait_pct": share("exposed_wait_us"),
-                "overlap_pct": _median(s["overlap_pct"]),
-                "idle_pct": _median(s["idle_pct"]),
-                "recompute_pct": _median(s["recompute_pct"]),
-            }
-        )
+    table = per_rank(run)
+    ranks = [
+        {
+            "rank": None if row.rank is None or row.rank != row.rank else int(row.rank),
+            "steps": len(r.steps),
+            "step_ms": _number(row.step_us / 1e3),
+            "exposed_pct": _number(row.exposed_pct),
+            "exposed_transfer_pct": _number(row.exposed_transfer_pct),
+            "exposed_wait_pct": _number(row.exposed_wait_pct),
+            "overlap_pct": _number(row.overlap_pct),
+            "idle_pct": _number(row.idle_pct),
+            "recompute_pct": _number(row.recompute_pct),
+        }
+        for row, r in zip(table.itertuples(index=False), run.ranks, strict=True)
+        if len(r.steps)
+    ]
+    steps = run.steps
+    steps = steps[steps["source"] != "detailed"]
+    total = float(steps["step_us"].sum()) if len(steps) else 0.0
+    recompute = float(np.nansum(steps["recompute_us"].to_numpy(dtype=np.float64)))
     return {
         **worst_rank(ranks),
-        "recompute_pct": 100.0 * total_recompute / total_step if total_step else None,
+        "recompute_pct": 100.0 * recompute / total if total else None,
         "ranks": ranks,
     }
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if value is not None and np.isfinite(value) else None
+
+
 def worst_rank(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's figures from its ranks': the highest step, exposure and waiting, the lowest
-    overlap."""
-
-    def pick(key: str, fn) -> float | None:
-        values = [r[key] for r in ranks if r.get(key) is not None]
-        return fn(values) if values else None
-
+    """The run's figures from one rank: the one exposing the most communication, with its
+    own transfer / waiting split; the slowest rank's step; the lowest overlap."""
+    exposed = [r for r in ranks if r.get("exposed_pct") is not None]
+    worst = max(exposed, key=lambda r: r["exposed_pct"]) if exposed else {}
+    steps = [r["step_ms"] for r in ranks if r.get("step_ms") is not None]
+    overlaps = [r["overlap_pct"] for r in ranks if r.get("overlap_pct") is not None]
     return {
-        "step_ms": pick("step_ms", max),
-        "exposed_pct": pick("exposed_pct", max),
-        "exposed_transfer_pct": pick("exposed_transfer_pct", max),
-        "exposed_wait_pct": pick("exposed_wait_pct", max),
-        "overlap_pct": pick("overlap_pct", min),
+        "step_ms": max(steps) if steps else None,
+        "exposed_pct": worst.get("exposed_pct"),
+        "exposed_transfer_pct": worst.get("exposed_transfer_pct"),
+        "exposed_wait_pct": worst.get("exposed_wait_pct"),
+        "exposed_rank": worst.get("rank"),
+        "overlap_pct": min(overlaps) if overlaps else None,
     }
 
 
