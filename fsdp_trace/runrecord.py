@@ -11,15 +11,45 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, BinaryIO, Union
 
 from fsdp_trace.errors import UserError
+from fsdp_trace.vocab import ROOT, MeshKind
 
 RUN_FILE = "run.json"
+RUN_FILE_MAX_BYTES = 16 << 20  # run.json files fsdp-trace writes are a few KB
+INT_LIMIT = 1 << 63  # integers must fit in int64 (they end up in numpy columns)
+
+
+class NotRegularFile(OSError):
+    """The path is a FIFO, a device, a socket or a folder: never opened for reading."""
+
+
+def open_regular(path: str | Path, follow_symlinks: bool = True) -> BinaryIO:
+    """Open `path` for binary reading only if it is a regular file: the one way fsdp-trace
+    opens an input (traces, run.json, cache entries). The open itself never blocks (a FIFO
+    opened for reading would wait for a writer forever); the type is checked on the opened
+    descriptor, so a file swapped after a check is caught too. Raises NotRegularFile (an
+    OSError) for anything else, OSError when it cannot be opened."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path}: not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 @dataclass(frozen=True)
@@ -126,7 +156,7 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class Mesh:
-    kind: str = "fsdp"  # "fsdp" (1-D) or "hsdp" (replicate × shard)
+    kind: str = MeshKind.FSDP.value  # a MeshKind
     shard: int | None = None
     replicate: int = 1
     dim_names: list[str] = field(default_factory=list)
@@ -137,7 +167,7 @@ class Parallel:
     """How the model was sharded (recorded by capture, verbatim from what it applied)."""
 
     units: list[str] = field(default_factory=list)
-    root: str = "root"
+    root: str = ROOT
     reshard_after_forward: dict[str, bool | int | str] = field(default_factory=dict)
     forward_prefetch: dict[str, list[str]] = field(default_factory=dict)
     backward_prefetch: dict[str, list[str]] = field(default_factory=dict)
@@ -231,12 +261,23 @@ class RunRecord:
 def read_run(run_dir: str | Path) -> RunRecord:
     """A capture run's run.json; unreadable or malformed is a UserError (one line)."""
     path = Path(run_dir) / RUN_FILE
-    if not path.is_file():
-        raise UserError(f"{path}: not a regular file: a run directory holds run.json")
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        with open_regular(path) as fh:
+            text = fh.read(RUN_FILE_MAX_BYTES + 1)
+    except NotRegularFile:
+        raise UserError(f"{path}: not a regular file: a run directory holds run.json") from None
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise UserError(f"{path}: unreadable run.json ({reason}): re-run the capture") from None
+    if len(text) > RUN_FILE_MAX_BYTES:
+        raise UserError(
+            f"{path}: over {RUN_FILE_MAX_BYTES >> 20} MB, not a run.json fsdp-trace wrote "
+            "(those are a few KB): re-run the capture or remove the file"
+        )
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
         raise UserError(f"{path}: unreadable run.json ({reason}): re-run the capture") from None
     return RunRecord.from_json(data, str(path))
 
@@ -255,8 +296,10 @@ def _json_kind(value: Any) -> str:
 
 
 def _bad(where: str, path: str, value: Any, expected: str) -> UserError:
+    kind = _json_kind(value)
+    article = "an" if kind[0] in "aeiou" else "a"
     return UserError(
-        f"{where}: {path or 'the file'} is a {_json_kind(value)}, expected {expected}: not a "
+        f"{where}: {path or 'the file'} is {article} {kind}, expected {expected}: not a "
         "run.json fsdp-trace wrote (re-run the capture, or fix the field)"
     )
 
@@ -276,6 +319,8 @@ def _decode(tp: Any, value: Any, where: str, path: str) -> Any:
                 return _decode(option, value, where, path)
             except UserError as exc:
                 errors.append(exc)
+        if len(errors) == 1 and isinstance(value, dict | list):
+            raise errors[0]  # the one shape it could be: name the field inside that is wrong
         names = " or ".join(_type_name(o) for o in options)
         raise _bad(where, path, value, names)
     if dataclasses.is_dataclass(tp):
@@ -310,13 +355,19 @@ def _decode(tp: Any, value: Any, where: str, path: str) -> Any:
         raise _bad(where, path, value, "true or false")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT_LIMIT <= value < INT_LIMIT:
+                raise _bad(where, path, value, "an integer within ±2^63")
             return value
         raise _bad(where, path, value, "an integer")
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            if not math.isfinite(float(value)):
+            try:
+                number = float(value)
+            except OverflowError:  # an integer of hundreds of digits
+                number = math.inf
+            if not math.isfinite(number):
                 raise _bad(where, path, value, "a finite number")
-            return float(value)
+            return number
         raise _bad(where, path, value, "a number")
     if tp is str:
         if isinstance(value, str):

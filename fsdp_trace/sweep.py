@@ -17,6 +17,7 @@ import pandas as pd
 from fsdp_trace import atomic
 from fsdp_trace.errors import UserError
 from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
+from fsdp_trace.vocab import Source
 
 TABLE_COLUMNS = [
     "run",
@@ -147,7 +148,7 @@ def summarize(run) -> dict[str, Any]:
         if len(r.steps)
     ]
     steps = run.steps
-    steps = steps[steps["source"] != "detailed"]
+    steps = steps[steps["source"] != Source.DETAILED]
     total = float(steps["step_us"].sum()) if len(steps) else 0.0
     recompute = float(np.nansum(steps["recompute_us"].to_numpy(dtype=np.float64)))
     return {

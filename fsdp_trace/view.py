@@ -6,6 +6,14 @@ so the file is served there, with CORS for the UI's origin. At start-up the UI p
 `POST /status` on that port for a trace_processor; the probe gets a 404, which sends it on to
 the `?url=` load. Nothing but the one file is served. On a remote machine, forward the port
 (`ssh -L 9001:127.0.0.1:9001 HOST`) and open the printed link locally.
+
+Hardening: each client gets its own thread and a socket timeout (a client that sends or reads
+nothing is dropped, and never holds up the others); a request whose `Host` is not 127.0.0.1 or
+localhost gets 403 (a page whose own name was rebound to 127.0.0.1 cannot read the trace: DNS
+rebinding); the file is opened once at start and that open file is what is served, with its
+size then, whatever happens to the path afterwards (replaced, deleted). A file cut short in
+place ends the response short of its Content-Length: the client sees a broken download, never
+a different file.
 """
 
 from __future__ import annotations
@@ -13,7 +21,8 @@ from __future__ import annotations
 import errno
 import http.server
 import os
-import shutil
+import socketserver
+import stat
 import sys
 import threading
 import webbrowser
@@ -25,6 +34,12 @@ from fsdp_trace.errors import UserError
 UI_ORIGIN = "https://ui.perfetto.dev"
 HOST = "127.0.0.1"
 PORT = 9001  # the only local port the UI's CSP (connect-src) lets ?url= reach
+# Seconds a client may stay silent (sending its request, or reading the file) before it is
+# dropped; each client has its own thread, so a slow one only ever delays itself.
+CLIENT_TIMEOUT_S = 60.0
+# The names this machine is reached by in a Host header (any port: `ssh -L` may map one).
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
+CHUNK = 1 << 20
 
 
 def ui_url(filename: str, port: int = PORT) -> str:
@@ -32,11 +47,26 @@ def ui_url(filename: str, port: int = PORT) -> str:
     return f"{UI_ORIGIN}/#!/?url=http://{HOST}:{port}/{quote(filename)}"
 
 
+def host_is_local(host: str | None) -> bool:
+    """Whether a Host header names this machine: 127.0.0.1 or localhost, any port."""
+    if not host:
+        return False
+    name, colon, port = host.strip().lower().partition(":")
+    if colon and not (port.isdigit() and len(port) <= 5):
+        return False
+    return name in LOCAL_HOSTS
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """GET /<file name> → the file; anything else (POST /status included) → 404."""
+    """GET /<file name> → the file; anything else (POST /status included) → 404; a Host that is
+    not this machine → 403."""
 
     server: _HttpServer
     protocol_version = "HTTP/1.0"  # one request per connection: nothing lingers
+
+    def setup(self) -> None:
+        self.timeout = self.server.client_timeout  # StreamRequestHandler sets it on the socket
+        super().setup()
 
     def _headers(self, status: int, length: int) -> None:
         self.send_response(status)
@@ -50,41 +80,58 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _not_found(self) -> None:
         self._headers(404, 0)
 
+    def _refused(self) -> bool:
+        """403 for a request not addressed to 127.0.0.1/localhost (DNS rebinding)."""
+        if host_is_local(self.headers.get("Host")):
+            return False
+        self._headers(403, 0)
+        return True
+
     def _is_file(self) -> bool:
-        return unquote(urlsplit(self.path).path) == "/" + self.server.trace.name
+        return unquote(urlsplit(self.path).path) == "/" + self.server.name
 
     def _send_file(self, body: bool) -> None:
-        trace = self.server.trace
-        try:
-            handle = trace.open("rb")
-        except OSError:
-            self._not_found()
+        if not self.server.use_file():  # the server is stopping
+            self._headers(503, 0)
             return
-        with handle:
-            size = os.fstat(handle.fileno()).st_size
+        try:
+            size = self.server.size
             self._headers(200, size)
-            if body:
-                try:
-                    shutil.copyfileobj(handle, self.wfile, 1 << 20)
-                    self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError):
-                    return  # the browser gave up: not served
-                self.server.served += 1
+            if not body:
+                return
+            sent = 0
+            try:
+                while sent < size:
+                    chunk = self.server.read_at(sent, min(CHUNK, size - sent))
+                    if not chunk:  # cut short in place: end short of Content-Length
+                        break
+                    self.wfile.write(chunk)
+                    sent += len(chunk)
+                self.wfile.flush()
+            except OSError:  # the browser gave up, or stopped reading past the timeout
+                return
+            if sent == size:
+                self.server.count_served()
+        finally:
+            self.server.done_with_file()
+
+    def _answer(self, body: bool) -> None:
+        if self._refused():
+            return
+        if self._is_file():
+            self._send_file(body)
+        else:
+            self._not_found()
 
     def do_GET(self) -> None:
-        if self._is_file():
-            self._send_file(body=True)
-        else:
-            self._not_found()
+        self._answer(body=True)
 
     def do_HEAD(self) -> None:
-        if self._is_file():
-            self._send_file(body=False)
-        else:
-            self._not_found()
+        self._answer(body=False)
 
     def do_POST(self) -> None:  # the UI's trace_processor probe (POST /status)
-        self._not_found()
+        if not self._refused():
+            self._not_found()
 
     do_PUT = do_DELETE = do_OPTIONS = do_PATCH = do_POST
 
@@ -92,33 +139,108 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class _HttpServer(http.server.HTTPServer):
+class _HttpServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """One thread per client (daemon threads: a stuck client never delays exit), serving the
+    one file opened at start."""
+
+    daemon_threads = True
     # SO_REUSEADDR: rebinding right after a previous run works; a live listener still clashes.
     # (On Windows the option would let two servers share the port, so it stays off there.)
     allow_reuse_address = os.name != "nt"
+    timeout = 0.2  # handle_request() returns this often, to see whether the file was served
 
-    def __init__(self, trace: Path, port: int) -> None:
-        self.trace = trace
+    def __init__(self, name: str, fd: int, size: int, port: int, client_timeout: float) -> None:
+        self.name = name
+        self.fd = fd
+        self.size = size
+        self.client_timeout = client_timeout
         self.served = 0
+        self.served_once = threading.Event()
+        self._lock = threading.Lock()
+        self._readers = 0  # handlers reading the file now
+        self._closing = False  # close the file when the last reader is done
         super().__init__((HOST, port), _Handler)
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """`length` bytes of the opened file at `offset` (threads share the descriptor)."""
+        if hasattr(os, "pread"):
+            return os.pread(self.fd, length, offset)
+        with self._lock:  # pragma: no cover - Windows
+            os.lseek(self.fd, offset, os.SEEK_SET)
+            return os.read(self.fd, length)
+
+    def use_file(self) -> bool:
+        """Register a reader of the file; False once the server is closing it."""
+        with self._lock:
+            if self._closing:
+                return False
+            self._readers += 1
+            return True
+
+    def done_with_file(self) -> None:
+        with self._lock:
+            self._readers -= 1
+            if self._closing and self._readers == 0:
+                os.close(self.fd)
+
+    def close_file(self) -> None:
+        """Close the file now, or when the last reader is done (a stuck client's thread may
+        outlive the server): never while a thread may still read from the descriptor."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            if self._readers == 0:
+                os.close(self.fd)
+
+    def count_served(self) -> None:
+        with self._lock:
+            self.served += 1
+        self.served_once.set()
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that vanished or timed out is not an error worth a traceback."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+
+def _open_trace(path: Path) -> tuple[int, int]:
+    """The file's descriptor and size, opened once: a regular file, or a UserError."""
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    if not path.is_file():
+        raise UserError(f"{path}: not a file")
+    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise UserError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # swapped for a FIFO or device since the check
+        os.close(fd)
+        raise UserError(f"{path}: not a file")
+    return fd, info.st_size
 
 
 class TraceServer:
     """Serves one trace file on 127.0.0.1:`port` for ui.perfetto.dev.
 
-    Binding happens here: a port in use raises UserError. `serve(once=True)` answers requests
-    until the file has been sent once; `start()` / `stop()` run it in a thread (tests)."""
+    The file is opened here, and that open file (its size and bytes) is what is served.
+    Binding happens here too: a port in use raises UserError. `serve(once=True)` answers
+    requests until the file has been sent once; `start()` / `stop()` run it in a thread
+    (tests). `client_timeout`: seconds a client may stay silent before it is dropped."""
 
-    def __init__(self, path: str | Path, port: int = PORT) -> None:
+    def __init__(
+        self, path: str | Path, port: int = PORT, client_timeout: float = CLIENT_TIMEOUT_S
+    ) -> None:
         path = Path(path)
-        if not path.exists():
-            raise UserError(f"{path}: no such file")
-        if not path.is_file():
-            raise UserError(f"{path}: not a file")
+        fd, size = _open_trace(path)
         self.path = path.resolve()
         try:
-            self._server = _HttpServer(self.path, port)
+            self._server = _HttpServer(self.path.name, fd, size, port, client_timeout)
         except OSError as exc:
+            os.close(fd)
             if exc.errno == errno.EADDRINUSE:
                 raise UserError(
                     f"port {port} on {HOST} is in use (another `fsdp-trace view`, or a "
@@ -128,6 +250,11 @@ class TraceServer:
             raise UserError(f"cannot listen on {HOST}:{port} ({exc.strerror})") from None
         self.port = self._server.server_address[1]
         self._thread: threading.Thread | None = None
+
+    @property
+    def size(self) -> int:
+        """The size of the file as opened at start: what every response carries."""
+        return self._server.size
 
     @property
     def file_url(self) -> str:
@@ -145,7 +272,7 @@ class TraceServer:
     def serve(self, once: bool = True) -> None:
         """Answer requests: until the file has been sent once, or until interrupted."""
         if once:
-            while self._server.served == 0:
+            while not self._server.served_once.is_set():
                 self._server.handle_request()
         else:
             self._server.serve_forever()
@@ -164,6 +291,7 @@ class TraceServer:
             self._thread.join()
             self._thread = None
         self._server.server_close()
+        self._server.close_file()
 
     def __enter__(self) -> TraceServer:
         return self
@@ -210,7 +338,7 @@ def serve(path: Path, port: int = PORT, open_browser: bool = True, once: bool = 
         warning = port_warning(server.port)
         if warning:
             print(f"fsdp-trace view: {warning}", file=sys.stderr, flush=True)
-        size_mb = server.path.stat().st_size / 1e6
+        size_mb = server.size / 1e6
         print(f"Open {server.url}", flush=True)
         print(
             f"(serving {server.path.name}, {size_mb:.1f} MB, on {HOST}:{server.port}"

@@ -76,6 +76,15 @@ class Device(Word):
     CPU = "cpu"  # gloo traces: collectives on the host, no GPU kernels
 
 
+class MeshKind(Word):
+    """The data-parallel layout a run used."""
+
+    FSDP = "fsdp"  # 1-D: every rank in one shard group
+    HSDP = "hsdp"  # replicate × shard: gathers inside a shard group, an all-reduce across
+    SINGLE = "single"  # one rank: no communication
+    UNKNOWN = "unknown"
+
+
 class Basis(Word):
     """Whether a figure was measured in the trace or inferred from it."""
 

@@ -22,7 +22,16 @@ An entry is one file, written under a temporary name and renamed into place (ato
 with a checksum (xxh3-64 of everything after it), a JSON header (the object's plain fields and
 the column layout of its DataFrames), then the raw column arrays, read back with one read and no
 parsing. No pickle: a corrupt or foreign entry can only fail to load (the checksum catches any
-flipped byte), and then it is ignored and rewritten.
+flipped byte), and then it is ignored and rewritten. The header holds the entry's key (its file
+name), checked on every read: an entry renamed or copied under another key never answers for
+that other trace.
+
+Trust: only a folder of one's own is used. A cache folder owned by another user, or writable
+by other users (group or world) without the sticky bit, is refused: caching is off, with one
+warning line on stderr, and `fsdp-trace cache info` says why. In a sticky shared folder (like
+/tmp) other users cannot replace one's files, so it is used, but an entry is read only when it
+is a regular file owned by the current user and writable by no one else; anything else named
+like an entry (a FIFO, a symbolic link, another user's file) is never opened.
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ import hashlib
 import json
 import math
 import os
+import stat
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -46,6 +57,8 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis import trace as trace_mod
+from fsdp_trace.errors import UserError
+from fsdp_trace.runrecord import open_regular
 
 MAGIC = b"FSDPTRC\x03"
 _PREFIX = struct.Struct("<8sQQ")  # magic, checksum of the rest, header length (padded)
@@ -76,11 +89,58 @@ except ImportError:  # pragma: no cover - depends on the environment
     HASH_NAME = "b2b"
 
 
-def enabled() -> bool:
-    """Whether caching is on by default here (see the module docstring)."""
+def _switched_off() -> str | None:
+    """Why the environment turns caching off, or None."""
     if os.environ.get("FSDP_TRACE_CACHE", "1").strip().lower() in ("0", "no", "false", "off"):
+        return "FSDP_TRACE_CACHE=0"
+    if "PYTEST_CURRENT_TEST" in os.environ and not os.environ.get("FSDP_TRACE_CACHE_DIR"):
+        return "under pytest without FSDP_TRACE_CACHE_DIR"
+    return None
+
+
+def refused(folder: Path | None = None) -> str | None:
+    """Why the cache folder cannot be trusted (see the module docstring), or None. A folder
+    that does not exist yet is fine: it is made (mode 0700) on the first write."""
+    folder = folder or directory()
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return None  # missing (made later), or unreachable (writes fail quietly)
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{folder} is not a folder"
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & stat.S_ISVTX:
+        return None  # shared but sticky: only our own entries are read (`_Entry._read`)
+    uid = os.geteuid()
+    if info.st_uid != uid:
+        return (
+            f"{folder} is owned by uid {info.st_uid}, not you (uid {uid}): set "
+            "FSDP_TRACE_CACHE_DIR to a folder of your own"
+        )
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "all users" if mode & stat.S_IWOTH else "its group"
+        return (
+            f"{folder} is writable by {who} (mode {mode:o}): run `chmod go-w {folder}`, or set "
+            "FSDP_TRACE_CACHE_DIR to a folder of your own"
+        )
+    return None
+
+
+_warned: set[str] = set()
+
+
+def enabled() -> bool:
+    """Whether caching is on here (see the module docstring). A refused folder turns it off,
+    with one warning line on stderr (once per process and reason)."""
+    if _switched_off() is not None:
         return False
-    return not ("PYTEST_CURRENT_TEST" in os.environ and not os.environ.get("FSDP_TRACE_CACHE_DIR"))
+    reason = refused()
+    if reason is not None:
+        if reason not in _warned:
+            _warned.add(reason)
+            print(f"fsdp-trace: warning: cache off: {reason}", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def directory() -> Path:
@@ -107,7 +167,7 @@ def content_hash(path: Path) -> str:
     buffer = bytearray(1 << 20)
     view = memoryview(buffer)
     size = 0
-    with open(path, "rb", buffering=0) as fh:
+    with open_regular(path) as fh:
         while n := fh.readinto(buffer):
             hasher.update(view[:n])
             size += n
@@ -135,7 +195,8 @@ def _sources(kind: str) -> list[Path]:
     """The source files whose code shapes an entry of `kind`."""
     package = Path(__file__).resolve().parent
     if kind == "trace":
-        return [package / "loader.py", package / "trace.py", package / "cache.py"]
+        names = ("loader.py", "trace.py", "validate.py", "cache.py")
+        return [package / name for name in names]
     return sorted(package.glob("*.py"))  # the loader, the analysis, the results' classes
 
 
@@ -153,18 +214,26 @@ class _Entry:
     file: Path
     kind: str
 
+    @property
+    def key(self) -> str:
+        """What the entry answers for: its file name, stored inside it too."""
+        return self.file.name[: -len(SUFFIX)] if self.file.name.endswith(SUFFIX) else ""
+
     def _read(self, cls: type, path: Path) -> Any | None:
-        """The cached object (its `path` set to `path`), or None: missing, corrupt, of other
-        code, or failing its checksum."""
+        """The cached object (its `path` set to `path`), or None: missing, not a regular file
+        of ours, corrupt, of other code, of another key, or failing its checksum."""
         try:
-            with open(self.file, "rb", buffering=0) as fh:
-                data = np.empty(os.fstat(fh.fileno()).st_size, dtype=np.uint8)  # not zeroed
+            with open_regular(self.file, follow_symlinks=False) as fh:
+                info = os.fstat(fh.fileno())
+                if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                    return None  # another user's file (a shared sticky folder), or writable
+                data = np.empty(info.st_size, dtype=np.uint8)  # not zeroed
                 if fh.readinto(memoryview(data)) != data.size:
                     return None
         except OSError:
             return None
         try:
-            obj = _decode(data, cls, self.kind)
+            obj = _decode(data, cls, self.kind, self.key)
         except Exception:  # corrupt entry: ignore it; the caller recomputes and rewrites it
             return None
         obj.path = str(path)
@@ -176,10 +245,10 @@ class _Entry:
         """Write the entry atomically; False (and nothing left behind) when it cannot."""
         tmp = None
         try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
+            self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=self.file.parent)
             with os.fdopen(fd, "wb") as fh:
-                _encode(obj, self.kind, fh)
+                _encode(obj, self.kind, fh, self.key)
             os.replace(tmp, self.file)
             tmp = None
         except (OSError, ValueError, TypeError, OverflowError, msgspec.EncodeError):
@@ -247,8 +316,9 @@ class AnalysisEntry(_Entry):
 # --- the file format ------------------------------------------------------------------------
 
 
-def _encode(obj: Any, kind: str, fh: BinaryIO) -> None:
-    """Prefix, JSON header, then every DataFrame column's array, each 64-byte aligned."""
+def _encode(obj: Any, kind: str, fh: BinaryIO, key: str = "") -> None:
+    """Prefix, JSON header (with the entry's `key`), then every DataFrame column's array,
+    each 64-byte aligned."""
     arrays: list[np.ndarray] = []
     fields: dict[str, Any] = {}
     for spec in dataclasses.fields(obj):
@@ -262,7 +332,7 @@ def _encode(obj: Any, kind: str, fh: BinaryIO) -> None:
         layout.append([offset, values.dtype.str, int(values.size)])
         offset += -(-values.nbytes // _ALIGN) * _ALIGN
     header = msgspec.json.encode(
-        {"kind": kind, "code": code_version(kind), "fields": fields, "arrays": layout}
+        {"kind": kind, "key": key, "code": code_version(kind), "fields": fields, "arrays": layout}
     )
     header += b" " * (-(_PREFIX.size + len(header)) % _ALIGN)
     checksum = _checksum_hasher()
@@ -282,7 +352,9 @@ def _chunks(header: bytes, arrays: list[np.ndarray]) -> Iterator[bytes | memoryv
             yield b"\0" * (-values.nbytes % _ALIGN)
 
 
-def _decode(data: np.ndarray, cls: type, kind: str) -> Any:
+def _decode(data: np.ndarray, cls: type, kind: str, key: str | None = None) -> Any:
+    """The object in an entry's bytes; ValueError when it is not a sound entry of `kind`
+    (and, given `key`, of that key)."""
     magic, checksum, size = _PREFIX.unpack_from(data)
     if magic != MAGIC:
         raise ValueError("not a cache entry")
@@ -294,6 +366,8 @@ def _decode(data: np.ndarray, cls: type, kind: str) -> Any:
     meta = msgspec.json.decode(bytes(data[start : start + size]))
     if meta["kind"] != kind or meta["code"] != code_version(kind):
         raise ValueError("an entry of another kind or code version")
+    if key is not None and meta.get("key") != key:
+        raise ValueError("an entry of another key (renamed or copied)")
     base = start + size
     arrays = []
     for offset, dtype, count in meta["arrays"]:
@@ -531,9 +605,13 @@ def evict(folder: Path | None = None, keep: Path | None = None) -> int:
 
 def clear(folder: Path | None = None) -> tuple[int, int]:
     """Delete every entry and temporary file in the cache folder (other files are left);
-    returns (files deleted, bytes freed)."""
+    returns (files deleted, bytes freed). A refused folder (another user's) is left alone."""
+    folder = folder or directory()
+    reason = refused(folder)
+    if reason is not None:
+        raise UserError(f"the cache is not used: {reason}; nothing deleted")
     count = freed = 0
-    for item in _files(folder or directory()):
+    for item in _files(folder):
         with contextlib.suppress(OSError):
             os.unlink(item.path)
             count += 1
@@ -546,19 +624,19 @@ class CacheInfo:
     """What the cache folder holds (`info()`)."""
 
     directory: Path
-    enabled: bool  # on by default here (FSDP_TRACE_CACHE, pytest)
+    enabled: bool  # on here (FSDP_TRACE_CACHE, pytest, a refused folder)
     max_bytes: int  # the size budget
     total_bytes: int  # entries and temporary files
     traces: int  # parsed-trace entries this version reads
     analyses: int  # analysis entries this version reads
     other_versions: int  # entries of other versions or code: kept until evicted
     temporary: int  # unfinished or abandoned writes
+    state: str = "on"  # "on", or "off: <why>"
 
     def lines(self) -> list[str]:
-        state = "on" if self.enabled else "off (FSDP_TRACE_CACHE=0, or under pytest)"
         gib = 1024**3
         return [
-            f"cache: {self.directory} ({state})",
+            f"cache: {self.directory} ({self.state})",
             f"size: {self.total_bytes / gib:.2f} GiB of {self.max_bytes / gib:.2f} GiB "
             "(FSDP_TRACE_CACHE_MAX_GB)",
             f"entries: {self.traces} parsed traces, {self.analyses} analyses of this version; "
@@ -583,9 +661,11 @@ def info(folder: Path | None = None) -> CacheInfo:
             analyses += 1
         else:
             other += 1
+    reason = _switched_off() or refused(folder)
     return CacheInfo(
         directory=folder,
-        enabled=enabled(),
+        enabled=reason is None,
+        state="on" if reason is None else f"off: {reason}",
         max_bytes=max_bytes(),
         total_bytes=sum(item.size for item in files),
         traces=traces,

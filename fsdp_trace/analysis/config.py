@@ -33,7 +33,7 @@ from fsdp_trace.analysis.context import display_name
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.analysis.trace import pg_sizes
 from fsdp_trace.runrecord import RunRecord
-from fsdp_trace.vocab import NON_BLOCK_UNITS, ROOT, UNATTRIBUTED, Collective, Phase
+from fsdp_trace.vocab import NON_BLOCK_UNITS, ROOT, UNATTRIBUTED, Collective, MeshKind, Phase
 
 
 class From:
@@ -68,7 +68,7 @@ class Unit:
 class Mesh:
     """The data-parallel mesh: 1-D FSDP over `shard` ranks, or HSDP `replicate` × `shard`."""
 
-    kind: str  # "fsdp", "hsdp", "single" (one rank) or "unknown"
+    kind: str  # a MeshKind
     shard: int | None
     replicate: int | None
     shard_group: str | None = None  # process group name/description of the gathers
@@ -76,11 +76,11 @@ class Mesh:
     other_groups: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        if self.kind == "hsdp":
+        if self.kind == MeshKind.HSDP:
             return f"HSDP, {self.replicate} replicas × {self.shard} shards"
-        if self.kind == "fsdp":
+        if self.kind == MeshKind.FSDP:
             return f"FSDP over {self.shard} ranks" if self.shard else "FSDP"
-        if self.kind == "single":
+        if self.kind == MeshKind.SINGLE:
             return "one rank (no communication)"
         return "unknown"
 
@@ -128,7 +128,7 @@ class InferredConfig:
                 return float("nan")
             return micro * (1.0 if reshard is False else 2.0)
         if collective in (Collective.REDUCE_SCATTER, Collective.ALL_REDUCE):
-            if collective == Collective.ALL_REDUCE and self.mesh.value.kind != "hsdp":
+            if collective == Collective.ALL_REDUCE and self.mesh.value.kind != MeshKind.HSDP:
                 return float("nan")
             return 1.0 if self.accum_no_sync.value else micro
         return float("nan")
@@ -445,17 +445,17 @@ def _mesh(
             others = [*others, f"all-reduce over {replicate} ranks ({replicate_name})"]
             hsdp = False
         if hsdp:
-            seen = Mesh("hsdp", shard, replicate, shard_name, replicate_name, others)
+            seen = Mesh(MeshKind.HSDP, shard, replicate, shard_name, replicate_name, others)
         elif shard is not None:
-            seen = Mesh("fsdp", shard, 1, shard_name, None, others)
+            seen = Mesh(MeshKind.FSDP, shard, 1, shard_name, None, others)
     if seen is None and world:
         sizes = sorted(
             set().union(*(pg_sizes(r.meta.get("distributed") or {}).values() for r in ranks))
         )
         if world == 1:
-            seen = Mesh("single", 1, 1)
+            seen = Mesh(MeshKind.SINGLE, 1, 1)
         elif sizes:
-            seen = Mesh("fsdp", world, 1)
+            seen = Mesh(MeshKind.FSDP, world, 1)
     if run is not None and run.parallel.mesh is not None:
         recorded = run.parallel.mesh
         mesh = Mesh(
@@ -476,8 +476,8 @@ def _mesh(
         return Item(seen, From.TRACE, "collective group sizes")
     if run is not None:
         size = run.world.world_size
-        return Item(Mesh("fsdp" if size > 1 else "single", size, 1), From.RUN)
-    return Item(Mesh("unknown", None, None), From.TRACE)
+        return Item(Mesh(MeshKind.FSDP if size > 1 else MeshKind.SINGLE, size, 1), From.RUN)
+    return Item(Mesh(MeshKind.UNKNOWN, None, None), From.TRACE)
 
 
 def _mode(values: pd.Series) -> int | None:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.trace import MISSING
-from fsdp_trace.vocab import ROOT, Collective
+from fsdp_trace.vocab import ROOT, Collective, Phase
 
 FSDP_LABEL = re.compile(r"^FSDP::(?P<kind>\w+?)(?: \((?P<fqn>.*?)\))?(?: \[pg=\d+\])?$")
 FSDP_PREFETCH = re.compile(r"^FSDP::(?P<kind>forward_prefetch|backward_prefetch) for (?P<fqn>.*)$")
@@ -260,10 +260,10 @@ def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
     `pre_backward (X)` and the start of its first `post_backward_*` (same thread)."""
     pieces = []
     for phase, opener, closers in (
-        ("forward", {"pre_forward"}, {"post_forward"}),
+        (Phase.FORWARD.value, {PRE_FORWARD}, {POST_FORWARD}),
         (
-            "backward",
-            {"pre_backward"},
+            Phase.BACKWARD.value,
+            {PRE_BACKWARD},
             {
                 "post_backward_accumulate",
                 "post_backward_reshard",

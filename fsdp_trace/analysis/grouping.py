@@ -138,6 +138,7 @@ def group(analyses: list[RankAnalysis]) -> list[tuple[list[int], list[int]]]:
                 partner.detailed = d.members
         runs += lean
     runs.sort(key=lambda g: min(m.index for m in g.members + g.detailed))
+
     def by_rank(members: list[Member]) -> list[int]:
         rank = lambda m: (m.analysis.rank is None, m.analysis.rank or 0, m.index)  # noqa: E731
         return [m.index for m in sorted(members, key=rank)]

@@ -22,11 +22,14 @@ same bytes reads them back instead of parsing.
 
 from __future__ import annotations
 
+import codecs
 import gzip
+import json
 import math
 import os
 import queue
 import re
+import stat
 import sys
 import threading
 import zlib
@@ -41,8 +44,10 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis import validate
 from fsdp_trace.analysis.trace import FORMAT_VERSION, MISSING, Trace, rank_from_name
 from fsdp_trace.errors import UserError
+from fsdp_trace.runrecord import NotRegularFile, open_regular
 
 __all__ = ["FORMAT_VERSION", "MISSING", "Trace", "load_trace", "rank_from_name", "raw_size"]
 
@@ -50,7 +55,11 @@ PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar for larger files (r
 
 _BLOCK = 8 << 20  # bytes read (or gunzipped) at a time
 _PIECE = 256 << 10  # bytes of events decoded at a time: the structs of a piece stay in cache
-_HEADER_LIMIT = 64 << 20  # no `"traceEvents": [` within this many bytes: decode the file whole
+# Look-ahead bound: the most text held while looking for what must come next (the
+# `"traceEvents": [` key, the end of an event, the end of a file decoded whole). Kineto's
+# header is a few KB and an event well under one; a file that keeps neither promise within
+# this many bytes is refused, so memory never grows with a hostile (or gzip-bomb) input.
+_LOOKAHEAD = 16 << 20
 _BATCH = 2 << 20  # bytes of events handed to the helper process at a time
 # Files of this much raw JSON and more are decoded by two processes. Below it the second
 # process costs more than it gives: its interpreter and imports (~80 MB of RSS) and the
@@ -135,9 +144,9 @@ _get_input_dims = attrgetter("input_dims")
 def raw_size(path: Path) -> int:
     """Bytes of JSON in the file: its size, or for gzip the size its trailer records (ISIZE,
     the raw size mod 4 GiB), taken as the candidate nearest a typical compression ratio;
-    0 when unreadable."""
+    0 when unreadable (or not a regular file)."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
             if size < 18 or fh.read(2) != b"\x1f\x8b":
                 return size
@@ -154,32 +163,84 @@ def raw_size(path: Path) -> int:
 
 
 def _check_path(path: Path) -> None:
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    if path.is_dir():
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise UserError(f"{path}: no such file") from None
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP: a symbolic link loop
+            raise UserError(f"{path}: no such file (a loop of symbolic links)") from None
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
         raise UserError(f"{path}: is a directory, not a trace file")
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{path}: not a regular file (a FIFO, device or socket): give a trace file")
 
 
 def _gzip_error(path: Path) -> UserError:
     return UserError(f"{path}: truncated or corrupt gzip: re-copy or re-export the trace")
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's JSON text, gunzipped when it is gzip (by magic bytes, whatever the suffix)."""
-    _check_path(path)
+def _open(path: Path):
+    """The file opened for reading, refused unless it is a regular file."""
     try:
-        data = path.read_bytes()
+        return open_regular(path)
+    except NotRegularFile:
+        raise UserError(
+            f"{path}: not a regular file (a FIFO, device or socket): give a trace file"
+        ) from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(data)
-        except (EOFError, OSError, zlib.error):
-            raise _gzip_error(path) from None
-    return data
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def _decode(path: Path, data: bytes) -> _TraceFile:
+def read_bytes(path: Path, limit: int = _LOOKAHEAD) -> bytes:
+    """The file's JSON text, gunzipped when it is gzip (by magic bytes, whatever the suffix):
+    at most `limit` bytes of it (a longer text is refused: never a whole file in memory)."""
+    _check_path(path)
+    parts, size = [], 0
+    for block in _text(path, _read_blocks(path, None)):
+        parts.append(block)
+        size += len(block)
+        if size > limit:
+            raise UserError(
+                f"{path}: over {limit >> 20} MB of JSON, more than this reader holds at once"
+            )
+    return b"".join(parts)
+
+
+_MSGSPEC_BYTE = re.compile(r"\(byte (\d+)\)")
+_MSGSPEC_INDEX = re.compile(r"`\$(\.traceEvents)?\[(\d+)\]")
+
+
+def _where(message: str, offset: int, events_before: int) -> str:
+    """msgspec's positions in a piece of text as positions in the file: byte offsets shifted
+    by where the piece starts, event indices by the events before it."""
+    message = _MSGSPEC_BYTE.sub(lambda m: f"(byte {int(m.group(1)) + offset})", message)
+    return _MSGSPEC_INDEX.sub(
+        lambda m: f"`$.traceEvents[{int(m.group(2)) + events_before}]", message
+    )
+
+
+def _decode_error(
+    path: Path, exc: BaseException, offset: int = 0, events_before: int = 0
+) -> UserError:
+    """The one-line error for text that does not decode (offset: where the text starts in the
+    file, less one for a `[` put before a piece)."""
+    if isinstance(exc, RecursionError):
+        return UserError(
+            f"{path}: JSON nested too deeply (past byte {max(offset, 0)}): not a Kineto trace"
+        )
+    if isinstance(exc, UnicodeDecodeError):  # prevented by `_text`; kept as a safety net
+        return UserError(f"{path}: not UTF-8 text: Kineto traces are UTF-8; re-export the trace")
+    reason = _where(str(exc), offset, events_before)
+    if isinstance(exc, msgspec.ValidationError):
+        return UserError(f"{path}: not a Kineto trace layout ({reason})")
+    return UserError(f"{path}: not valid JSON ({reason}): is the file complete?")
+
+
+def _decode(path: Path, data: bytes, offset: int = 0, events_before: int = 0) -> _TraceFile:
+    """The top-level object (or a bare list of events) in `data`, which starts `offset` bytes
+    into the file after `events_before` events."""
     if not data.strip():
         raise UserError(f"{path}: empty file: not a Kineto trace")
     try:
@@ -189,26 +250,77 @@ def _decode(path: Path, data: bytes) -> _TraceFile:
         if data.lstrip()[:1] == b"[":
             try:
                 return _TraceFile(traceEvents=_LIST_DECODER.decode(data))
-            except msgspec.DecodeError:
-                pass
-        raise UserError(f"{path}: not a Kineto trace layout ({exc})") from None
-    except msgspec.DecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc}): is the file complete?") from None
+            except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as inner:
+                if not isinstance(inner, msgspec.ValidationError):
+                    raise _decode_error(path, inner, offset, events_before) from None
+        raise _decode_error(path, exc, offset, events_before) from None
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+        raise _decode_error(path, exc, offset, events_before) from None
+
+
+def _top_level_keys(path: Path, text: bytes) -> list[str] | None:
+    """The keys of the top-level object in `text` (valid JSON), duplicates kept; None for a
+    bare list."""
+    last: list[list[str]] = []
+
+    def pairs(items: list) -> dict:
+        last[:] = [[k for k, _ in items]]
+        return {}
+
+    try:
+        value = json.loads(text, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None
+    return last[0] if isinstance(value, dict) and last else None
+
+
+def _check_one_events_key(path: Path, texts: list[bytes]) -> None:
+    """Refuse a file with two `traceEvents` keys (decoders keep the last one, silently). The
+    precise check (parsing the keys) runs only where the name occurs twice."""
+    if sum(t.count(b'"traceEvents"') for t in texts) < 2:
+        return
+    keys = _top_level_keys(path, b"".join(texts))
+    if keys is not None and keys.count("traceEvents") > 1:
+        raise UserError(
+            f"{path}: two 'traceEvents' arrays in one file (two traces merged or "
+            "concatenated?): keep one trace per file"
+        )
+
+
+_INT64 = 1 << 63
+# JSON names of the integer columns, for notices.
+_INT_KEYS = {
+    "correlation": "correlation",
+    "external_id": "External id",
+    "sequence_number": "Sequence number",
+    "stream": "stream",
+    "in_nelems": "In msg nelems",
+    "out_nelems": "Out msg nelems",
+    "group_size": "Group size",
+    "seq": "Seq",
+}
+
+
+def _fits(value: int) -> bool:
+    return -_INT64 <= value < _INT64
 
 
 class _IdMap:
-    """pid/tid values may be strings ('Spans', 'GPU 0'); give them stable negative ids."""
+    """pid/tid values may be strings ('Spans', 'GPU 0'), or integers beyond int64; give them
+    stable negative ids."""
 
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
 
     def __call__(self, value: int | str) -> int:
-        if isinstance(value, int):
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                return self.ids.setdefault(value, -2 - len(self.ids))
+        if _fits(value):
             return value
-        try:
-            return int(value)
-        except ValueError:
-            return self.ids.setdefault(value, -2 - len(self.ids))
+        return self.ids.setdefault(str(value), -2 - len(self.ids))
 
 
 class _Codes(dict):
@@ -288,6 +400,7 @@ class _Columns:
         self.raw_count = 0
         self.python_events = 0  # with_stack's python_function events (dropped)
         self.input_dims = False  # any operator carries `Input Dims` (record_shapes)
+        self.too_big: dict[str, int] = {}  # column -> integers beyond int64 read as absent
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -327,7 +440,7 @@ class _Columns:
         for attr, column in (("pid", self.pid), ("tid", self.tid)):
             try:
                 column += array("q", map(_get[attr], events))
-            except TypeError:
+            except (TypeError, OverflowError):  # strings, or integers beyond int64
                 column += array(
                     "q",
                     [
@@ -346,9 +459,9 @@ class _Columns:
         for name in _DENSE_ARGS:
             try:
                 self.dense[name] += array("q", map(_get_arg[name], args))
-            except TypeError:
+            except (TypeError, OverflowError):  # None, or integers beyond int64
                 values = map(_get_arg[name], args)
-                self.dense[name] += array("q", [MISSING if v is None else v for v in values])
+                self.dense[name] += array("q", [self._int(name, v) for v in values])
         self._rare(args, row0)
         if self.names.watched and not self.names.watched.isdisjoint(name_codes):
             for i, code in enumerate(name_codes):
@@ -374,18 +487,35 @@ class _Columns:
         for j, (name, kind) in enumerate(_RARE):
             if kind == "raw":  # JSON text, as str: batches cross process boundaries
                 self.rare[name] += [bytes(p[j]).decode() if len(p[j]) else None for p in picked]
+            elif kind == "int":
+                values = [p[j] for p in picked]
+                if not all(v is None or _fits(v) for v in values):
+                    values = [None if v is None else self._int(name, v) for v in values]
+                self.rare[name] += values
             else:
                 self.rare[name] += [p[j] for p in picked]
 
-    def _thread_id(self, row: int, attr: str, value: int | str) -> int:
-        if isinstance(value, int):
+    def _int(self, name: str, value: int | None) -> int:
+        """An integer argument as stored: absent (MISSING) when missing or beyond int64."""
+        if value is None:
+            return MISSING
+        if _fits(value):
             return value
-        try:
-            return int(value)
-        except ValueError:
-            # Strings get negative ids after every metadata event's (as they always have).
-            self.string_ids.append((row, attr, value))
-            return 0
+        self.too_big[name] = self.too_big.get(name, 0) + 1
+        return MISSING
+
+    def _thread_id(self, row: int, attr: str, value: int | str) -> int:
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                # Strings get negative ids after every metadata event's (as they always have).
+                self.string_ids.append((row, attr, value))
+                return 0
+        if _fits(value):
+            return value
+        self.string_ids.append((row, attr, str(value)))  # beyond int64: an id like a string's
+        return 0
 
     def _metadata(self, events: list[_Event]) -> None:
         for event in events:
@@ -424,6 +554,8 @@ class _Columns:
             n = len(batch)
             out.raw_count += batch.raw_count
             out.python_events += batch.python_events
+            for name, count in batch.too_big.items():
+                out.too_big[name] = out.too_big.get(name, 0) + count
             out.input_dims = out.input_dims or batch.input_dims
             if not n:
                 continue
@@ -505,21 +637,26 @@ def _gloo_payload(n: int, rows: list[tuple[int, bytes, bytes]]) -> np.ndarray:
         try:
             dims = msgspec.json.decode(raw_dims)
             types = msgspec.json.decode(raw_types) if raw_types else []
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             continue
-        if dims and isinstance(dims[0], list):
-            numel = int(np.prod(dims[0])) if dims[0] else 1
-            size = _GLOO_SIZES.get(types[0] if types else "float", 4)
+        if not (isinstance(dims, list) and dims and isinstance(dims[0], list)):
+            continue
+        shape = dims[0]
+        if not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < _INT64 for d in shape
+        ):
+            continue  # not a shape: left unknown
+        numel = math.prod(shape)
+        kind = types[0] if isinstance(types, list) and types else "float"
+        size = _GLOO_SIZES.get(kind, 4) if isinstance(kind, str) else 4
+        if numel * size < _INT64:
             nbytes[row] = numel * size
     return nbytes
 
 
 def _read_blocks(path: Path, on_progress: Callable[[int], None] | None) -> Iterator[bytes]:
     """The file's (gunzipped) bytes in blocks, read ahead on a helper thread."""
-    try:
-        raw = open(path, "rb")  # noqa: SIM115 (closed by the reader thread)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    raw = _open(path)  # closed by the reader thread
     is_gzip = raw.read(2) == b"\x1f\x8b"
     raw.seek(0)
     stream = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
@@ -563,6 +700,65 @@ def _read_blocks(path: Path, on_progress: Callable[[int], None] | None) -> Itera
                 thread.join(0.01)
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+_UTF8_SLICE = 1 << 20  # non-ASCII text is checked this much at a time (bounds the str made)
+
+
+def _encoding(head: bytes) -> str | None:
+    """UTF-16 or UTF-32 JSON, told by a byte-order mark or by the NULs around its first
+    (ASCII) characters (RFC 4627 §3); None for anything else."""
+    if head.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16"
+    if len(head) < 4:
+        return None
+    zero = [b == 0 for b in head[:4]]
+    if zero in ([True, True, True, False], [False, True, True, True]):
+        return "UTF-32"
+    if zero in ([True, False, True, False], [False, True, False, True]):
+        return "UTF-16"
+    return None
+
+
+def _text(path: Path, blocks: Iterator[bytes]) -> Iterator[bytes]:
+    """`blocks`, checked as they pass to be UTF-8 (RFC 8259: JSON text is UTF-8): UTF-16/32
+    and invalid UTF-8 (anywhere, even in fields nobody reads) are refused, naming the byte.
+    ASCII blocks (nearly all of a Kineto trace) cost one `isascii` scan."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    offset = 0  # bytes of text before `block`
+    for block in blocks:
+        if offset == 0:
+            encoding = _encoding(block[:4])
+            if encoding is not None:
+                raise UserError(
+                    f"{path}: {encoding} text: Kineto traces are UTF-8 JSON; convert it "
+                    f"(iconv -f {encoding} -t UTF-8) or re-export the trace"
+                )
+        for start in range(0, len(block), _UTF8_SLICE):
+            piece = block[start : start + _UTF8_SLICE]
+            pending = decoder.getstate()[0]
+            if not pending and piece.isascii():
+                continue
+            try:
+                decoder.decode(piece)
+            except UnicodeDecodeError as exc:
+                at = offset + start - len(pending) + exc.start
+                bad = (pending + piece)[exc.start]
+                raise UserError(
+                    f"{path}: not UTF-8 text (byte 0x{bad:02x} at byte {at}): Kineto traces "
+                    "are UTF-8; re-export the trace"
+                ) from None
+        offset += len(block)
+        yield block
+    pending = decoder.getstate()[0]
+    if pending:
+        raise UserError(
+            f"{path}: not UTF-8 text (a sequence cut short at byte {offset - len(pending)}): "
+            "is the file complete?"
+        )
+
+
 def _parse(path: Path, progress: bool | None, parallel: bool | None = None) -> Trace:
     if parallel is None:
         parallel = _parallel_worth_it(path)
@@ -580,72 +776,123 @@ def _parse(path: Path, progress: bool | None, parallel: bool | None = None) -> T
         raise UserError(f"{path}: 'traceEvents' is empty: the profiler recorded nothing")
     if not len(columns):
         raise UserError(f"{path}: no complete ('X') events: unknown or empty trace layout")
-    frame = columns.frame()
-    dist_info = parsed.distributedInfo or {}
-    device_props = parsed.deviceProperties if isinstance(parsed.deviceProperties, list) else []
+    frame, notices = validate.events(path, columns.frame())
+    if columns.too_big:
+        counts = ", ".join(f"{_INT_KEYS.get(k, k)} ×{n}" for k, n in columns.too_big.items())
+        notices.append(
+            f"{sum(columns.too_big.values())} integer arguments beyond int64 were read as "
+            f"absent ({counts})"
+        )
+    info = validate.distributed_info(parsed.distributedInfo)
+    notices += info.notices
+    device_props, dropped = validate.plain_items(parsed.deviceProperties)
+    if dropped:
+        notices.append(f"{dropped} deviceProperties entries of the wrong shape were ignored")
+    base_time = parsed.baseTimeNanoseconds
+    if base_time is not None and not 0 <= base_time < _INT64:
+        notices.append(f"baseTimeNanoseconds {base_time} is not a time: ignored")
+        base_time = None
     return Trace(
         path=str(path),
         events=frame,
-        rank=dist_info.get("rank"),
-        world_size=dist_info.get("world_size"),
-        distributed=dist_info,
+        rank=info.rank,
+        world_size=info.world_size,
+        distributed=info.clean,
         device_properties=device_props,
-        base_time_ns=parsed.baseTimeNanoseconds,
+        base_time_ns=base_time,
         thread_names=columns.thread_names,
         process_names=columns.process_names,
         string_ids=columns.ids.ids,
         raw_event_count=columns.raw_count,
         python_events=columns.python_events,
         input_dims=columns.input_dims,
+        notices=notices,
     )
 
 
-def _after_header(blocks: Iterator[bytes]) -> tuple[bytes | None, Iterator[bytes]]:
-    """Read `blocks` up to `"traceEvents": [`: (the top-level text up to and including it, the
-    event text after it, then the remaining blocks), or (None, nothing) when the key is not
-    within the first _HEADER_LIMIT bytes (a bare list, an odd layout: decode the file whole)."""
-    buf = b""
+def _blank_limit_error(path: Path) -> UserError:
+    return UserError(f"{path}: over {_LOOKAHEAD >> 20} MB of blank space and no JSON: not a trace")
+
+
+def _after_header(path: Path, blocks: Iterator[bytes]) -> tuple[str, bytes, Iterator[bytes], int]:
+    """Read `blocks` up to where the events start: (kind, text, rest, skipped).
+
+    - ("events", header, rest, skipped): `header` is the text up to and including
+      `"traceEvents": [` (or the `[` of a bare list of events), `rest` the event text after it
+      then the remaining blocks;
+    - ("whole", data, nothing, skipped): a file of another layout, read to its end (under the
+      look-ahead bound): decode it at once, for its content or its exact error.
+
+    `skipped`: the blank bytes (and UTF-8 byte-order mark) before the text. What shows
+    neither within _LOOKAHEAD bytes is refused: memory never grows with the input."""
+    held: list[bytes] = []
+    size = skipped = 0
+    start = b""  # the first byte after the blanks
     for block in blocks:
-        buf = buf + block if buf else block
-        match = _EVENTS_KEY.search(buf)
-        if match is not None:
-            return buf[: match.end()], chain([buf[match.end() :]], blocks)
-        if len(buf) > _HEADER_LIMIT:
-            break
-    return None, iter(())
+        if not start:
+            if skipped == 0 and block.startswith(_UTF8_BOM):
+                block, skipped = block[3:], 3
+            text = block.lstrip()
+            skipped += len(block) - len(text)
+            if not text:
+                if skipped > _LOOKAHEAD:
+                    raise _blank_limit_error(path)
+                continue
+            block, start = text, text[:1]
+            if start == b"[":  # a bare list of events (an older Chrome-trace layout)
+                return "events", b"[", chain([block[1:]], blocks), skipped
+        held.append(block)
+        size += len(block)
+        if start == b"{":
+            text = b"".join(held)
+            match = _EVENTS_KEY.search(text)
+            if match is not None:
+                return "events", text[: match.end()], chain([text[match.end() :]], blocks), skipped
+            held = [text]
+        if size > _LOOKAHEAD:
+            if start == b"{":
+                raise UserError(
+                    f'{path}: no "traceEvents" array within the first {_LOOKAHEAD >> 20} MB: '
+                    "not a Kineto trace (unknown layout)"
+                )
+            head = b"".join(held)[:16]
+            raise UserError(f"{path}: not valid JSON (it starts {head!r}): not a Kineto trace")
+    if not start:
+        raise UserError(f"{path}: empty file: not a Kineto trace")
+    return "whole", b"".join(held), iter(()), skipped
 
 
 def _stream(path: Path, columns: _Columns, on_progress) -> _TraceFile:
     """Decode the file piece by piece into `columns`; returns the top-level fields."""
     blocks = _read_blocks(path, on_progress)
-    pieces = _Pieces(columns)
-    header, rest = _after_header(blocks)
-    if header is not None:
+    text_blocks = _text(path, blocks)
+    try:
+        kind, text, rest, skipped = _after_header(path, text_blocks)
+        if kind == "whole":
+            # Another layout (or an empty or broken file), small: decode it at once, which
+            # also gives the right error message.
+            _check_one_events_key(path, [text])
+            parsed = _decode(path, text, skipped)
+            del text
+            if parsed.traceEvents is not None:
+                _add_all(columns, parsed.traceEvents)
+                parsed.traceEvents = []
+            return parsed
+        pieces = _Pieces(path, columns, skipped + len(text))
         buf = b""
         for block in rest:
             buf = buf + block if buf else block
             buf = pieces.decode(buf)
-            if pieces.size > _HEADER_LIMIT:
-                break  # pieces do not decode: decode the rest whole, for its real error
-        else:
-            # The last events, the closing ']' and the keys after it, under the header's keys.
-            parsed = _decode(path, header + buf)
-            _add_all(columns, parsed.traceEvents or [])
-            parsed.traceEvents = []
-            return parsed
-        del buf
-    # No `"traceEvents": [` where expected (a bare list, an odd layout, an empty or broken
-    # file): decode the whole file at once, which also gives the right error message.
-    del header, rest
-    blocks.close()
-    columns.__init__()
-    data = read_bytes(path)
-    parsed = _decode(path, data)
-    del data
-    if parsed.traceEvents is not None:
-        _add_all(columns, parsed.traceEvents)
+        # The last events, the closing ']' and the keys after it, under the header's keys.
+        _check_one_events_key(path, [text, buf])
+        shift = pieces.offset - len(text)  # tail bytes: where they are in the file
+        parsed = _decode(path, text + buf, shift, columns.raw_count)
+        _add_all(columns, parsed.traceEvents or [])
         parsed.traceEvents = []
-    return parsed
+        return parsed
+    finally:
+        text_blocks.close()
+        blocks.close()
 
 
 def _parallel_worth_it(path: Path) -> bool:
@@ -659,7 +906,7 @@ def _decode_batch(text: bytes, tables: tuple[_Codes, _Codes]) -> _Columns:
     """One batch of whole events (no brackets) as columns; metadata ids are given later.
     `tables`: this process's category and name codes, shared by its batches."""
     columns = _Columns(defer_metadata=True, tables=tables)
-    rest = _Pieces(columns).decode(text)
+    rest = _Pieces(Path("batch"), columns).decode(text)
     if rest.strip():
         columns.add(_LIST_DECODER.decode(b"[" + rest + b"]"))
     return columns
@@ -744,9 +991,10 @@ def _stream_parallel(
 
     sent = 0
     blocks = _read_blocks(path, on_progress)
+    text_blocks = _text(path, blocks)
     try:
-        header, rest = _after_header(blocks)
-        if header is None:
+        kind, header, rest, _ = _after_header(path, text_blocks)
+        if kind == "whole":
             return None  # an unusual layout: the serial path decodes it whole
         buf = b""
         for block in rest:
@@ -765,10 +1013,13 @@ def _stream_parallel(
                 except queue.Full:  # the helper is busy: ours
                     try:
                         batches[index] = _decode_batch(text, tables)
-                    except msgspec.DecodeError:
-                        return None
+                    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, UserError):
+                        return None  # the serial path finds the real error (or the cut)
                     collect(block=False)
             buf = buf[pos:]
+            if len(buf) > _LOOKAHEAD + _BLOCK:
+                return None  # no event ends in it: the serial path says why
+        _check_one_events_key(path, [header, buf])
         parsed = _decode(path, header + buf)
         last = _Columns(defer_metadata=True, tables=tables)
         _add_all(last, parsed.traceEvents or [])
@@ -787,6 +1038,7 @@ def _stream_parallel(
     except RuntimeError:
         return None
     finally:
+        text_blocks.close()
         blocks.close()
         helper.close()
 
@@ -797,14 +1049,18 @@ def _add_all(columns: _Columns, events: list[_Event]) -> None:
 
 
 class _Pieces:
-    """Cuts the `traceEvents` text into pieces at event boundaries and decodes them."""
+    """Cuts the `traceEvents` text into pieces at event boundaries and decodes them.
+    `offset`: where in the file the text given to `decode` next starts."""
 
-    def __init__(self, columns: _Columns) -> None:
+    def __init__(self, path: Path, columns: _Columns, offset: int = 0) -> None:
+        self.path = path
         self.columns = columns
         self.size = _PIECE
+        self.offset = offset
 
     def decode(self, buf: bytes) -> bytes:
-        """Decode every whole piece at the front of `buf`; returns the rest."""
+        """Decode every whole piece at the front of `buf`; returns the rest. A rest past the
+        look-ahead bound (no event ends within it) is refused."""
         pos = 0
         while len(buf) - pos > self.size:
             match = _BOUNDARY.search(buf, pos + self.size)
@@ -812,18 +1068,41 @@ class _Pieces:
                 break
             try:
                 events = _LIST_DECODER.decode(b"[" + buf[pos : match.start() + 1] + b"]")
-            except msgspec.DecodeError:  # ValidationError included
+            except RecursionError as exc:
+                raise _decode_error(self.path, exc, self.offset + pos) from None
+            except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError too
                 # The cut fell inside an event (a `},{` within its args): take a larger piece.
-                # A real error surfaces when the file is decoded whole (`_stream`).
+                # Past the look-ahead bound it is a real error (else the end of the file
+                # shows it when the rest is decoded, `_stream`).
                 self.size *= 2
-                if self.size > _HEADER_LIMIT:
-                    break
+                if self.size > _LOOKAHEAD:
+                    raise _decode_error(
+                        self.path, exc, self.offset + pos - 1, self.columns.raw_count
+                    ) from None
                 continue
             self.columns.add(events)
             del events
             pos = match.end() - 1
             self.size = _PIECE
-        return buf[pos:]
+        self.offset += pos
+        rest = buf[pos:]
+        if len(rest) > _LOOKAHEAD + _BLOCK:
+            raise _no_event_end(self.path, rest, self.offset, self.columns.raw_count)
+        return rest
+
+
+def _no_event_end(path: Path, text: bytes, offset: int, events_before: int) -> UserError:
+    """The error for event text in which no event ends within the look-ahead bound: what
+    decoding it says (nested too deeply, an invalid character), else that it holds no end."""
+    try:
+        _LIST_DECODER.decode(b"[" + text[:_LOOKAHEAD])
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+        if not (isinstance(exc, msgspec.DecodeError) and "truncated" in str(exc)):
+            return _decode_error(path, exc, offset - 1, events_before)
+    return UserError(
+        f"{path}: not valid JSON: no event ends within {_LOOKAHEAD >> 20} MB after byte "
+        f"{offset}: not a Kineto trace (or an event larger than this reader takes)"
+    )
 
 
 def wants_progress(raw: int) -> bool:

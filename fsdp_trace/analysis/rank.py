@@ -469,12 +469,12 @@ def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int,
             types = collectives.loc[collectives["stream"] == stream, "collective"].value_counts()
             roles[int(stream)] = f"{types.index[0]} (NCCL)" if len(types) else "communication"
         elif kinds.get(Kind.COMPUTE, 0) >= kinds.sum() / 2:
-            roles[int(stream)] = "compute"
+            roles[int(stream)] = Kind.COMPUTE.value
         else:
             roles[int(stream)] = "copy"
-    compute_streams = [s for s, r in roles.items() if r == "compute"]
+    compute_streams = [s for s, r in roles.items() if r == Kind.COMPUTE]
     if len(compute_streams) > 1:
         busiest = kernels[kernels["kind"] == Kind.COMPUTE].groupby("stream")["dur"].sum().idxmax()
         for s in compute_streams:
-            roles[s] = "compute" if s == busiest else "compute (side)"
+            roles[s] = Kind.COMPUTE.value if s == busiest else f"{Kind.COMPUTE} (side)"
     return roles

@@ -16,7 +16,7 @@ import pandas as pd
 MISSING = -1  # integer columns use -1 for "absent"
 # Bump when the parsed columns change (names, dtypes, meaning): cached entries of another
 # version are ignored.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
@@ -37,6 +37,9 @@ class Trace:
     raw_event_count: int = 0
     python_events: int = 0  # with_stack's python_function events (dropped on load)
     input_dims: bool = False  # an operator carries `Input Dims` (record_shapes)
+    # What loading had to leave out or fix (impossible events, duplicates, bad distributedInfo
+    # fields, integers beyond int64): each a counted notice the analysis passes on.
+    notices: list[str] = field(default_factory=list)
 
 
 def pg_sizes(distributed: dict) -> dict[str, float]:

@@ -1,7 +1,9 @@
 """`fsdp-trace capture --nproc-per-node N` without torchrun: start torchrun's own machinery.
 
-The launcher re-runs `python -m fsdp_trace capture ...` on every rank through
-`torch.distributed.run`, then reports the first failing rank's one-line error.
+The launcher checks what it can first (options, --out and its lock, the model factory),
+takes --out's lock (single node) and re-runs `python -m fsdp_trace capture ...` on every rank
+through `torch.distributed.run`, then reports on one line the rank that failed first: one
+killed by a signal, else the earliest error a rank wrote.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,12 @@ from fsdp_trace.capture.outputs import (
     ARGV_ENV,
     COMMAND_ENV,
     ERROR_DIR_ENV,
+    LOCK_ENV,
+    OutLock,
+    lock_for_cleanup,
+    lock_out_dir,
     out_dir_problem,
+    remove_empty_dir,
     remove_incomplete_outputs,
 )
 from fsdp_trace.errors import UserError
@@ -124,15 +132,106 @@ def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
-def first_error(folder: Path) -> dict | None:
-    """The earliest error any rank wrote: the cause, not the ranks torn down after it."""
-    errors = []
+def rank_errors(folder: Path) -> dict[int, dict]:
+    """The one-line errors the ranks wrote, by rank."""
+    errors = {}
     for path in folder.glob("rank*.json"):
         try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            error = json.loads(path.read_text())
+            errors[int(error["rank"])] = error
+        except (OSError, ValueError, KeyError, TypeError):
             continue
-    return min(errors, key=lambda e: e["time"]) if errors else None
+    return errors
+
+
+def death_signal(exit_code: int | None) -> signal.Signals | None:
+    """The signal that ended a rank: a negative exit code (killed), or 128 + N (a rank that
+    turned SIGTERM / SIGINT into its exit)."""
+    if exit_code is None:
+        return None
+    number = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else 0
+    try:
+        return signal.Signals(number) if number else None
+    except ValueError:
+        return None
+
+
+# Which signal death is the cause when several ranks died by one: a kill or a crash comes
+# first; SIGABRT is how a rank that lost its peer often ends (NCCL's watchdog aborts).
+_SIGNAL_ORDER = {"SIGKILL": 0, "SIGSEGV": 0, "SIGBUS": 0, "SIGILL": 0, "SIGFPE": 0, "SIGABRT": 2}
+_SIGNAL_WHY = {
+    "SIGKILL": "the kernel's out-of-memory killer, see dmesg, or a kill from outside",
+    "SIGSEGV": "a crash in native code",
+    "SIGBUS": "a crash in native code",
+    "SIGILL": "a crash in native code",
+    "SIGFPE": "a crash in native code",
+    "SIGABRT": "an abort in native code",
+}
+
+
+@contextmanager
+def failures_before_teardown() -> Iterator[set[int]]:
+    """The pids of the ranks that had already failed when torchrun's agent began stopping the
+    others (its first `close()`): the ranks it then stops (SIGTERM, SIGKILL after 30 s for
+    one stuck in a collective) are recorded among the failures too, and are not the cause.
+    Empty if this torch's agent does not expose them (the report then goes by written errors
+    alone)."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    early: set[int] = set()
+    original = api.PContext.close
+
+    def close(self, *args, **kwargs):
+        failures = getattr(self, "_failures", None)
+        if not early and isinstance(failures, dict):
+            early.update(getattr(f, "pid", None) for f in failures.values())
+            early.discard(None)
+        return original(self, *args, **kwargs)
+
+    api.PContext.close = close
+    try:
+        yield early
+    finally:
+        api.PContext.close = original
+
+
+def failure_report(
+    exit_codes: Mapping[int, int | None],
+    errors: Mapping[int, dict],
+    alone: bool = False,
+    early: set[int] | None = None,
+) -> CaptureFailed:
+    """One line for a failed job, from the exit codes of the ranks torchrun saw fail and the
+    errors ranks wrote. `early`: the ranks among them that failed before torchrun stopped the
+    rest (None: not known).
+
+    A rank that died by a signal without a word (SIGKILL: the OOM killer, a user) is the
+    cause: the others then fail in their next collective with a connection error, which they
+    do write, often before torchrun notices the dead rank. Else the earliest written error."""
+    killed = {
+        rank: sig
+        for rank, code in exit_codes.items()
+        if early is not None
+        and rank in early
+        and rank not in errors
+        and (sig := death_signal(code)) is not None
+    }
+    if killed:
+        rank = min(killed, key=lambda r: (_SIGNAL_ORDER.get(killed[r].name, 1), r))
+        sig, code = killed[rank], exit_codes[rank]
+        why = _SIGNAL_WHY.get(sig.name)
+        verb = "killed" if code is not None and code < 0 else "stopped"
+        message = (
+            f"rank {rank} was {verb} by {sig.name} (exit code {code}{': ' + why if why else ''})"
+        )
+        if not alone:
+            message += "; the other ranks stopped after it"
+        return CaptureFailed(message, 1)
+    if errors:
+        error = min(errors.values(), key=lambda e: e["time"])
+        return CaptureFailed(f"rank {error['rank']}: {error['message']}", error["code"])
+    rank = min(exit_codes)
+    return CaptureFailed(f"rank {rank} exited with code {exit_codes[rank]} and left no message", 1)
 
 
 def quiet_elastic_loggers() -> None:
@@ -166,6 +265,20 @@ def check_launch(cfg: CaptureConfig, nproc_per_node: int | None, rendezvous: Ren
         raise UserError(problem)
 
 
+def check_factory(model: str) -> None:
+    """A factory model that cannot be imported fails here, before any rank starts. It is
+    imported as the ranks will import it (`python -m`: the working directory first on the
+    path); they import it anyway, so doing it once more here costs nothing new."""
+    from fsdp_trace.capture.models import check_model
+
+    cwd = os.getcwd()
+    sys.path.insert(0, cwd)
+    try:
+        check_model(model)
+    finally:
+        sys.path.remove(cwd)
+
+
 @contextmanager
 def restored_signal_handlers() -> Iterator[None]:
     """torchrun's agent installs handlers that raise SignalException and leaves them in place;
@@ -183,9 +296,17 @@ def restored_signal_handlers() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-def interrupted(out: Path, created: bool, signum: int) -> CaptureFailed:
+def take_back(out: Path, created: bool, lock: OutLock | None) -> None:
+    """After a failed or interrupted run: remove what it wrote, under --out's lock (never the
+    files of another capture that took --out since)."""
+    with lock_for_cleanup(out, lock) as allowed:
+        if allowed:
+            remove_incomplete_outputs(out, created)
+
+
+def interrupted(out: Path, created: bool, signum: int, lock: OutLock | None) -> CaptureFailed:
     """Ctrl-C / SIGTERM: the ranks are stopped; take back what they wrote, say so once."""
-    remove_incomplete_outputs(out, created)
+    take_back(out, created, lock)
     name = signal.Signals(signum).name
     return CaptureFailed(
         f"interrupted by {name}: every rank stopped, no run written "
@@ -198,6 +319,7 @@ def launch(cfg: CaptureConfig, nproc_per_node: int | None, rendezvous: Rendezvou
     """Run the capture on `nproc_per_node` local processes (and other nodes via rendezvous)."""
     check_launch(cfg, nproc_per_node, rendezvous)
     require_torch()
+    check_factory(cfg.model)
     import torch
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -228,36 +350,47 @@ def launch(cfg: CaptureConfig, nproc_per_node: int | None, rendezvous: Rendezvou
         COMMAND_ENV: cfg.capture_command(nproc, rendezvous.capture_args()),
         ARGV_ENV: json.dumps(sys.argv),
     }
-    with (
-        tempfile.TemporaryDirectory(prefix="fsdp-trace-errors-") as folder,
-        restored_signal_handlers(),
-    ):
-        os.environ.update({**recorded, ERROR_DIR_ENV: folder})
-        try:
-            torchrun.run(parsed)
-        except ChildFailedError as exc:
-            remove_incomplete_outputs(out, created=not existed)
-            error = first_error(Path(folder))
-            if error is None:
-                rank, failure = next(iter(exc.failures.items()))
+    # One node: the launcher holds --out's lock from before any rank starts until the last
+    # has exited, and tells the ranks its token. Several nodes: each node's local rank 0
+    # takes it (the token is agreed on between the ranks), as under a plain torchrun.
+    lock: OutLock | None = None
+    if rendezvous.single_node:
+        token = uuid.uuid4().hex
+        lock = lock_out_dir(out, token)
+        recorded[LOCK_ENV] = token
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="fsdp-trace-errors-") as folder,
+            restored_signal_handlers(),
+        ):
+            os.environ.update({**recorded, ERROR_DIR_ENV: folder})
+            try:
+                with failures_before_teardown() as early_pids:
+                    torchrun.run(parsed)
+            except ChildFailedError as exc:
+                take_back(out, not existed, lock)
+                failures = exc.failures
+                codes = {rank: failure.exitcode for rank, failure in failures.items()}
+                early = {r for r, f in failures.items() if f.pid in early_pids} or None
+                alone = rendezvous.single_node and nproc == 1
+                raise failure_report(codes, rank_errors(Path(folder)), alone, early) from None
+            except SignalException as exc:
+                raise interrupted(out, not existed, int(exc.sigval), lock) from None
+            except KeyboardInterrupt:  # before the agent installed its handlers
+                raise interrupted(out, not existed, int(signal.SIGINT), lock) from None
+            except RendezvousError as exc:
+                take_back(out, not existed, lock)
+                first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise CaptureFailed(
-                    f"rank {rank} exited with code {failure.exitcode} and left no message", 1
+                    f"rendezvous failed ({first_line}): check --nnodes, --rdzv-endpoint and "
+                    "that every node started",
+                    1,
                 ) from None
-            raise CaptureFailed(
-                f"rank {error['rank']}: {error['message']}", error["code"]
-            ) from None
-        except SignalException as exc:
-            raise interrupted(out, not existed, int(exc.sigval)) from None
-        except KeyboardInterrupt:  # before the agent installed its handlers
-            raise interrupted(out, not existed, int(signal.SIGINT)) from None
-        except RendezvousError as exc:
-            remove_incomplete_outputs(out, created=not existed)
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CaptureFailed(
-                f"rendezvous failed ({first_line}): check --nnodes, --rdzv-endpoint and that "
-                "every node started",
-                1,
-            ) from None
-        finally:
-            for name in (*recorded, ERROR_DIR_ENV):
-                os.environ.pop(name, None)
+            finally:
+                for name in (*recorded, ERROR_DIR_ENV):
+                    os.environ.pop(name, None)
+    finally:
+        if lock is not None:
+            lock.release()
+        if not existed:
+            remove_empty_dir(out)

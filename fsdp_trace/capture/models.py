@@ -208,6 +208,8 @@ def build_gpt(preset: str, ctx: ModelContext) -> ModelSpec:
 
 
 def _load_factory(target: str) -> Callable[[ModelContext], Any]:
+    """The factory behind `package.module:factory`; whatever stops it from loading (no such
+    module, a module that raises while imported, no such function) is one UserError."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         known = ", ".join(PRESETS)
@@ -218,10 +220,21 @@ def _load_factory(target: str) -> Callable[[ModelContext], Any]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UserError(f"--model {target}: cannot import {module_name} ({exc})") from None
+    except (Exception, SystemExit) as exc:  # the module's own code failed while importing
+        first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+        detail = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+        raise UserError(f"--model {target}: importing {module_name} failed ({detail})") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise UserError(f"--model {target}: {module_name} has no callable {attr}")
     return factory
+
+
+def check_model(name: str) -> None:
+    """Fail now, with one line, if `name` is a factory that cannot be loaded: before the
+    launcher starts any rank, and on each rank before it joins the others."""
+    if name not in PRESETS:
+        _load_factory(name)
 
 
 def resolve_shape(name: str, batch_size: int | None, seq_len: int | None) -> tuple[int, int]:

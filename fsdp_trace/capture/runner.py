@@ -14,6 +14,7 @@ import re
 import shlex
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +27,21 @@ from fsdp_trace import __version__
 from fsdp_trace.atomic import write_text
 from fsdp_trace.capture import environment, parallelize, schedule, train
 from fsdp_trace.capture.config import CaptureConfig, hsdp_shape
-from fsdp_trace.capture.models import ModelSpec, build_model, count_parameters, resolve_shape
+from fsdp_trace.capture.models import (
+    ModelSpec,
+    build_model,
+    check_model,
+    count_parameters,
+    resolve_shape,
+)
 from fsdp_trace.capture.outputs import (  # re-exported: the CLI imports them from here
     ARGV_ENV,
     COMMAND_ENV,
     ERROR_DIR_ENV,
+    LOCK_ENV,
     RUN_FILE,
+    OutLock,
+    lock_out_dir,
     out_dir_problem,
     remove_outputs,
     trace_name,
@@ -64,6 +74,35 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
 
 
 _outputs_started = False  # set once this run may have written into --out
+_out_lock: OutLock | None = None  # --out's lock, on the local rank 0 that holds it
+
+
+def claim_out_dir(out: Path, local_rank: int, world_size: int) -> None:
+    """Take --out's lock before anything is written or removed there: each node's local rank 0
+    takes it for the run (the token comes from rank 0, or from the standalone launcher, which
+    already holds it), then every rank hears whether all nodes got it. Another capture writing
+    to --out fails this one on every rank, with one line naming it; nothing is touched."""
+    global _out_lock
+    token = [os.environ.get(LOCK_ENV) or uuid.uuid4().hex]
+    dist.broadcast_object_list(token, src=0)
+    problem = None
+    if local_rank == 0:
+        try:
+            _out_lock = lock_out_dir(out, token[0])
+        except UserError as exc:
+            problem = exc.message
+    refused = [p for p in gather(problem, world_size) if p]
+    if refused:
+        release_out_lock()
+        raise UserError(refused[0])
+
+
+def release_out_lock() -> None:
+    """Let go of --out's lock (and remove its file), if this process holds it."""
+    global _out_lock
+    if _out_lock is not None:
+        _out_lock.release()
+        _out_lock = None
 
 
 def prepare_out_dir(out: Path, local_rank: int) -> None:
@@ -146,8 +185,10 @@ def run_worker(cfg: CaptureConfig, command: str, argv: list[str]) -> None:
     hsdp_shape(cfg.hsdp, world_size)  # before any rank connects or writes
     device = pick_device(cfg.device, local_rank)
     batch, seq = resolve_shape(cfg.model, cfg.batch_size, cfg.seq_len)
+    check_model(cfg.model)  # a factory that cannot be imported: one line, before connecting
     out = Path(cfg.out)
-    problem = out_dir_problem(out, cfg.overwrite)  # every rank checks before anyone writes
+    # Every rank checks before anyone writes (a capture running into --out included).
+    problem = out_dir_problem(out, cfg.overwrite, own_token=os.environ.get(LOCK_ENV))
 
     timeout = dt.timedelta(seconds=cfg.timeout_s)
     try:
@@ -158,6 +199,7 @@ def run_worker(cfg: CaptureConfig, command: str, argv: list[str]) -> None:
             dist.init_process_group("gloo", timeout=timeout)
         if problem:
             raise UserError(problem)
+        claim_out_dir(out, local_rank, world_size)
         _run_initialized(cfg, command, argv, rank, world_size, local_rank, device, out)
     except (torch.OutOfMemoryError, RuntimeError) as exc:
         if not is_out_of_memory(exc):
@@ -493,6 +535,16 @@ def worker_main(cfg: CaptureConfig, command: str) -> int:
     # torchrun ends the other ranks with SIGTERM when one fails (and on Ctrl-C / SIGTERM to
     # the launcher): clean up on the way out.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _worker_body(cfg, command, rank, out)
+    finally:
+        release_out_lock()  # after this rank took back what it wrote
+
+
+def _worker_body(cfg: CaptureConfig, command: str, rank: int, out: Path) -> int:
+    """worker_main's body: the rank's exit code, its error said or written once."""
+    import signal
+
     try:
         run_worker(cfg, *recorded_command(cfg, command))
     except (SystemExit, KeyboardInterrupt) as exc:

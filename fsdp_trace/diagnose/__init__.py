@@ -10,7 +10,7 @@ from fsdp_trace.diagnose.causes import order
 from fsdp_trace.diagnose.context import Context
 from fsdp_trace.diagnose.finding import Change, Diagnosis, Finding
 from fsdp_trace.diagnose.rules import RULES, run_rules
-from fsdp_trace.vocab import Basis
+from fsdp_trace.vocab import Basis, MeshKind
 
 
 def diagnose(analysis) -> Diagnosis:
@@ -46,7 +46,7 @@ def diagnose(analysis) -> Diagnosis:
             "what is shown is which collectives run where"
         )
     mesh = analysis.config.mesh.value
-    if mesh.kind == "hsdp":
+    if mesh.kind == MeshKind.HSDP:
         diagnosis.verdict = f"{mesh.describe()}: {diagnosis.verdict}"
     return diagnosis
 

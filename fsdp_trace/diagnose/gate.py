@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fsdp_trace.diagnose.finding import FindingKind
 from fsdp_trace.errors import UserError
 from fsdp_trace.result import RunAnalysis
 
@@ -216,7 +217,7 @@ def values(condition: Condition, analysis: RunAnalysis) -> list[tuple[str, float
     cannot give the metric."""
     metric = METRICS[condition.metric]
     if metric.source == "findings":
-        causes = [f for f in analysis.diagnosis.findings if f.kind == "cause"]
+        causes = [f for f in analysis.diagnosis.findings if f.kind == FindingKind.CAUSE]
         return [("diagnosis", float(len(causes)))]
     if metric.source == "run":
         if analysis.run is None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from fsdp_trace.present import fmt
 from fsdp_trace.runrecord import RunRecord
+from fsdp_trace.vocab import MeshKind
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ def description(record: RunRecord) -> str:
     mesh = record.parallel.mesh
     hsdp = (
         f", HSDP {mesh.replicate} × {mesh.shard}"
-        if mesh is not None and mesh.kind == "hsdp"
+        if mesh is not None and mesh.kind == MeshKind.HSDP
         else ""
     )
     blocks = model.n_blocks if model.n_blocks is not None else len(model.blocks)

@@ -79,7 +79,7 @@ class FindingView:
     basis: str
     where: str  # "rank 0; layers.3, layers.4"
     symptoms: list[FindingView]
-    kind: str = "cause"  # "cause" or "measurement" (about the profile, costs training nothing)
+    kind: str = FindingKind.CAUSE  # or MEASUREMENT: about the profile, costs training nothing
     minor: bool = False
 
 

@@ -89,9 +89,25 @@ _NEEDS = TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 _EXPLICIT = TrackDescriptor.ChildTracksOrdering.Value("EXPLICIT")
 
 
+# A Perfetto timestamp is an unsigned 64-bit ns count; kept below 2^63 so that it also fits
+# the int64 arrays the writer sorts (the largest float64 below 2^63 that rint keeps there).
+MAX_NS = float(2**63 - 1024)
+
+
 def to_ns(us: np.ndarray | float) -> np.ndarray:
-    """µs floats to integer ns: round(ts_us * 1000)."""
-    return np.rint(np.asarray(us, dtype=np.float64) * 1000.0).astype(np.int64)
+    """µs floats to integer ns: round(ts_us * 1000). A time Perfetto cannot hold (before 0,
+    from 2^63 ns, not finite) is refused in one line, never cast to a wrapped integer."""
+    values = np.asarray(us, dtype=np.float64)
+    ns = values * 1000.0
+    with np.errstate(invalid="ignore"):
+        bad = ~((ns >= 0) & (ns <= MAX_NS))
+    if bad.any():
+        first = values[bad].flat[0]
+        raise UserError(
+            f"--perfetto: a time of {first:g} µs is outside what a Perfetto trace holds (0 to "
+            "2^63 ns since its clock's origin): write the analysis without --perfetto"
+        )
+    return np.rint(ns).astype(np.int64)
 
 
 def _frame(size: int) -> bytes:

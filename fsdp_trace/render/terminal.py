@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from fsdp_trace.present import fmt
 from fsdp_trace.present.view import FindingView, RunView, Table, run_view, side_by_side
 from fsdp_trace.result import Result
 
@@ -103,15 +102,8 @@ def _finding(f: FindingView, console: Console, indent: str = "") -> None:
 def render_findings(view: RunView, console: Console) -> None:
     """Diagnosis: causes first (costliest first, each with what it explains), then notes
     about the measurement, then minor findings."""
-    if not view.findings and not view.minor:
-        console.print("[green]Diagnosis:[/] healthy: no rule found a problem.")
-        return
-    causes = [f for f in view.findings if f.kind == "cause"]
-    console.print(
-        f"[bold]Diagnosis[/] ({fmt.plural(len(causes), 'cause')} to act on, the first first)"
-        if causes
-        else "[bold]Diagnosis[/] [green]healthy: no cause costs 1 % of the step or more[/]"
-    )
+    tone = "yellow" if view.cpu else "bold" if view.findings else "green"
+    console.print(f"[bold]Diagnosis:[/] [{tone}]{escape(view.diagnosis_heading)}[/]")
     for f in view.findings:
         _finding(f, console)
     if view.minor:

@@ -8,7 +8,6 @@ import html
 import re
 from collections.abc import Iterable, Sequence
 
-from fsdp_trace.present import fmt
 from fsdp_trace.present.view import FindingView, RunView, Table
 
 
@@ -145,15 +144,10 @@ def finding(f: FindingView) -> str:
 
 def findings(view: RunView) -> str:
     """The diagnosis: causes (costliest first), then notes about the measurement, then the
-    minor findings apart; a plain healthy line when there is nothing."""
+    minor findings apart; the view's heading line first (a plain healthy line when nothing)."""
     if not view.findings and not view.minor:
-        return '<p class="healthy" data-healthy="true">Healthy: no rule found a problem.</p>'
-    causes = [f for f in view.findings if f.kind == "cause"]
-    lead = (
-        f"{fmt.plural(len(causes), 'cause')} to act on, the first first."
-        if causes
-        else "Healthy: no cause costs 1 % of the step or more."
-    )
+        return f'<p class="healthy" data-healthy="true">{esc(view.diagnosis_heading)}</p>'
+    lead = view.diagnosis_heading
     out = f'<p class="caption">{esc(lead)}</p>'
     if view.findings:
         out += '<ol class="findings">' + "".join(finding(f) for f in view.findings) + "</ol>"
