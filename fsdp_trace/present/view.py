@@ -612,9 +612,11 @@ def hta_table(run: RunAnalysis) -> Table | None:
         ]
         for row in hta.to_dict("records")
     ]
+    tools = sorted(set(hta["tool"].dropna())) if "tool" in hta.columns else []
+    where = f"same trace; {', '.join(tools)}" if tools else "same trace"
     return Table(
         "hta",
-        "Cross-check with HTA get_comm_comp_overlap (same trace)",
+        f"Cross-check with HTA get_comm_comp_overlap ({where})",
         ["rank", "HTA overlap %", "fsdp-trace, HTA's rules %", "fsdp-trace, its steps %"],
         rows,
     )
