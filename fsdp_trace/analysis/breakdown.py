@@ -22,6 +22,8 @@ exposed communication in `exposed_unsplit_us`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -54,6 +56,58 @@ def _merge(*sets: iv.Intervals) -> iv.Intervals:
     return iv.union(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
 
 
+@dataclass
+class Spans:
+    """GPU compute intervals and what each is: compute (every compute kernel), recompute,
+    FSDP's own (the rest being model compute)."""
+
+    ts: np.ndarray
+    end: np.ndarray
+    compute: np.ndarray  # bool
+    recompute: np.ndarray  # bool
+    fsdp: np.ndarray  # bool
+
+
+def partition(
+    spans: Spans,
+    comm_ts: np.ndarray,
+    comm_end: np.ndarray,
+    transfer: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The parts of each window [starts, ends) (µs, in precedence order, see the module's
+    docstring): compute intervals, and collectives with their transfer (NaN: unmatched, the
+    split unknown). The one algorithm behind the measured breakdown and the what-if replay."""
+    model = spans.compute & ~spans.recompute & ~spans.fsdp
+    fsdp = spans.compute & spans.fsdp & ~spans.recompute
+
+    def union(mask: np.ndarray) -> iv.Intervals:
+        return iv.union(spans.ts[mask], spans.end[mask])
+
+    r_set = union(spans.compute & spans.recompute)
+    m_set = iv.subtract(union(model), r_set)
+    f_set = iv.subtract(union(fsdp), _merge(r_set, m_set))
+    busy = union(spans.compute)  # K: every compute kernel
+    is_matched = ~np.isnan(transfer)
+    cut = np.maximum(comm_end - np.nan_to_num(transfer), comm_ts)
+    t_set = iv.union(cut[is_matched], comm_end[is_matched])
+    w_set = iv.union(comm_ts[is_matched], cut[is_matched])
+    u_set = iv.union(comm_ts[~is_matched], comm_end[~is_matched])
+    everything = _merge(busy, t_set, w_set, u_set)
+    return {
+        "recompute_us": _lengths(r_set, starts, ends),
+        "compute_us": _lengths(m_set, starts, ends),
+        "fsdp_copy_us": _lengths(f_set, starts, ends),
+        "exposed_transfer_us": _lengths(iv.subtract(t_set, busy), starts, ends),
+        "exposed_wait_us": _lengths(iv.subtract(w_set, _merge(t_set, busy)), starts, ends),
+        "exposed_unsplit_us": _lengths(
+            iv.subtract(u_set, _merge(t_set, w_set, busy)), starts, ends
+        ),
+        "idle_us": (ends - starts) - _lengths(everything, starts, ends),
+    }
+
+
 def rank_breakdown(rank: RankAnalysis, matched: pd.DataFrame | None) -> pd.DataFrame:
     """The per-step breakdown of one rank. `matched`: this rank's matched collectives
     (correlation, transfer_us, wait_us) from the cross-rank view, or None / empty."""
@@ -75,42 +129,28 @@ def rank_breakdown(rank: RankAnalysis, matched: pd.DataFrame | None) -> pd.DataF
     ends = steps["end_us"].to_numpy(dtype=np.float64)
     kind = k["kind"].to_numpy()
     compute = kind == Kind.COMPUTE
-    comm = kind == Kind.COMM
     recompute = compute & (k["phase"].to_numpy() == Phase.RECOMPUTE)
     fsdp = compute & k["fsdp"].to_numpy(dtype=bool) & ~recompute
-    model = compute & ~recompute & ~fsdp
-
-    r_set = _union(k, recompute)
-    m_set = iv.subtract(_union(k, model), r_set)
-    f_set = iv.subtract(_union(k, fsdp), _merge(r_set, m_set))
-    busy = _union(k, compute)  # K: every compute kernel
-
-    comm_k = k[comm]
+    comm_k = k[kind == Kind.COMM]
     has_match = matched is not None and len(matched) > 0
     if has_match:
         by_corr = matched.set_index("correlation")
         transfer = by_corr["transfer_us"].reindex(comm_k["correlation"].to_numpy()).to_numpy()
     else:
         transfer = np.full(len(comm_k), np.nan)
-    is_matched = ~np.isnan(transfer)
-    c_ts, c_end = comm_k["ts"].to_numpy(), comm_k["end"].to_numpy()
-    t_set = iv.union(np.maximum(c_end - transfer, c_ts)[is_matched], c_end[is_matched])
-    w_set = iv.union(c_ts[is_matched], np.maximum(c_end - transfer, c_ts)[is_matched])
-    u_set = iv.union(c_ts[~is_matched], c_end[~is_matched])
-
-    exposed_t = iv.subtract(t_set, busy)
-    exposed_w = iv.subtract(w_set, _merge(t_set, busy))
-    exposed_u = iv.subtract(u_set, _merge(t_set, w_set, busy))
-    everything = _merge(busy, t_set, w_set, u_set)
-
-    out["recompute_us"] = _lengths(r_set, starts, ends)
-    out["compute_us"] = _lengths(m_set, starts, ends)
-    out["fsdp_copy_us"] = _lengths(f_set, starts, ends)
-    split = _lengths(exposed_t, starts, ends), _lengths(exposed_w, starts, ends)
-    out["exposed_transfer_us"] = split[0] if has_match else np.nan
-    out["exposed_wait_us"] = split[1] if has_match else np.nan
-    out["exposed_unsplit_us"] = _lengths(exposed_u, starts, ends)
-    out["idle_us"] = out["step_us"].to_numpy() - _lengths(everything, starts, ends)
+    parts = partition(
+        Spans(k["ts"].to_numpy(), k["end"].to_numpy(), compute, recompute, fsdp),
+        comm_k["ts"].to_numpy(),
+        comm_k["end"].to_numpy(),
+        transfer,
+        starts,
+        ends,
+    )
+    for part, values in parts.items():
+        out[part] = values
+    if not has_match:
+        out["exposed_transfer_us"] = np.nan
+        out["exposed_wait_us"] = np.nan
     return out[BREAKDOWN_COLUMNS]
 
 

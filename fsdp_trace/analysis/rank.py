@@ -180,6 +180,11 @@ def analyze_trace(trace: Trace, source: str = Source.TRACE) -> RankAnalysis:
     # FSDP's own copy/cast kernels: launched inside any FSDP2 label (copy-in/out, chunk_cat,
     # casts, gradient accumulation); the units' compute runs between the labels.
     k["fsdp"] = launch.inside_label & (kind_arr == classify.COMPUTE)
+    # The CPU time of each launch, and for FSDP's own kernels the unit of the label they
+    # were launched in (the unit being gathered or reduced): what a replay of the step reads.
+    k["launch_ts"] = launch.time
+    label_unit = cpu_ctx.labels.fqn_at(launch.chain[:, 0])
+    k["unit"] = np.where(k["fsdp"].to_numpy(), label_unit, k["block"].to_numpy())
 
     # Steps.
     starts = windows["start"].to_numpy(dtype=np.float64)
@@ -298,6 +303,7 @@ class _LaunchContext:
     block: np.ndarray
     phase: np.ndarray
     inside_label: np.ndarray
+    time: np.ndarray  # the launch's CPU time (NaN: no launch in the trace)
 
     @classmethod
     def of(cls, rows: np.ndarray, events: pd.DataFrame, ctx: CpuContext) -> _LaunchContext:
@@ -335,6 +341,7 @@ class _LaunchContext:
             block=ctx.windows.fqn_at(window_idx),
             phase=np.where(has_launch, phase, Phase.UNATTRIBUTED.value),  # no launch: no context
             inside_label=(chain[:, 0] >= 0) & has_launch,
+            time=np.where(has_launch, time, np.nan),
         )
 
 
