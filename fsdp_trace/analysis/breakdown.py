@@ -48,10 +48,6 @@ def _lengths(u: iv.Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
     return iv.covered_up_to(u, ends) - iv.covered_up_to(u, starts)
 
 
-def _union(frame: pd.DataFrame, mask: np.ndarray, start: str = "ts", end: str = "end"):
-    return iv.union(frame[start].to_numpy()[mask], frame[end].to_numpy()[mask])
-
-
 def _merge(*sets: iv.Intervals) -> iv.Intervals:
     return iv.union(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
 
