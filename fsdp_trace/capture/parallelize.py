@@ -13,22 +13,11 @@ import torch
 from torch import nn
 
 from fsdp_trace.errors import UserError
+from fsdp_trace.knobs import select_ac_blocks
+
+__all__ = ["select_ac_blocks"]  # re-exported: capture's callers import it from here
 
 DTYPE_MAP = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def select_ac_blocks(n_blocks: int, coverage: float) -> list[int]:
-    """Indices of the blocks to checkpoint: round(coverage·n) of them, spread evenly.
-
-    Spreading (rather than the first k) keeps recompute evenly interleaved with the
-    all-gathers it is meant to hide, like torchtitan's selective layer AC.
-    """
-    count = round(coverage * n_blocks)
-    if count <= 0:
-        return []
-    if count >= n_blocks:
-        return list(range(n_blocks))
-    return sorted({int((i + 0.5) * n_blocks / count) for i in range(count)})
 
 
 def module_paths(model: nn.Module, modules: Sequence[nn.Module]) -> list[str]:
