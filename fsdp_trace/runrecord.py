@@ -319,8 +319,8 @@ def _decode(tp: Any, value: Any, where: str, path: str) -> Any:
                 return _decode(option, value, where, path)
             except UserError as exc:
                 errors.append(exc)
-        if len(errors) == 1 and isinstance(value, dict | list):
-            raise errors[0]  # the one shape it could be: name the field inside that is wrong
+        if len(errors) == 1:
+            raise errors[0]  # the one type it could be: its error names what is wrong
         names = " or ".join(_type_name(o) for o in options)
         raise _bad(where, path, value, names)
     if dataclasses.is_dataclass(tp):

@@ -169,13 +169,15 @@ def test_ranks_option_writes_one_file_per_rank(tmp_path):
 
 
 def _whole(path: Path) -> loader.Trace:
-    """The same file decoded in one piece (the loader's fallback path)."""
-    saved = loader._EVENTS_KEY
+    """The same file decoded in one piece (the loader's fallback path, here allowed to hold
+    the whole file: normally only files under its look-ahead bound are)."""
+    saved = loader._EVENTS_KEY, loader._LOOKAHEAD
     loader._EVENTS_KEY = re.compile(rb"(?!)")  # never matches: decode whole
+    loader._LOOKAHEAD = 1 << 40
     try:
         return load_trace(path, cache=False)
     finally:
-        loader._EVENTS_KEY = saved
+        loader._EVENTS_KEY, loader._LOOKAHEAD = saved
 
 
 def _same(a: loader.Trace, b: loader.Trace) -> None:

@@ -18,11 +18,24 @@ that does not decode sends the file down the one-process path, which reports the
 
 Parsed columns are cached by file content (`fsdp_trace.analysis.cache`): a second load of the
 same bytes reads them back instead of parsing.
+
+Bad input is refused in one line (UserError), never with a traceback, a hang or unbounded
+memory: only regular files are opened (never blocking: a FIFO is refused, not waited on); the
+text must be UTF-8 (UTF-16/32 and invalid bytes anywhere are refused, naming the byte; a
+UTF-8 byte-order mark is skipped); nothing is held beyond a look-ahead of _LOOKAHEAD bytes
+while looking for the `traceEvents` array or the end of an event, so a gzip bomb costs what
+that window costs, and no file is ever decoded whole unless it fits in it; nesting too deep
+for the decoder, two `traceEvents` keys, and values of the wrong type are refused with their
+place in the file. Integers beyond int64 are read as absent (pid/tid: ids like strings'),
+with a counted notice. The decoded events then go through `fsdp_trace.analysis.validate`
+(impossible times, duplicates, shared correlation ids, `distributedInfo` fields), whose
+notices the `Trace` carries.
 """
 
 from __future__ import annotations
 
 import codecs
+import errno
 import gzip
 import json
 import math
@@ -57,7 +70,7 @@ _BLOCK = 8 << 20  # bytes read (or gunzipped) at a time
 _PIECE = 256 << 10  # bytes of events decoded at a time: the structs of a piece stay in cache
 # Look-ahead bound: the most text held while looking for what must come next (the
 # `"traceEvents": [` key, the end of an event, the end of a file decoded whole). Kineto's
-# header is a few KB and an event well under one; a file that keeps neither promise within
+# header is a few KB and an event well under a megabyte; a file that keeps neither promise in
 # this many bytes is refused, so memory never grows with a hostile (or gzip-bomb) input.
 _LOOKAHEAD = 16 << 20
 _BATCH = 2 << 20  # bytes of events handed to the helper process at a time
@@ -168,7 +181,7 @@ def _check_path(path: Path) -> None:
     except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"{path}: no such file") from None
     except OSError as exc:
-        if exc.errno == 40:  # ELOOP: a symbolic link loop
+        if exc.errno == errno.ELOOP:  # a loop of symbolic links
             raise UserError(f"{path}: no such file (a loop of symbolic links)") from None
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if stat.S_ISDIR(mode):

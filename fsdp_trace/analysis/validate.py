@@ -25,13 +25,14 @@ Events (`events`), in this order:
      most 1.7 ms past the last start, over spans of 50 ms to 1.1 s; the 1 s floor covers tiny
      traces whose ProfilerStep outlives the few events inside it). This drops a 1e300 µs
      kernel;
-   - a GPU event (kernel, memcpy, memset) that contains the next event of its own stream
-     (starts no later and ends no earlier than it, with a positive duration): a stream runs
-     one event at a time, and it is the container whose duration is wrong (clock rounding
-     makes neighbours overlap by under 0.2 µs on the samples, never contain one another).
 3. Refusal. More than half of the GPU events impossible (of all events, in a trace without
    GPU events) means the figures would rest on a minority of the trace: the file is refused.
-   So is a trace whose events all start at one time (its timestamps were lost).
+   So is a trace whose events all start at one time (its timestamps were lost), and one where
+   more than half of the GPU events (kernel, memcpy, memset) contain the next event of their
+   own stream (start no later, end no earlier, positive duration): a stream runs one event at
+   a time (clock rounding makes neighbours overlap by under 0.2 µs on the samples, never
+   contain one another), so the GPU timestamps were lost. A few such events are kept: a trace
+   converted by another tool may put several streams on one thread.
 4. Correlation ids. CUPTI numbers every runtime/driver call, so two launch events
    (cuda_runtime / cuda_driver) sharing a correlation id cannot be told apart: the id is
    cleared on them and on the GPU events carrying it (those become unlinked, which the
@@ -79,21 +80,23 @@ _HASH_PRIMES = (
 )
 
 
-def _key_columns(frame: pd.DataFrame) -> list[np.ndarray]:
+def _key_columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
     """Every column the loader keeps, as integers (the derived `end` left out)."""
-    out = []
+    out = {}
     for name in frame.columns:
         if name == "end":
             continue
         values = frame[name]
         if isinstance(values.dtype, pd.CategoricalDtype):
-            out.append(values.array.codes.astype(np.int64))
+            out[name] = values.array.codes
         else:
             array = values.to_numpy()
-            if array.dtype.kind == "f":
-                array = array.view(np.int64)
-            out.append(array.astype(np.int64, copy=False))
+            out[name] = array.view(np.int64) if array.dtype.kind == "f" else array
     return out
+
+
+# Hashed to find candidate copies (then compared on every column): what tells events apart.
+_HASHED = ("ts", "dur", "tid", "name", "correlation", "external_id")
 
 
 def duplicates(frame: pd.DataFrame) -> np.ndarray:
@@ -101,14 +104,14 @@ def duplicates(frame: pd.DataFrame) -> np.ndarray:
     keys = _key_columns(frame)
     with np.errstate(over="ignore"):
         digest = np.zeros(len(frame), dtype=np.uint64)
-        for i, column in enumerate(keys):
-            digest ^= column.view(np.uint64) * np.uint64(_HASH_PRIMES[i % len(_HASH_PRIMES)])
-            digest = (digest << np.uint64(7)) | (digest >> np.uint64(57))
+        for i, name in enumerate(n for n in _HASHED if n in keys):
+            column = keys[name].astype(np.int64, copy=False).view(np.uint64)
+            digest = (digest ^ column) * np.uint64(_HASH_PRIMES[i])
     candidates = pd.Series(digest).duplicated(keep=False).to_numpy()
     out = np.zeros(len(frame), dtype=bool)
-    if candidates.any():  # confirm exactly (a hash collision is not a copy)
+    if candidates.any():  # confirm exactly, on every column (a hash collision is no copy)
         rows = np.flatnonzero(candidates)
-        table = pd.DataFrame({i: column[rows] for i, column in enumerate(keys)})
+        table = pd.DataFrame({name: column[rows] for name, column in keys.items()})
         out[rows] = table.duplicated(keep="first").to_numpy()
     return out
 
@@ -192,13 +195,17 @@ def events(path: Path, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         horizon = last + max(last - first, HORIZON_FLOOR_US)
         verdict.mark(np.flatnonzero(ok & (end > horizon)), "an end past the trace's horizon")
         ok = live & (verdict.code == 0)
-    pid = frame["pid"].to_numpy()
-    tid = frame["tid"].to_numpy()
-    containers = _stream_containers(ts, end, pid, tid, np.flatnonzero(ok & is_gpu))
-    verdict.mark(containers, "a duration covering the next event of its GPU stream")
-
     bad = verdict.code > 0
     gpu_total = int((live & is_gpu).sum())
+    pid = frame["pid"].to_numpy()
+    tid = frame["tid"].to_numpy()
+    containers = _stream_containers(ts, end, pid, tid, np.flatnonzero(live & ~bad & is_gpu))
+    if containers.size > REFUSE_FRACTION * gpu_total:
+        raise UserError(
+            f"{path}: {containers.size} of {gpu_total} GPU events contain the next event of "
+            f"their own stream (e.g. {_most_common(names, containers)}), which runs one at a "
+            "time: the GPU timestamps are corrupt; re-export the trace"
+        )
     if gpu_total:
         bad_n, total, what = int((bad & is_gpu).sum()), gpu_total, "GPU events"
     else:

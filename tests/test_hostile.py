@@ -1,0 +1,1261 @@
+"""Hostile input: a corpus of malformed traces, run directories and odd files made from the
+shipped samples, each run through `fsdp-trace analyze` with a timeout. Every one ends in a
+one-line error with exit 2 (no output written, inputs byte-identical) or in exit 0 with sane
+numbers (strict JSON, nothing negative, no percentage over 100); never a traceback, a hang or
+a partial output. Then one focused test per defect the reliability probe found."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import gzip
+import hashlib
+import json
+import math
+import os
+import stat
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SAMPLES, run_cli
+
+SAMPLE = SAMPLES / "gpt-small-2gpu" / "rank0.timing.json.gz"
+TIMEOUT_S = 60
+INT64_PLUS = 2**70  # beyond int64 either way
+ERROR_PREFIX = "fsdp-trace analyze: error: "
+
+
+# --- the base inputs: the first two steps of a shipped sample ------------------------------
+
+
+def _small_document() -> dict:
+    """rank 0 of the 2-GPU sample, cut after its second ProfilerStep (~3 MB of JSON)."""
+    document = json.loads(gzip.decompress(SAMPLE.read_bytes()))
+    steps = sorted(
+        e["ts"] + e["dur"]
+        for e in document["traceEvents"]
+        if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
+    )
+    cut = steps[1]
+    document["traceEvents"] = [
+        e for e in document["traceEvents"] if e.get("ph") == "M" or e.get("ts", 0) < cut
+    ]
+    return document
+
+
+@pytest.fixture(scope="module")
+def base() -> dict:
+    return _small_document()
+
+
+def _dump(document) -> bytes:
+    return json.dumps(document).encode()
+
+
+def _events(document: dict, predicate=lambda e: True) -> list[dict]:
+    return [e for e in document["traceEvents"] if predicate(e)]
+
+
+def _is_nccl(e: dict) -> bool:
+    return e.get("cat") == "kernel" and e.get("name", "").startswith("ncclDevKernel")
+
+
+def _is_gpu(e: dict) -> bool:
+    return e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _first_arg(document: dict, key: str) -> dict:
+    return next(e for e in document["traceEvents"] if key in (e.get("args") or {}))
+
+
+def _bomb(char: bytes, gib: float = 2.0) -> bytes:
+    """A gzip file (one member) of `gib` GiB of one character, 1/1000 of that on disk. Built
+    from one compressed 16 MiB block repeated (a full flush makes every copy identical)."""
+    block = char * (16 << 20)
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    chunk = packer.compress(block) + packer.flush(zlib.Z_FULL_FLUSH)
+    copies = max(1, int(gib * 64))
+    crc = 0
+    for _ in range(copies):
+        crc = zlib.crc32(block, crc)
+    size = (len(block) * copies) & 0xFFFFFFFF
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    return header + chunk * copies + packer.flush() + struct.pack("<II", crc, size)
+
+
+# --- the corpus ----------------------------------------------------------------------------
+# Each case writes its input(s) into `folder` and returns the CLI arguments; its expectation
+# is "ok" (exit 0, sane numbers) or the fragment the one-line error must hold.
+
+
+@dataclass(frozen=True)
+class Case:
+    make: object  # (folder: Path, base: dict) -> list[str]  (the paths to analyze)
+    expect: str  # "ok", or a fragment of the one-line error
+
+
+def _file(name: str, data_fn):
+    def make(folder: Path, base: dict) -> list[str]:
+        path = folder / name
+        path.write_bytes(data_fn(copy.deepcopy(base)) if callable(data_fn) else data_fn)
+        return [str(path)]
+
+    return make
+
+
+def _gz(data_fn):
+    return lambda b: gzip.compress(data_fn(b), mtime=0)
+
+
+def _mutated(mutate):
+    """The base document changed in place by `mutate`, as JSON."""
+
+    def data(document: dict) -> bytes:
+        mutate(document)
+        return _dump(document)
+
+    return data
+
+
+def _cut(fraction: float, gz: bool):
+    def data(document: dict) -> bytes:
+        raw = _dump(document)
+        blob = gzip.compress(raw, mtime=0) if gz else raw
+        return blob[: max(1, int(len(blob) * fraction))]
+
+    return data
+
+
+def _cut_end(minus: int, gz: bool):
+    def data(document: dict) -> bytes:
+        raw = _dump(document)
+        blob = gzip.compress(raw, mtime=0) if gz else raw
+        return blob[:-minus]
+
+    return data
+
+
+def _flip(where: float):
+    """One byte of the deflate stream changed."""
+
+    def data(document: dict) -> bytes:
+        blob = bytearray(gzip.compress(_dump(document), mtime=0))
+        i = int(len(blob) * where)
+        blob[i] ^= 0x55
+        return bytes(blob)
+
+    return data
+
+
+def _trailer(offset: int):
+    """A byte of the gzip trailer (CRC32 at -8, ISIZE at -4) changed."""
+
+    def data(document: dict) -> bytes:
+        blob = bytearray(gzip.compress(_dump(document), mtime=0))
+        blob[offset] ^= 0xFF
+        return bytes(blob)
+
+    return data
+
+
+def _insert(anchor: bytes, junk: bytes, after: int = 1):
+    """`junk` inserted `after` bytes into the first occurrence of `anchor`."""
+
+    def data(document: dict) -> bytes:
+        raw = _dump(document)
+        i = raw.index(anchor) + after
+        return raw[:i] + junk + raw[i:]
+
+    return data
+
+
+def _set_arg(key: str, value, every: bool = False):
+    def mutate(document: dict) -> None:
+        for e in document["traceEvents"]:
+            args = e.get("args") or {}
+            if key in args:
+                args[key] = value
+                if not every:
+                    return
+
+    return mutate
+
+
+def _set_event(index: int, **fields):
+    def mutate(document: dict) -> None:
+        _events(document, lambda e: e.get("ph") == "X")[index].update(fields)
+
+    return mutate
+
+
+def _nccl_duration(dur: float):
+    def mutate(document: dict) -> None:
+        next(e for e in document["traceEvents"] if _is_nccl(e))["dur"] = dur
+
+    return mutate
+
+
+def _gpu_durations(dur: float):
+    def mutate(document: dict) -> None:
+        for e in _events(document, _is_gpu):
+            e["dur"] = dur
+
+    return mutate
+
+
+def _all(field: str, value):
+    def mutate(document: dict) -> None:
+        for e in document["traceEvents"]:
+            if field in e:
+                e[field] = value
+
+    return mutate
+
+
+def _duplicated(document: dict) -> None:
+    document["traceEvents"] = [x for e in document["traceEvents"] for x in (e, e)]
+
+
+def _second_events_key(document: dict) -> bytes:
+    raw = _dump(document)
+    other = json.dumps(document["traceEvents"][:200]).encode()
+    return raw[:-1] + b', "traceEvents": ' + other + b"}"
+
+
+def _distributed(**fields):
+    def mutate(document: dict) -> None:
+        document["distributedInfo"].update(fields)
+
+    return mutate
+
+
+def _deep_args(depth: int):
+    def data(document: dict) -> bytes:
+        raw = _dump(document)
+        i = raw.index(b'"args": {') + len(b'"args": {')
+        return raw[:i] + b'"deep": ' + b"[" * depth + b"]" * depth + b", " + raw[i:]
+
+    return data
+
+
+def _fifo(name: str):
+    def make(folder: Path, base: dict) -> list[str]:
+        os.mkfifo(folder / name)
+        return [str(folder / name)]
+
+    return make
+
+
+def _folder_with(*files: tuple[str, object]):
+    """A trace folder holding the given entries: bytes, "fifo", "dir", or a callable on base."""
+
+    def make(folder: Path, base: dict) -> list[str]:
+        run = folder / "traces"
+        run.mkdir()
+        for name, content in files:
+            path = run / name
+            if content == "fifo":
+                os.mkfifo(path)
+            elif content == "dir":
+                path.mkdir()
+            else:
+                path.write_bytes(content(copy.deepcopy(base)) if callable(content) else content)
+        return [str(run)]
+
+    return make
+
+
+def _run_dir(run_json, fifo_trace: bool = False):
+    """A capture run directory: rank0.timing.json (the base) and the given run.json (bytes,
+    "fifo", or a dict)."""
+
+    def make(folder: Path, base: dict) -> list[str]:
+        run = folder / "run"
+        run.mkdir()
+        if fifo_trace:
+            os.mkfifo(run / "rank0.timing.json")
+        else:
+            (run / "rank0.timing.json").write_bytes(_dump(base))
+        if run_json == "fifo":
+            os.mkfifo(run / "run.json")
+        else:
+            text = run_json if isinstance(run_json, bytes) else json.dumps(run_json).encode()
+            (run / "run.json").write_bytes(text)
+        return [str(run)]
+
+    return make
+
+
+def _symlink_loop(folder: Path, base: dict) -> list[str]:
+    (folder / "a.json").symlink_to(folder / "b.json")
+    (folder / "b.json").symlink_to(folder / "a.json")
+    return [str(folder / "a.json")]
+
+
+def _dir_named_json(folder: Path, base: dict) -> list[str]:
+    (folder / "x.json").mkdir()
+    return [str(folder / "x.json")]
+
+
+def _bomb_file(char: bytes):
+    def make(folder: Path, base: dict) -> list[str]:
+        path = folder / "bomb.json.gz"
+        path.write_bytes(_bomb(char, gib=0.25))
+        return [str(path)]
+
+    return make
+
+
+RUN_OK = {"files": {"timing": ["rank0.timing.json"], "detailed": []}}
+
+
+def _dev_null_named_json(folder: Path, base: dict) -> list[str]:
+    (folder / "null.json").symlink_to("/dev/null")
+    return [str(folder / "null.json")]
+
+
+CORPUS: dict[str, Case] = {
+    # truncations at many offsets, gzip and plain
+    **{
+        f"gz_cut_{int(f * 1000):03d}": Case(_file("t.json.gz", _cut(f, True)), "gzip")
+        for f in (0.001, 0.1, 0.5, 0.9, 0.999)
+    },
+    "gz_cut_trailer": Case(_file("t.json.gz", _cut_end(4, True)), "gzip"),
+    "gz_magic_only": Case(_file("t.json.gz", b"\x1f\x8b"), "gzip"),
+    "gz_first_byte_only": Case(_file("t.json.gz", b"\x1f"), "not valid JSON"),
+    **{
+        f"json_cut_{int(f * 1000):03d}": Case(_file("t.json", _cut(f, False)), "not valid JSON")
+        for f in (0.0001, 0.5)
+    },
+    "json_cut_last_byte": Case(_file("t.json", _cut_end(1, False)), "not valid JSON"),
+    # gzip damage
+    "gz_flipped_middle": Case(_file("t.json.gz", _flip(0.5)), "gzip"),
+    "gz_bad_crc": Case(_file("t.json.gz", _trailer(-8)), "gzip"),
+    "gz_bad_isize": Case(_file("t.json.gz", _trailer(-2)), "gzip"),
+    "gz_bad_header_method": Case(
+        _file("t.json.gz", lambda b: b"\x1f\x8b\x07" + gzip.compress(_dump(b))[3:]), "gzip"
+    ),
+    "gz_trailing_garbage": Case(
+        _file("t.json.gz", lambda b: gzip.compress(_dump(b)) + b"garbage!"), "gzip"
+    ),
+    "gz_two_members": Case(
+        _file("t.json.gz", lambda b: gzip.compress(_dump(b)) * 2), "not valid JSON"
+    ),
+    "gz_of_nothing": Case(_file("t.json.gz", gzip.compress(b"")), "empty file"),
+    "zero_length_gz": Case(_file("t.json.gz", b""), "empty file"),
+    # encodings
+    "utf16_le_bom": Case(_file("t.json", lambda b: _dump(b).decode().encode("utf-16")), "UTF-16"),
+    "utf16_be_no_bom": Case(
+        _file("t.json", lambda b: _dump(b).decode().encode("utf-16-be")), "UTF-16"
+    ),
+    "utf32": Case(_file("t.json", lambda b: _dump(b).decode().encode("utf-32")), "UTF-32"),
+    "utf8_bom": Case(_file("rank0.json", lambda b: b"\xef\xbb\xbf" + _dump(b)), "ok"),
+    "bad_utf8_in_unread_key": Case(
+        _file("t.json", _insert(b'"External id"', b"\xc3\x28")), "UTF-8"
+    ),
+    "surrogate_in_header": Case(
+        _file("t.json", _insert(b'"trace_id": "', b"\xed\xa0\x80", 13)), "UTF-8"
+    ),
+    "latin1_name": Case(
+        _file("t.json", _insert(b'"name": "aten::', "é".encode("latin-1"), 9)), "UTF-8"
+    ),
+    "overlong_utf8": Case(_file("t.json", _insert(b'"name": "aten::', b"\xc0\xaf", 9)), "UTF-8"),
+    "bad_utf8_gzip": Case(
+        _file("t.json.gz", _gz(_insert(b'"name": "aten::', b"\xff", 9))), "UTF-8"
+    ),
+    # hostile values
+    "big_correlation": Case(_file("t.json", _mutated(_set_arg("correlation", INT64_PLUS))), "ok"),
+    "big_in_nelems": Case(_file("t.json", _mutated(_set_arg("In msg nelems", INT64_PLUS))), "ok"),
+    "big_stream_everywhere": Case(
+        _file("t.json", _mutated(_set_arg("stream", -INT64_PLUS, every=True))), "ok"
+    ),
+    "big_pid": Case(_file("t.json", _mutated(_set_event(3, pid=INT64_PLUS))), "ok"),
+    "negative_nelems": Case(_file("t.json", _mutated(_set_arg("In msg nelems", -5))), "ok"),
+    "zero_group_size": Case(_file("t.json", _mutated(_set_arg("Group size", 0, True))), "ok"),
+    "deep_args_gz": Case(_file("t.json.gz", _gz(_deep_args(100_000))), "nested"),
+    "deep_top_level": Case(_file("t.json", b"[" * 100_000 + b"]" * 100_000), "layout"),
+    "rank_is_text": Case(_file("rank0.json", _mutated(_distributed(rank="zero"))), "ok"),
+    "rank_is_list": Case(_file("rank0.json", _mutated(_distributed(rank=[0]))), "ok"),
+    "rank_is_huge": Case(_file("rank0.json", _mutated(_distributed(rank=INT64_PLUS))), "ok"),
+    "world_size_text": Case(_file("t.json", _mutated(_distributed(world_size="2"))), "ok"),
+    "pg_config_garbage": Case(
+        _file(
+            "t.json",
+            _mutated(_distributed(pg_config=[5, {"pg_name": "0", "ranks": "ab", "pg_size": "x"}])),
+        ),
+        "ok",
+    ),
+    "distributed_info_list": Case(
+        _file("t.json", _mutated(lambda d: d.update(distributedInfo=[1]))), "layout"
+    ),
+    "base_time_huge": Case(
+        _file("t.json", _mutated(lambda d: d.update(baseTimeNanoseconds=INT64_PLUS))), "ok"
+    ),
+    "nccl_1e300_us": Case(_file("t.json", _mutated(_nccl_duration(1e300))), "ok"),
+    "nccl_1e999_us": Case(
+        _file("t.json", lambda b: _dump(b).replace(b'"dur": 1', b'"dur": 1e999', 1)),
+        "out of range",
+    ),
+    "gpu_durations_negative": Case(_file("t.json", _mutated(_gpu_durations(-5000))), "impossible"),
+    "one_negative_nccl": Case(_file("t.json", _mutated(_nccl_duration(-1.0))), "ok"),
+    "one_ts_1e20": Case(_file("t.json", _mutated(_set_event(5, ts=1e20))), "ok"),
+    "one_ts_far_away": Case(_file("t.json", _mutated(_set_event(5, ts=1e15))), "ok"),
+    "one_ts_negative_huge": Case(_file("t.json", _mutated(_set_event(5, ts=-1e300))), "ok"),
+    "correlation_all_same": Case(
+        _file("t.json", _mutated(_set_arg("correlation", 7, every=True))), "correlation"
+    ),
+    "timestamps_all_zero": Case(_file("t.json", _mutated(_all("ts", 0))), "same time"),
+    "every_event_twice": Case(_file("t.json", _mutated(_duplicated)), "ok"),
+    "second_events_key": Case(_file("t.json", _second_events_key), "two 'traceEvents'"),
+    # other layouts
+    "events_null": Case(_file("t.json", b'{"traceEvents": null}'), "no 'traceEvents'"),
+    "events_numbers": Case(_file("t.json", b'{"traceEvents": [1, 2, 3]}'), "layout"),
+    "pid_float": Case(_file("t.json", _mutated(_set_event(2, pid=1.5))), "layout"),
+    "top_level_null": Case(_file("t.json", b"null"), "layout"),
+    "empty_object": Case(_file("t.json", b"{}"), "no 'traceEvents'"),
+    "empty_list": Case(_file("t.json", b"[]"), "empty"),
+    "not_json_text": Case(_file("t.json", b"hello, world\n" * 1000), "not valid JSON"),
+    "nul_bytes": Case(_file("t.json", b"\0" * 4096), "not valid JSON"),
+    "blank_file": Case(_file("t.json", b" \n\t" * 1000), "empty file"),
+    "bare_list_of_events": Case(_file("rank0.json", lambda b: _dump(b["traceEvents"])), "ok"),
+    "bomb_blank": Case(_bomb_file(b" "), "no JSON"),
+    "bomb_brackets": Case(_bomb_file(b"["), "layout"),
+    "bomb_braces": Case(_bomb_file(b"{"), "traceEvents"),
+    # odd files
+    "fifo_input": Case(_fifo("x.json"), "not a regular file"),
+    "dev_null": Case(lambda folder, base: ["/dev/null"], "not a regular file"),
+    "dev_null_named_json": Case(_dev_null_named_json, "not a regular file"),
+    "dir_named_json": Case(_dir_named_json, "no .json/.json.gz traces"),
+    "symlink_loop": Case(_symlink_loop, "no such file"),
+    "empty_file": Case(_file("t.json", b""), "empty file"),
+    "folder_with_fifo_and_trace": Case(
+        _folder_with(("rank0.json", "fifo"), ("rank1.json", _dump)), "ok"
+    ),
+    "folder_with_dir_named_json": Case(
+        _folder_with(("rank0.json", "dir"), ("rank1.json", _dump)), "ok"
+    ),
+    "run_json_fifo": Case(_run_dir("fifo"), "run.json"),
+    "run_json_list": Case(_run_dir([1, 2]), "array"),
+    "run_json_figures_text": Case(
+        _run_dir({**RUN_OK, "figures": {"step_time_ms": {"median": "fast"}}}),
+        "figures.step_time_ms.median is a string",
+    ),
+    "run_json_huge_number": Case(
+        _run_dir(
+            b'{"files": {"timing": ["rank0.timing.json"]}, "figures": {"mfu": 1'
+            + b"0" * 400
+            + b"}}"
+        ),
+        "figures.mfu",
+    ),
+    "run_lists_fifo_trace": Case(_run_dir(RUN_OK, fifo_trace=True), "missing"),
+}
+
+
+def _tree_digest(paths: list[str]) -> dict[str, str]:
+    """Content hash of every regular file at or below the given paths (FIFOs are not read)."""
+    out: dict[str, str] = {}
+    for raw in paths:
+        root = Path(raw)
+        items = [root] if not root.is_dir() else sorted(root.rglob("*"))
+        for item in items:
+            try:
+                mode = item.lstat().st_mode
+            except OSError:
+                continue
+            if stat.S_ISREG(mode):
+                out[str(item)] = hashlib.sha256(item.read_bytes()).hexdigest()
+            else:
+                out[str(item)] = f"mode {stat.S_IFMT(mode):o}"
+    return out
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    outputs: list[str]  # what the output folder holds afterwards
+    payload: str | None  # the --json file's text
+    inputs_before: dict[str, str]
+    inputs_after: dict[str, str]
+
+
+def _run_case(name: str, case: Case, root: Path, base: dict, env: dict) -> Outcome:
+    folder = root / name
+    folder.mkdir()
+    paths = case.make(folder, base)
+    out = root / f"{name}.out"
+    out.mkdir()
+    before = _tree_digest(paths)
+    started = time.monotonic()
+    try:
+        done = run_cli(
+            "analyze",
+            *paths,
+            "--json",
+            str(out / "out.json"),
+            "--report",
+            str(out / "r.html"),
+            timeout=TIMEOUT_S,
+            env=env,
+        )
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, stdout, stderr = -999, str(exc.stdout), f"HANG: no answer in {TIMEOUT_S} s"
+    seconds = time.monotonic() - started
+    listing = sorted(p.name for p in out.iterdir())
+    payload = (out / "out.json").read_text() if (out / "out.json").is_file() else None
+    return Outcome(code, stdout, stderr, seconds, listing, payload, before, _tree_digest(paths))
+
+
+@pytest.fixture(scope="module")
+def corpus_results(tmp_path_factory, base) -> dict[str, Outcome]:
+    """Every corpus case made and run once, a few at a time."""
+    root = tmp_path_factory.mktemp("hostile")
+    env = {"FSDP_TRACE_CACHE_DIR": str(root / ".cache"), "FSDP_TRACE_CACHE": "1"}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {
+            name: pool.submit(_run_case, name, case, root, base, env)
+            for name, case in CORPUS.items()
+        }
+        return {name: future.result() for name, future in futures.items()}
+
+
+def _reject_constant(token: str):
+    raise ValueError(f"non-standard JSON token {token}")
+
+
+NEGATIVE_OK = {"clock_offset_us", "start_us", "end_us", "slowdown_pct"}
+
+
+def insane_numbers(payload: str) -> list[str]:
+    """What is wrong with the numbers of a --json payload (strict JSON required)."""
+    data = json.loads(payload, parse_constant=_reject_constant)
+    problems: list[str] = []
+
+    def walk(value, key: str, where: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, str(k), f"{where}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, key, f"{where}[{i}]")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                problems.append(f"{where} = {value}")
+            elif key in NEGATIVE_OK:
+                return
+            elif key.endswith(("_us", "_pct", "_gbps", "bytes", "_per_step")) and value < 0:
+                problems.append(f"{where} = {value} < 0")
+            elif key.endswith("_pct") and value > 100 + 1e-9:
+                problems.append(f"{where} = {value} > 100 %")
+            elif key == "step_us" and value > 1e9:
+                problems.append(f"{where} = {value}: a step of over 16 minutes")
+
+    walk(data, "", "$")
+    return problems
+
+
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_corpus_case(corpus_results, name):
+    case, got = CORPUS[name], corpus_results[name]
+    both = got.stdout + got.stderr
+    assert got.returncode != -999, f"{name}: hang ({got.stderr})"
+    assert "Traceback" not in both, both[-3000:]
+    assert got.inputs_after == got.inputs_before, "an input was changed"
+    assert got.seconds < TIMEOUT_S
+    if case.expect == "ok":
+        assert got.returncode == 0, both[-2000:]
+        assert got.outputs == ["out.json", "r.html"], got.outputs
+        assert got.payload is not None
+        assert insane_numbers(got.payload) == [], insane_numbers(got.payload)[:5]
+    else:
+        assert got.returncode == 2, both[-2000:]
+        lines = got.stderr.strip().splitlines()
+        assert len(lines) == 1, got.stderr
+        assert lines[0].startswith(ERROR_PREFIX), lines[0]
+        assert case.expect in lines[0], lines[0]
+        assert got.outputs == [], f"outputs left behind: {got.outputs}"
+
+
+def test_corpus_is_large_and_varied():
+    assert len(CORPUS) >= 40
+    assert sum(c.expect == "ok" for c in CORPUS.values()) >= 10
+
+
+# --- focused tests: one per defect -------------------------------------------------------------
+
+
+def _cli_error(done, *fragments: str) -> str:
+    """The one-line error of a refused input (exit 2, no traceback); returns the line."""
+    both = done.stdout + done.stderr
+    assert "Traceback" not in both, both[-3000:]
+    assert done.returncode == 2, both[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _analyze_json(tmp_path, *paths) -> dict:
+    """`analyze` in this process (the corpus runs the command line), as its --json payload,
+    checked for sane numbers."""
+    from fsdp_trace import analyze
+    from fsdp_trace.render import export
+
+    out = tmp_path / "out.json"
+    export.write_json(analyze([str(p) for p in paths], cache=False), out)
+    payload = out.read_text()
+    assert insane_numbers(payload) == []
+    return json.loads(payload)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["kernel name", "unread key", "header", "near the end", "gzip"],
+)
+def test_invalid_utf8_anywhere_is_one_line(tmp_path, base, where):
+    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.errors import UserError
+
+    raw = _dump(base)
+    at = {
+        "kernel name": raw.index(b'"name": "ncclDevKernel') + 9,
+        "unread key": raw.index(b'"External id"') + 1,
+        "header": raw.index(b'"trace_id": "') + 13,
+        "near the end": len(raw) - 30,
+        "gzip": raw.index(b'"name": "aten::') + 9,
+    }[where]
+    data = raw[:at] + b"\xff" + raw[at:]
+    path = tmp_path / ("t.json.gz" if where == "gzip" else "t.json")
+    _write(path, gzip.compress(data) if where == "gzip" else data)
+    with pytest.raises(UserError, match=rf"not UTF-8 .*byte 0xff at byte {at}\b"):
+        load_trace(path, cache=False)
+    if where == "near the end":
+        _cli_error(run_cli("analyze", str(path), "--no-report"), "UTF-8")
+
+
+def _synthetic(tmp_path, name="rank0.json", **kernel_args) -> Path:
+    from tests.synth import TraceBuilder
+
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.kernel("gemm", 100, 100, launch_ts=5)
+    b.nccl("AllGather", 150, 100, launch_ts=6)
+    b.nccl("ReduceScatter", 300, 100, launch_ts=7)
+    b.kernel("gemm", 450, 100, launch_ts=8)
+    document = b.document()
+    for event in document["traceEvents"]:
+        if "Collective name" in event["args"]:
+            event["args"].update(kernel_args)
+            break
+    return _write(tmp_path / name, _dump(document))
+
+
+@pytest.mark.parametrize(
+    ("key", "column"),
+    [
+        ("correlation", "correlation"),
+        ("External id", "external_id"),
+        ("In msg nelems", "in_nelems"),
+        ("Sequence number", "sequence_number"),
+        ("Group size", "group_size"),
+    ],
+)
+@pytest.mark.parametrize("value", [INT64_PLUS, -INT64_PLUS, 2**63])
+def test_integers_beyond_int64_are_absent_with_a_notice(tmp_path, key, column, value):
+    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.trace import MISSING
+
+    path = _synthetic(tmp_path, **{key: value})
+    trace = load_trace(path, cache=False)
+    nccl = trace.events[trace.events["name"].astype(str).str.startswith("ncclDevKernel")]
+    assert nccl[column].iloc[0] == MISSING
+    (notice,) = [n for n in trace.notices if "int64" in n]
+    assert f"{key} ×1" in notice, notice
+    _analyze_json(tmp_path, path)
+
+
+def test_pid_and_tid_beyond_int64_stay_distinct_threads(tmp_path):
+    from fsdp_trace.analysis.loader import load_trace
+
+    document = json.loads(_synthetic(tmp_path).read_bytes())
+    for event in document["traceEvents"]:
+        if event["cat"] == "cuda_runtime":
+            event["tid"] = INT64_PLUS
+    path = _write(tmp_path / "rank0.json", _dump(document))
+    trace = load_trace(path, cache=False)
+    launches = trace.events[trace.events["cat"] == "cuda_runtime"]
+    assert launches["tid"].nunique() == 1 and launches["tid"].iloc[0] < 0  # a string-like id
+    _analyze_json(tmp_path, path)
+
+
+def test_deep_nesting_in_args_is_one_line(tmp_path, base):
+    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.errors import UserError
+
+    path = _write(tmp_path / "t.json", _deep_args(100_000)(copy.deepcopy(base)))
+    with pytest.raises(UserError, match="nested"):
+        load_trace(path, cache=False)
+    _cli_error(run_cli("analyze", str(path), "--no-report", timeout=TIMEOUT_S), "nested")
+
+
+def _in_subprocess(code: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    """`code` run by a fresh interpreter (a hang shows as TimeoutExpired, not a stuck suite)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
+    )
+
+
+def test_fifo_and_dev_null_are_refused_not_read(tmp_path):
+    fifo = tmp_path / "x.json"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/null")):
+        _cli_error(run_cli("analyze", str(path), "--no-report", timeout=20), "not a regular file")
+        done = _in_subprocess(
+            "from fsdp_trace.analysis.loader import load_trace\n"
+            "from fsdp_trace.errors import UserError\n"
+            f"try:\n    load_trace({str(path)!r}, cache=True)\n"
+            "except UserError as exc:\n    print(exc.message)\n"
+        )
+        assert "not a regular file" in done.stdout, done.stdout + done.stderr
+
+
+def test_fifos_in_a_run_directory_are_never_opened(tmp_path, base):
+    """A FIFO as run.json, as a listed trace, or as a trace in a folder: no hang."""
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "run.json")
+    (run / "rank0.timing.json").write_bytes(_dump(base))
+    _cli_error(run_cli("analyze", str(run), "--no-report", timeout=20), "run.json")
+    from fsdp_trace.errors import UserError
+    from fsdp_trace.runrecord import read_run
+
+    with pytest.raises(UserError, match="not a regular file"):
+        read_run(run)
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    os.mkfifo(folder / "rank1.json")
+    (folder / "rank0.json").write_bytes(_dump(base))
+    assert _analyze_json(tmp_path, folder)["ranks"][0]["rank"] == 0
+
+
+def test_fifo_named_like_a_cache_entry_is_skipped(tmp_path, monkeypatch):
+    """The cache never opens anything but a regular file of its own: a FIFO where an entry
+    would be is left alone (no hang) and the trace is parsed."""
+    from fsdp_trace.analysis import cache
+
+    monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FSDP_TRACE_CACHE", raising=False)
+    path = _synthetic(tmp_path)
+    entry = cache.TraceEntry.for_file(path)
+    entry.file.parent.mkdir(parents=True)
+    os.mkfifo(entry.file)
+    done = _in_subprocess(
+        "from fsdp_trace.analysis.loader import load_trace\n"
+        f"print(len(load_trace({str(path)!r}).events))\n"
+    )
+    assert done.returncode == 0 and int(done.stdout) > 0, done.stderr
+
+
+def _without_dac_override(*args: str) -> list[str]:
+    """Run as root without the capability to ignore file permissions (so mode 000 bites)."""
+    if os.geteuid() != 0:
+        return list(args)
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", *args]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the fsdp_trace/analysis/inputs.py change in the hardening report "
+    "(Path.exists raises PermissionError in an unreadable folder)",
+)
+def test_unreadable_directory_is_one_line(tmp_path, base):
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "rank0.json").write_bytes(_dump(base))
+    folder.chmod(0)
+    try:
+        done = subprocess.run(
+            _without_dac_override(
+                sys.executable, "-m", "fsdp_trace", "analyze", str(folder), "--no-report"
+            ),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env={**os.environ, "FSDP_TRACE_QUIET": "1", "FSDP_TRACE_CACHE": "0"},
+        )
+    finally:
+        folder.chmod(0o755)
+    _cli_error(done, "Permission denied")
+
+
+def test_unreadable_trace_and_run_json_are_one_line(tmp_path, base):
+    trace = tmp_path / "rank0.json"
+    trace.write_bytes(_dump(base))
+    trace.chmod(0)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps(RUN_OK))
+    (run / "run.json").chmod(0)
+    for path in (trace, run):
+        done = subprocess.run(
+            _without_dac_override(
+                sys.executable, "-m", "fsdp_trace", "analyze", str(path), "--no-report"
+            ),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env={**os.environ, "FSDP_TRACE_QUIET": "1", "FSDP_TRACE_CACHE": "0"},
+        )
+        _cli_error(done, "Permission denied")
+
+
+@pytest.mark.parametrize(
+    ("run_json", "fragment"),
+    [
+        (b"[1, 2]", "a JSON array, not an object"),
+        (json.dumps({**RUN_OK, "figures": {"mfu": "0.4"}}).encode(), "figures.mfu is a string"),
+        (
+            json.dumps({**RUN_OK, "figures": {"step_time_ms": {"median": "9"}}}).encode(),
+            "figures.step_time_ms.median is a string",
+        ),
+        (json.dumps({**RUN_OK, "figures": [1]}).encode(), "figures is an array"),
+        (b'{"figures": {"mfu": 1' + b"0" * 400 + b"}}", "figures.mfu"),
+        (json.dumps({**RUN_OK, "world": {"world_size": 2**70}}).encode(), "world.world_size"),
+        (b'{"figures": {"mfu": NaN}}', "figures.mfu"),
+        (b'{"command": "\xff"}', "run.json"),
+        (b"{" * 100_000, "run.json"),
+    ],
+)
+def test_bad_run_json_is_one_line(tmp_path, run_json, fragment):
+    """(The corpus runs such run directories through the command line.)"""
+    from fsdp_trace.errors import UserError
+    from fsdp_trace.runrecord import read_run
+
+    (tmp_path / "run.json").write_bytes(run_json)
+    with pytest.raises(UserError) as caught:
+        read_run(tmp_path)
+    assert fragment in caught.value.message and "\n" not in caught.value.message
+
+
+@pytest.mark.parametrize("rank", ["zero", [0], True, INT64_PLUS, -3, 0.5, None])
+def test_distributed_rank_that_is_not_a_rank_number(tmp_path, base, rank):
+    from fsdp_trace.analysis.loader import load_trace
+
+    document = copy.deepcopy(base)
+    document["distributedInfo"]["rank"] = rank
+    path = _write(tmp_path / "rank5.json", _dump(document))
+    trace = load_trace(path, cache=False)
+    assert trace.rank == 5  # from the file name
+    if rank is not None:
+        assert any("distributedInfo.rank" in n for n in trace.notices), trace.notices
+    assert _analyze_json(tmp_path, path)["ranks"][0]["rank"] == 5
+
+
+def test_bad_process_groups_are_dropped_with_a_notice(tmp_path, base):
+    from fsdp_trace.analysis.loader import load_trace
+
+    document = copy.deepcopy(base)
+    good = document["distributedInfo"]["pg_config"][0]
+    document["distributedInfo"]["world_size"] = "2"
+    document["distributedInfo"]["pg_config"] = [
+        5,
+        {"pg_name": "1", "ranks": "ab", "pg_size": "x"},
+        {"pg_name": "2", "ranks": ["a", 1]},
+        good,
+    ]
+    trace = load_trace(_write(tmp_path / "rank0.json", _dump(document)), cache=False)
+    assert trace.distributed["pg_config"] == [good]
+    assert trace.world_size is None and "world_size" not in trace.distributed
+    assert any("pg_config" in n for n in trace.notices)
+    assert any("world_size" in n for n in trace.notices)
+    _analyze_json(tmp_path, tmp_path / "rank0.json")
+
+
+def test_perfetto_with_timestamps_out_of_its_range_is_one_line(tmp_path, base):
+    document = copy.deepcopy(base)
+    for event in document["traceEvents"]:  # the whole trace before 1970: negative ns
+        if "ts" in event:
+            event["ts"] -= 1e13
+    path = _write(tmp_path / "rank0.json", _dump(document))
+    view = tmp_path / "v.pftrace"
+    out = tmp_path / "out.json"
+    done = run_cli(
+        "analyze",
+        str(path),
+        "--perfetto",
+        str(view),
+        "--json",
+        str(out),
+        "--no-report",
+        timeout=TIMEOUT_S,
+    )
+    _cli_error(done, "--perfetto")
+    assert not view.exists() and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]
+
+
+def test_perfetto_to_ns_refuses_what_int64_ns_cannot_hold():
+    import numpy as np
+
+    from fsdp_trace.errors import UserError
+    from fsdp_trace.render.perfetto import to_ns
+
+    assert to_ns(np.array([1.5, 2e15])).tolist() == [1500, 2 * 10**18]
+    for bad in (1e300, -1.0, float("nan"), float("inf"), 9.3e15):
+        with pytest.raises(UserError, match="--perfetto"):
+            to_ns(np.array([1.0, bad]))
+
+
+# --- corrupt but parseable events -----------------------------------------------------------
+
+
+def _load(tmp_path, document, name="rank0.json"):
+    from fsdp_trace.analysis.loader import load_trace
+
+    return load_trace(_write(tmp_path / name, _dump(document)), cache=False)
+
+
+def _baseline(tmp_path, base) -> dict:
+    """The --json payload of the unchanged base trace."""
+    folder = tmp_path / "clean"
+    folder.mkdir()
+    return _analyze_json(folder, _write(folder / "rank0.json", _dump(base)))
+
+
+def test_a_1e300_us_nccl_kernel_is_dropped_with_a_notice(tmp_path, base):
+    clean = _baseline(tmp_path, base)
+    document = copy.deepcopy(base)
+    next(e for e in document["traceEvents"] if _is_nccl(e))["dur"] = 1e300
+    trace = _load(tmp_path, document)
+    (notice,) = [n for n in trace.notices if "impossible" in n]
+    assert "1 " in notice and "ncclDevKernel" in notice, notice
+    got = _analyze_json(tmp_path, tmp_path / "rank0.json")
+    step = got["ranks"][0]["step_us"]["median"]
+    assert got["ranks"][0]["comm_us"]["median"] < step / 2
+    assert step == pytest.approx(clean["ranks"][0]["step_us"]["median"], rel=0.01)
+
+
+def test_negative_durations_are_dropped(tmp_path, base):
+    document = copy.deepcopy(base)
+    gpu = _events(document, _is_gpu)
+    for event in gpu[:10]:
+        event["dur"] = -5000
+    trace = _load(tmp_path, document)
+    assert (trace.events["dur"] >= 0).all()
+    assert any("10 " in n and "negative duration" in n for n in trace.notices), trace.notices
+    got = _analyze_json(tmp_path, tmp_path / "rank0.json")
+    assert got["ranks"][0]["comm_us"]["min"] >= 0
+
+
+def test_most_gpu_events_impossible_refuses_the_file(tmp_path, base):
+    from fsdp_trace.errors import UserError
+
+    document = copy.deepcopy(base)
+    for event in _events(document, _is_gpu):
+        event["dur"] = -1
+    with pytest.raises(UserError, match=r"GPU events are impossible"):
+        _load(tmp_path, document)
+    _cli_error(run_cli("analyze", str(tmp_path / "rank0.json"), "--no-report"), "impossible")
+
+
+def test_every_correlation_id_the_same_is_refused(tmp_path, base):
+    from fsdp_trace.errors import UserError
+
+    document = copy.deepcopy(base)
+    _set_arg("correlation", 7, every=True)(document)
+    with pytest.raises(UserError, match="correlation"):
+        _load(tmp_path, document)
+
+
+def test_a_few_shared_correlation_ids_are_unlinked_with_a_notice(tmp_path, base):
+    document = copy.deepcopy(base)
+    launches = [
+        e
+        for e in document["traceEvents"]
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    ]
+    launches[1]["args"]["correlation"] = launches[0]["args"]["correlation"]
+    trace = _load(tmp_path, document)
+    assert any("share" in n and "correlation" in n for n in trace.notices), trace.notices
+    _analyze_json(tmp_path, tmp_path / "rank0.json")
+
+
+def test_all_timestamps_zero_is_refused(tmp_path, base):
+    from fsdp_trace.errors import UserError
+
+    document = copy.deepcopy(base)
+    _all("ts", 0)(document)
+    with pytest.raises(UserError, match="same time"):
+        _load(tmp_path, document)
+
+
+def test_every_event_duplicated_gives_the_same_numbers_and_a_notice(tmp_path, base):
+    clean = _baseline(tmp_path, base)
+    document = copy.deepcopy(base)
+    _duplicated(document)
+    trace = _load(tmp_path, document)
+    assert any("duplicate" in n for n in trace.notices), trace.notices
+    got = _analyze_json(tmp_path, tmp_path / "rank0.json")
+    for key in ("step_us", "comm_us", "exposed_pct"):
+        assert got["ranks"][0][key] == clean["ranks"][0][key]
+    assert len(got["collectives"]) == len(clean["collectives"])
+
+
+def test_a_second_trace_events_key_is_refused(tmp_path, base):
+    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.errors import UserError
+
+    path = _write(tmp_path / "t.json", _second_events_key(copy.deepcopy(base)))
+    with pytest.raises(UserError, match="two 'traceEvents'"):
+        load_trace(path, cache=False)
+    small = _write(tmp_path / "s.json", b'{"traceEvents": [], "traceEvents": []}')
+    with pytest.raises(UserError, match="two 'traceEvents'"):
+        load_trace(small, cache=False)
+
+
+def test_validation_leaves_the_shipped_samples_alone():
+    """No notice and no dropped event on real traces: the thresholds have room."""
+    from fsdp_trace.analysis.loader import load_trace
+
+    for path in sorted(SAMPLES.glob("*/rank*.json.gz")):
+        trace = load_trace(path, cache=False)
+        assert trace.notices == [], (path, trace.notices)
+
+
+# --- memory: a gzip bomb ----------------------------------------------------------------------
+
+PEAK_RSS_LIMIT = 400 * 1024**2
+
+_MEASURE = """
+import subprocess, sys, time, psutil
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+proc = psutil.Process(child.pid)
+peak = 0
+while child.poll() is None:
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+        peak = max(peak, sum(p.memory_info().rss for p in tree))
+    except psutil.Error:
+        pass
+    time.sleep(0.005)
+print(peak, child.returncode)
+print(child.stderr.read().decode(), end="")
+"""
+
+
+def peak_rss(*args: str, timeout: float = TIMEOUT_S) -> tuple[int, int, str]:
+    """(peak RSS of the process tree, exit code, stderr) of `python -m fsdp_trace ARGS`."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, sys.executable, "-m", "fsdp_trace", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1", "FSDP_TRACE_CACHE": "0"},
+    )
+    first, _, rest = done.stdout.partition("\n")
+    peak, code = map(int, first.split())
+    return peak, code, rest
+
+
+@pytest.mark.parametrize("char", [b" ", b"[", b"{", b"a", b"0"])
+def test_gzip_bomb_is_refused_in_bounded_memory(tmp_path, char):
+    """2 MB on disk, 2 GiB of one character inside: refused in one line, well under 400 MB."""
+    bomb = _write(tmp_path / "bomb.json.gz", _bomb(char, gib=2.0))
+    assert bomb.stat().st_size < 3 * 1024**2
+    peak, code, stderr = peak_rss("analyze", str(bomb), "--no-report")
+    assert code == 2, stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+    assert peak < PEAK_RSS_LIMIT, f"peak RSS {peak / 1024**2:.0f} MB"
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files away")
+NOBODY = 65534
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    from fsdp_trace.analysis import cache
+
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(folder))
+    monkeypatch.delenv("FSDP_TRACE_CACHE", raising=False)
+    cache.code_version.cache_clear()
+    yield folder
+    cache.code_version.cache_clear()
+
+
+def _two_traces(tmp_path) -> tuple[Path, Path]:
+    from tests.synth import TraceBuilder
+
+    paths = []
+    for i, dur in enumerate((100, 300)):
+        b = TraceBuilder()
+        b.step(1, 0, 1000)
+        b.kernel("gemm", 100, dur, launch_ts=5)
+        b.nccl("AllGather", 150, 100, launch_ts=6)
+        folder = tmp_path / f"t{i}"
+        folder.mkdir()
+        paths.append(b.write(folder / "rank0.json"))
+    return paths[0], paths[1]
+
+
+def test_a_renamed_cache_entry_cannot_answer_for_another_trace(cache_dir, tmp_path):
+    """Each entry holds its key: one copied over another trace's name is not read (before,
+    the checksum matched and trace B got trace A's columns)."""
+    from fsdp_trace.analysis import cache, perrank
+    from fsdp_trace.analysis.loader import load_trace
+
+    a, b = _two_traces(tmp_path)
+    load_trace(a)
+    entry_a = cache.TraceEntry.for_file(a).file
+    entry_b = cache.TraceEntry.for_file(b).file
+    entry_a.parent.joinpath(entry_b.name).write_bytes(entry_a.read_bytes())
+    got = load_trace(b)
+    gemm = got.events["name"].astype(str) == "gemm"
+    assert got.events.loc[gemm, "dur"].tolist() == [300]  # b's own columns, parsed again
+    perrank.analyze_file(a)
+    params = {"source": "trace", "rank_from_name": 0}
+    analysis_a = cache.AnalysisEntry.for_file(a, params).file
+    analysis_b = cache.AnalysisEntry.for_file(b, params).file
+    analysis_b.write_bytes(analysis_a.read_bytes())
+    assert perrank.analyze_file(b).steps["compute_us"].iloc[0] == 300
+
+
+def _parse_spy(monkeypatch) -> list:
+    from fsdp_trace.analysis import loader
+
+    calls: list = []
+    real = loader._parse
+
+    def spy(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loader, "_parse", spy)
+    return calls
+
+
+@needs_root
+def test_cache_folder_of_another_user_is_refused(cache_dir, tmp_path, monkeypatch):
+    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.loader import load_trace
+
+    a, _ = _two_traces(tmp_path)
+    cache_dir.mkdir(mode=0o700)
+    os.chown(cache_dir, NOBODY, NOBODY)
+    calls = _parse_spy(monkeypatch)
+    load_trace(a)
+    load_trace(a)
+    assert len(calls) == 2 and list(cache_dir.iterdir()) == []  # neither read nor written
+    reason = cache.refused()
+    assert reason is not None and f"owned by uid {NOBODY}" in reason
+    assert not cache.enabled()
+    assert "off" in cache.info().lines()[0] and f"uid {NOBODY}" in cache.info().lines()[0]
+    done = run_cli("analyze", str(a), "--no-report", env={"FSDP_TRACE_CACHE_DIR": str(cache_dir)})
+    assert done.returncode == 0, done.stderr
+    warnings = [ln for ln in done.stderr.splitlines() if "cache" in ln]
+    assert len(warnings) == 1 and warnings[0].startswith("fsdp-trace: warning: cache off: ")
+    shown = run_cli("cache", "info", env={"FSDP_TRACE_CACHE_DIR": str(cache_dir)})
+    assert shown.returncode == 0 and f"owned by uid {NOBODY}" in shown.stdout, shown.stdout
+    cleared = run_cli("cache", "clear", env={"FSDP_TRACE_CACHE_DIR": str(cache_dir)})
+    assert cleared.returncode == 2 and "Traceback" not in cleared.stderr
+
+
+def test_cache_folder_writable_by_others_is_refused(cache_dir, tmp_path, monkeypatch):
+    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.loader import load_trace
+
+    a, _ = _two_traces(tmp_path)
+    cache_dir.mkdir()
+    for mode in (0o777, 0o775):
+        cache_dir.chmod(mode)
+        assert cache.refused() is not None and "writable by" in cache.refused()
+        calls = _parse_spy(monkeypatch)
+        load_trace(a)
+        assert calls and list(cache_dir.iterdir()) == []
+    cache_dir.chmod(0o755)
+    assert cache.refused() is None
+
+
+@needs_root
+def test_sticky_shared_cache_folder_reads_only_our_entries(cache_dir, tmp_path, monkeypatch):
+    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.loader import load_trace
+
+    a, _ = _two_traces(tmp_path)
+    cache_dir.mkdir()
+    cache_dir.chmod(0o1777)
+    assert cache.refused() is None
+    load_trace(a)
+    (entry,) = cache_dir.glob("trace-*")
+    os.chown(entry, NOBODY, NOBODY)  # now another user's file
+    calls = _parse_spy(monkeypatch)
+    load_trace(a)
+    assert len(calls) == 1  # not read: parsed again
+
+
+def test_cache_info_tells_when_the_cache_is_off(cache_dir, monkeypatch):
+    monkeypatch.setenv("FSDP_TRACE_CACHE", "0")
+    shown = run_cli(
+        "cache", "info", env={"FSDP_TRACE_CACHE_DIR": str(cache_dir), "FSDP_TRACE_CACHE": "0"}
+    )
+    assert shown.returncode == 0
+    assert "(off: FSDP_TRACE_CACHE=0)" in shown.stdout.splitlines()[0], shown.stdout
+    shown = run_cli(
+        "cache", "info", env={"FSDP_TRACE_CACHE_DIR": str(cache_dir), "FSDP_TRACE_CACHE": "1"}
+    )
+    assert "(on)" in shown.stdout.splitlines()[0], shown.stdout
+
+
+# --- what needs a change outside the loader (see the hardening report) ----------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the fsdp_trace/analysis/config.py change in the hardening report "
+    "(_n_steps: a NaN rank makes groupby empty)",
+)
+def test_gpu_trace_that_names_no_rank_is_analyzed(tmp_path, base):
+    document = copy.deepcopy(base)
+    del document["distributedInfo"]
+    _analyze_json(tmp_path, _write(tmp_path / "t.json", _dump(document)))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the rank.py / cpu_collectives.py change in the hardening report "
+    "(a RankAnalysis starts from its Trace's notices)",
+)
+def test_loader_notices_reach_the_output(tmp_path, base):
+    document = copy.deepcopy(base)
+    _duplicated(document)
+    got = _analyze_json(tmp_path, _write(tmp_path / "rank0.json", _dump(document)))
+    assert "duplicated events" in json.dumps(got["notices"])
