@@ -88,16 +88,39 @@ def _group_loose(
     return out
 
 
-def relabel(rank: RankAnalysis, source: str) -> RankAnalysis:
-    """The same analysis as a trace of another kind (its tables' `source` column too)."""
-    if rank.source == source:
-        return rank
-    changes = {"source": str(source)}
+def _with(rank: RankAnalysis, column: str, value) -> RankAnalysis:
+    """The same analysis with `column` (a field, and a column of its tables) set."""
+    changes = {column: value}
     for name in ("steps", "collectives", "blocks", "compute_phases"):
         frame = getattr(rank, name)
-        if "source" in frame:
-            changes[name] = frame.assign(source=str(source))
+        if column in frame:
+            changes[name] = frame.assign(**{column: value})
     return dataclasses.replace(rank, **changes)
+
+
+def relabel(rank: RankAnalysis, source: str) -> RankAnalysis:
+    """The same analysis as a trace of another kind (its tables' `source` column too)."""
+    return rank if rank.source == source else _with(rank, "source", str(source))
+
+
+def number_unnamed(analyses: list[RankAnalysis]) -> tuple[list[RankAnalysis], list[str]]:
+    """Traces that name no rank (no distributedInfo.rank, none in the file name) take the
+    lowest free rank numbers, in file order, said in a notice."""
+    used = {a.rank for a in analyses if a.rank is not None}
+    unnamed = [i for i, a in enumerate(analyses) if a.rank is None]
+    if not unnamed:
+        return analyses, []
+    free = (n for n in range(len(used) + len(unnamed) + 1) if n not in used)
+    out = list(analyses)
+    given = []
+    for i in unnamed:
+        number = next(free)
+        out[i] = _with(out[i], "rank", number)
+        given.append(f"{Path(out[i].path).name if out[i].path else i} as rank {number}")
+    return out, [
+        f"{len(unnamed)} trace{'s' * (len(unnamed) != 1)} name no rank (no "
+        f"distributedInfo.rank, no rank in the file name): read {', '.join(given)}"
+    ]
 
 
 def grouping_line(runs: list[tuple[RunInput, list[RankAnalysis]]], files: int) -> str:
@@ -128,9 +151,8 @@ def analyze_run(
 ) -> RunAnalysis:
     """One run from its traces' analyses: configuration, cross-rank view, breakdown,
     diagnosis."""
-    timing = [r for r in analyses if r.source != Source.DETAILED]
-    detailed = [r for r in analyses if r.source == Source.DETAILED]
-    notices: list[str] = []
+    timing, notices = number_unnamed([r for r in analyses if r.source != Source.DETAILED])
+    detailed, _ = number_unnamed([r for r in analyses if r.source == Source.DETAILED])
     config = infer(timing, run_in.run)
     notices += config.notices
     for r in timing + detailed:

@@ -786,11 +786,6 @@ def _without_dac_override(*args: str) -> list[str]:
     return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", *args]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the fsdp_trace/analysis/inputs.py change in the hardening report "
-    "(Path.exists raises PermissionError in an unreadable folder)",
-)
 def test_unreadable_directory_is_one_line(tmp_path, base):
     folder = tmp_path / "traces"
     folder.mkdir()
@@ -1238,22 +1233,12 @@ def test_cache_info_tells_when_the_cache_is_off(cache_dir, monkeypatch):
 # --- what needs a change outside the loader (see the hardening report) ----------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the fsdp_trace/analysis/config.py change in the hardening report "
-    "(_n_steps: a NaN rank makes groupby empty)",
-)
 def test_gpu_trace_that_names_no_rank_is_analyzed(tmp_path, base):
     document = copy.deepcopy(base)
     del document["distributedInfo"]
     _analyze_json(tmp_path, _write(tmp_path / "t.json", _dump(document)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the rank.py / cpu_collectives.py change in the hardening report "
-    "(a RankAnalysis starts from its Trace's notices)",
-)
 def test_loader_notices_reach_the_output(tmp_path, base):
     document = copy.deepcopy(base)
     _duplicated(document)

@@ -194,10 +194,12 @@ def code_version(kind: str) -> str | None:
 def _sources(kind: str) -> list[Path]:
     """The source files whose code shapes an entry of `kind`."""
     package = Path(__file__).resolve().parent
+    # Shared by the loader and the analysis: the vocabulary, run.json reading, the errors.
+    shared = [package.parent / name for name in ("vocab.py", "runrecord.py", "errors.py")]
     if kind == "trace":
         names = ("loader.py", "trace.py", "validate.py", "cache.py")
-        return [package / name for name in names]
-    return sorted(package.glob("*.py"))  # the loader, the analysis, the results' classes
+        return [package / name for name in names] + shared
+    return sorted(package.glob("*.py")) + shared  # the loader, the analysis, the results
 
 
 class _Unsupported(TypeError):

@@ -35,7 +35,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
     """The CPU-side collectives of a trace without GPU kernels, attributed like NCCL ones."""
     events = trace.events
     names = events["name"]  # categorical: string tests run once per distinct name
-    notices: list[str] = []
+    notices: list[str] = list(trace.notices)
     cpu_mask = np.isin(kinds, (classify.CPU_OP, classify.ANNOTATION, classify.LAUNCH))
     cpu = events[cpu_mask]
     cpu_steps = steps_mod.cpu_steps(events, kinds)

@@ -89,21 +89,21 @@ class Inputs:
 
 def _walk(folder: Path, depth: int) -> tuple[list[Path], list[Path]]:
     """Capture run folders and loose trace files at or below `folder`."""
-    if (folder / RUN_FILE).exists():
-        return [folder], []
-    try:
+    try:  # Path.exists/is_file/is_dir raise PermissionError in a folder we cannot search
+        if (folder / RUN_FILE).exists():
+            return [folder], []
         entries = sorted(folder.iterdir())
+        files = sorted((p for p in entries if is_trace_file(p)), key=_rank_key)
+        subfolders = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
     except OSError as exc:
-        raise UserError(f"{folder}: cannot list the folder ({exc.strerror or exc})") from None
-    files = sorted((p for p in entries if is_trace_file(p)), key=_rank_key)
+        raise UserError(f"{folder}: cannot read the folder ({exc.strerror or exc})") from None
     if files or depth == 0:
         return [], files
     runs, loose = [], []
-    for sub in entries:
-        if sub.is_dir() and not sub.name.startswith("."):
-            r, f = _walk(sub, depth - 1)
-            runs += r
-            loose += f
+    for sub in subfolders:
+        r, f = _walk(sub, depth - 1)
+        runs += r
+        loose += f
     return runs, loose
 
 
@@ -118,12 +118,16 @@ def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
     sources: dict[Path, str] = {}
     for raw in paths:
         path = Path(raw)
-        if not path.exists():
+        try:
+            exists, is_file, is_dir = path.exists(), path.is_file(), path.is_dir()
+        except OSError as exc:  # in a folder we cannot search: PermissionError
+            raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if not exists:
             raise UserError(f"{path}: no such file or directory")
-        if path.is_file():
+        if is_file:
             readers.reader_for(path)  # a format some reader takes, else a one-line error
             found_runs, found = [], [path]
-        elif path.is_dir():
+        elif is_dir:
             found_runs, found = _walk(path, SEARCH_DEPTH)
             if not found_runs and not found:
                 raise UserError(

@@ -120,7 +120,7 @@ def analyze_trace(trace: Trace, source: str = Source.TRACE) -> RankAnalysis:
     source = Source(source).value  # a plain string in every table (and in the cache)
     events = trace.events
     kinds = classify.event_kinds(events)
-    notices: list[str] = []
+    notices: list[str] = list(trace.notices)
     gpu_idx = np.flatnonzero(
         classify.kind_mask(kinds, classify.COMM, classify.COMPUTE, classify.MEMCPY, classify.MEMSET)
     )

@@ -3,80 +3,13 @@ bandwidth from the compute they overlap, so the same block op runs slower beside
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
-
-from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.overlap_tax import op_tax
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.vocab import Basis
-from fsdp_trace.vocab import Kind as EventKind
 
 TAX_COST = 0.03  # time NCCL adds to the compute beside it, share of the step
-TAX_MIN_LAUNCHES = 3  # launches of an op with and without NCCL beside it, each
-
-
-def _op_tax(ctx: Context, r: RankAnalysis) -> pd.DataFrame:
-    """Per compute op of the transformer blocks, its median duration with NCCL beside it
-    (over half of the kernel overlaps communication) and alone (none does).
-
-    An op is one kernel position of a block: name, launch grid and block shape, phase and the
-    n-th launch of that shape in the block's phase. Every block runs the same ops on the same
-    shapes, so an op compares like with like across blocks and steps; a name alone mixes
-    problem sizes (persistent GEMM kernels launch one grid for every shape)."""
-    k = r.kernels
-    if k.empty or "grid" not in k or "block_dim" not in k:
-        return pd.DataFrame()
-    comm = k[k["kind"] == EventKind.COMM]
-    blocks = ctx.block_units()
-    compute = k[
-        (k["kind"] == EventKind.COMPUTE)
-        & k["block"].isin(blocks)
-        & k["grid"].notna()
-        & k["block_dim"].notna()
-    ].sort_values("ts", kind="stable")
-    if comm.empty or compute.empty:
-        return pd.DataFrame()
-    comm_u = iv.union(comm["ts"].to_numpy(), comm["end"].to_numpy())
-    dur = compute["dur"].to_numpy(dtype=np.float64)
-    shared = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), comm_u)
-    frac = np.divide(shared, dur, out=np.zeros_like(dur), where=dur > 0)
-    shape = ["name", "grid", "block_dim", "phase"]
-    frame = pd.DataFrame(
-        {
-            "shape": compute.groupby(shape, sort=False, observed=True, dropna=False)
-            .ngroup()
-            .to_numpy(),
-            "nth": compute.groupby(["step", "block", *shape], observed=True, dropna=False)
-            .cumcount()
-            .to_numpy(),
-            "kernel": compute["name"].to_numpy(),
-            "phase": compute["phase"].to_numpy(),
-            "dur": dur,
-        }
-    )
-    beside = (
-        frame[frac > 0.5]
-        .groupby(["shape", "nth"])
-        .agg(
-            kernel=("kernel", "first"),
-            phase=("phase", "first"),
-            median_with=("dur", "median"),
-            time_with=("dur", "sum"),
-            n_with=("dur", "size"),
-        )
-    )
-    alone = (
-        frame[frac == 0].groupby(["shape", "nth"])["dur"].agg(median_alone="median", n_alone="size")
-    )
-    ops = beside.join(alone, how="inner")
-    ops = ops[(ops["n_with"] >= TAX_MIN_LAUNCHES) & (ops["n_alone"] >= TAX_MIN_LAUNCHES)].copy()
-    ops["slowdown"] = ops["median_with"] / ops["median_alone"] - 1.0
-    # Time beside NCCL beyond what the same launches take alone: T − T / (1 + slowdown).
-    ops["added_us"] = ops["time_with"] * ops["slowdown"] / (1.0 + ops["slowdown"])
-    return ops
 
 
 @rule(
@@ -90,7 +23,7 @@ def overlap_tax(ctx: Context) -> Finding | None:
     a noticeable share of the step."""
     worst = None
     for r in ctx.gpu_ranks:
-        ops = _op_tax(ctx, r)
+        ops = op_tax(r, ctx.block_units())
         if ops.empty:
             continue
         n_steps = max(len(r.steps), 1)

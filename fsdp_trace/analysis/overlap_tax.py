@@ -1,0 +1,87 @@
+"""The overlap tax, measured: the same block op's duration with NCCL kernels beside it and
+alone. Read by the overlap-tax rule and by the what-if replay (compute beside NCCL runs
+slower by this rate)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analysis import intervals as iv
+from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.vocab import Kind
+
+TAX_MIN_LAUNCHES = 3  # launches of an op with and without NCCL beside it, each
+
+
+def op_tax(r: RankAnalysis, blocks: set[str]) -> pd.DataFrame:
+    """Per compute op of the transformer blocks, its median duration with NCCL beside it
+    (over half of the kernel overlaps communication) and alone (none does).
+
+    An op is one kernel position of a block: name, launch grid and block shape, phase and the
+    n-th launch of that shape in the block's phase. Every block runs the same ops on the same
+    shapes, so an op compares like with like across blocks and steps; a name alone mixes
+    problem sizes (persistent GEMM kernels launch one grid for every shape)."""
+    k = r.kernels
+    if k.empty or "grid" not in k or "block_dim" not in k:
+        return pd.DataFrame()
+    comm = k[k["kind"] == Kind.COMM]
+    compute = k[
+        (k["kind"] == Kind.COMPUTE)
+        & k["block"].isin(blocks)
+        & k["grid"].notna()
+        & k["block_dim"].notna()
+    ].sort_values("ts", kind="stable")
+    if comm.empty or compute.empty:
+        return pd.DataFrame()
+    comm_u = iv.union(comm["ts"].to_numpy(), comm["end"].to_numpy())
+    dur = compute["dur"].to_numpy(dtype=np.float64)
+    shared = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), comm_u)
+    frac = np.divide(shared, dur, out=np.zeros_like(dur), where=dur > 0)
+    shape = ["name", "grid", "block_dim", "phase"]
+    frame = pd.DataFrame(
+        {
+            "shape": compute.groupby(shape, sort=False, observed=True, dropna=False)
+            .ngroup()
+            .to_numpy(),
+            "nth": compute.groupby(["step", "block", *shape], observed=True, dropna=False)
+            .cumcount()
+            .to_numpy(),
+            "kernel": compute["name"].to_numpy(),
+            "phase": compute["phase"].to_numpy(),
+            "dur": dur,
+        }
+    )
+    beside = (
+        frame[frac > 0.5]
+        .groupby(["shape", "nth"])
+        .agg(
+            kernel=("kernel", "first"),
+            phase=("phase", "first"),
+            median_with=("dur", "median"),
+            time_with=("dur", "sum"),
+            n_with=("dur", "size"),
+        )
+    )
+    alone = (
+        frame[frac == 0].groupby(["shape", "nth"])["dur"].agg(median_alone="median", n_alone="size")
+    )
+    ops = beside.join(alone, how="inner")
+    ops = ops[(ops["n_with"] >= TAX_MIN_LAUNCHES) & (ops["n_alone"] >= TAX_MIN_LAUNCHES)].copy()
+    ops["slowdown"] = ops["median_with"] / ops["median_alone"] - 1.0
+    # Time beside NCCL beyond what the same launches take alone: T − T / (1 + slowdown).
+    ops["added_us"] = ops["time_with"] * ops["slowdown"] / (1.0 + ops["slowdown"])
+    return ops
+
+
+def tax_rate(ranks: list[RankAnalysis], blocks: set[str]) -> float:
+    """How much slower compute runs beside NCCL (0.4: 40 %), pooled over the ranks'
+    measured ops by their time beside NCCL; 0 where no op was measured both ways."""
+    frames = [op_tax(r, blocks) for r in ranks]
+    ops = (
+        pd.concat([f for f in frames if not f.empty]) if any(not f.empty for f in frames) else None
+    )
+    if ops is None or not len(ops):
+        return 0.0
+    weight = ops["time_with"].to_numpy(dtype=np.float64)
+    return max(0.0, float((ops["slowdown"].to_numpy() * weight).sum() / weight.sum()))
