@@ -3,26 +3,107 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import shlex
 import sys
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from fsdp_trace import __version__
 from fsdp_trace.errors import UserError
+from fsdp_trace.present.fmt import plural
+
+
+class _PlainOption(TyperOption):
+    """An option whose help shows a plain value name (`INTEGER`, `DIR`, `true|false|N`), or
+    none for a switch, instead of typer's `<bool>` / `<list[str]>`."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        return self.metavar or _type_name(self.bare_type())
+
+
+class _PlainArgument(TyperArgument):
+    """An argument named `PATHS...` in the usage line and the help, not `{paths}...`."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    def _name(self) -> str:
+        return (self.metavar or self.name or "").upper()
+
+    def _rich_display_name(self) -> str:
+        return self._name() + ("..." if self.nargs != 1 else "")
+
+    def _usage_display_name(self) -> str:
+        name = self._name() if self.required else f"[{self._name()}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+TYPE_NAMES = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "bool": "BOOLEAN"}
+
+
+def _type_name(bare: str) -> str:
+    """`int` → INTEGER, `list[str]` → TEXT (repeatable options say so in their help)."""
+    if bare.startswith("list[") and bare.endswith("]"):
+        bare = bare[5:-1]
+    return TYPE_NAMES.get(bare, bare.upper())
+
+
+def _plain(params: list) -> list:
+    for param in params:
+        if type(param) is TyperOption:
+            param.__class__ = _PlainOption
+        elif type(param) is TyperArgument:
+            param.__class__ = _PlainArgument
+    return params
+
+
+def unwrap(text: str | None) -> str | None:
+    """A docstring's paragraphs, each on one line: the terminal wraps them at its width (rich
+    help keeps single newlines, which break sentences at 80 columns)."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
+class PlainCommand(TyperCommand):
+    """Every command: help without typer's type markers, paragraphs wrapped to the terminal."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["help"] = unwrap(kwargs.get("help"))
+        super().__init__(*args, **kwargs)
+
+    def get_params(self, ctx: Any) -> list:
+        return _plain(super().get_params(ctx))
+
+
+class PlainGroup(TyperGroup):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["help"] = unwrap(kwargs.get("help"))
+        super().__init__(*args, **kwargs)
+
+    def get_params(self, ctx: Any) -> list:
+        return _plain(super().get_params(ctx))
+
 
 app = typer.Typer(
     name="fsdp-trace",
-    help="Where FSDP2 communication is not hidden behind compute, block by block, "
-    "and what to change.",
+    help="Find the FSDP2 communication not hidden behind compute, and what to change.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=PlainGroup,
 )
 
 
@@ -98,147 +179,105 @@ def under_torchrun() -> bool:
     )
 
 
-@app.command()
-def capture(
-    model: Annotated[
-        str,
-        typer.Option(
-            help="A preset (tiny, gpt-small, gpt-1.3b) or your own package.module:factory."
-        ),
-    ] = "tiny",
-    out: Annotated[str, typer.Option(help="Run directory to write traces and run.json into.")] = (
-        "fsdp-trace-run"
-    ),
-    overwrite: Annotated[
-        bool, typer.Option(help="Reuse a non-empty --out (its old traces are deleted).")
-    ] = False,
-    nproc_per_node: Annotated[
-        int | None,
-        typer.Option(
-            help="Processes on this node when not run under torchrun (default: GPUs, or 1)."
-        ),
-    ] = None,
-    nnodes: Annotated[
-        str, typer.Option(help="torchrun --nnodes (multi-node: also give the rendezvous options).")
-    ] = "1",
-    node_rank: Annotated[int | None, typer.Option(help="torchrun --node-rank.")] = None,
-    rdzv_backend: Annotated[str | None, typer.Option(help="torchrun --rdzv-backend.")] = None,
-    rdzv_endpoint: Annotated[str | None, typer.Option(help="torchrun --rdzv-endpoint.")] = None,
-    rdzv_id: Annotated[str | None, typer.Option(help="torchrun --rdzv-id.")] = None,
-    master_addr: Annotated[str | None, typer.Option(help="torchrun --master-addr.")] = None,
-    master_port: Annotated[int | None, typer.Option(help="torchrun --master-port.")] = None,
-    device: Annotated[
-        str, typer.Option(help="auto (CUDA+NCCL if GPUs, else CPU+gloo), cuda or cpu.")
-    ] = "auto",
-    batch_size: Annotated[
-        int | None,
-        typer.Option(
-            help="Local batch per GPU (default: the preset's; required for a "
-            "package.module:factory model)."
-        ),
-    ] = None,
-    seq_len: Annotated[
-        int | None,
-        typer.Option(
-            help="Sequence length (default: the preset's; required for a "
-            "package.module:factory model)."
-        ),
-    ] = None,
-    dtype: Annotated[
-        str,
-        typer.Option(
-            help="Parameter/compute dtype of the mixed-precision policy: bf16, fp16, fp32."
-        ),
-    ] = "bf16",
-    reduce_dtype: Annotated[
-        str, typer.Option(help="Gradient reduce-scatter dtype: fp32, bf16, fp16.")
-    ] = "fp32",
-    hsdp: Annotated[
-        int,
-        typer.Option(
-            help="Hybrid sharding: R replicas of world/R shards each (1: plain FSDP over all "
-            "ranks)."
-        ),
-    ] = 1,
-    reshard_after_forward: Annotated[
-        str,
-        typer.Option(help="fully_shard's reshard_after_forward: true, false, or a group size."),
-    ] = "true",
-    root_reshard_after_forward: Annotated[
-        str,
-        typer.Option(
-            help="reshard_after_forward for the root unit: default (FSDP2's), true or false."
-        ),
-    ] = "default",
-    keep_last_unsharded: Annotated[
-        bool,
-        typer.Option(
-            "--keep-last-unsharded/--reshard-last",
-            help="Do not reshard the last block (and the head unit) after forward: backward "
-            "needs them at once.",
-        ),
-    ] = False,
-    shard_embeddings: Annotated[
-        bool,
-        typer.Option(help="Shard the embeddings and the norm+output head as their own units."),
-    ] = False,
-    prefetch_forward: Annotated[
-        int, typer.Option(help="Explicit forward prefetch depth (0: FSDP2's default).")
-    ] = 0,
-    prefetch_backward: Annotated[
-        int, typer.Option(help="Explicit backward prefetch depth (0: FSDP2's default of 1).")
-    ] = 0,
-    ac_coverage: Annotated[
-        float,
-        typer.Option(help="Fraction of blocks under activation checkpointing, spread evenly."),
-    ] = 0.0,
-    ac_mode: Annotated[
-        str, typer.Option(help="Checkpoint implementation: non-reentrant or reentrant.")
-    ] = "non-reentrant",
-    compile: Annotated[bool, typer.Option(help="torch.compile each block.")] = False,
-    grad_accum: Annotated[
-        int, typer.Option(help="Micro-batches per optimizer step (gradient accumulation).")
-    ] = 1,
-    accum_no_sync: Annotated[
-        bool,
-        typer.Option(
-            "--accum-no-sync/--accum-sync",
-            help="Skip the reduce-scatter on non-final micro-batches.",
-        ),
-    ] = False,
-    warmup_steps: Annotated[int, typer.Option(help="Untimed steps before profiling.")] = 3,
-    timing_steps: Annotated[int, typer.Option(help="Steps in the lean timing trace.")] = 5,
-    timed_steps: Annotated[
-        int, typer.Option(help="Un-profiled steps timed for tokens/s, MFU and memory.")
-    ] = 10,
-    seed: Annotated[int, typer.Option(help="Seed for weights and synthetic tokens.")] = 0,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-4,
-    timeout_s: Annotated[
-        int,
-        typer.Option(
-            help="Process-group timeout in seconds (at least 1): a stuck collective fails, "
-            "never hangs."
-        ),
-    ] = 300,
-    baseline: Annotated[
-        str | None,
-        typer.Option(help="A 1-GPU run directory: record scaling efficiency against it."),
-    ] = None,
-    straggler_rank: Annotated[
-        int | None, typer.Option(help="Diagnostics: delay this rank's steps (a slow data loader).")
-    ] = None,
-    straggler_delay_ms: Annotated[
-        float, typer.Option(help="Diagnostics: host delay per step on --straggler-rank.")
-    ] = 0.0,
-) -> None:
-    """Profile an FSDP2 training step: one detailed step and several lean timing steps per
-    rank, then time un-profiled steps for tokens/s/GPU, MFU and memory.
+LAUNCHER_PANEL = "Launcher (without torchrun)"
+LAUNCHER_METAVARS = {
+    "nproc_per_node": "N",
+    "nnodes": "N|MIN:MAX",
+    "node_rank": "N",
+    "rdzv_endpoint": "HOST:PORT",
+    "master_port": "PORT",
+}
+
+
+def _option_type(hint: Any) -> Any:
+    """The type an option parses its value as: the field's own type, `T | None` kept; a
+    field of several types (`bool | int`: true, false or N) is text its validation parses."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if not args:
+        return hint
+    if len(args) == 1:
+        return args[0] | None
+    return str
+
+
+def dataclass_options(cls: type, panels: dict[str, str], metavars: dict[str, str]) -> list:
+    """typer parameters for every field of `cls`: `--field-name`, its type and default, its
+    docstring as help, a switch pair for a boolean (`SWITCHES`), under its help panel."""
+    import dataclasses
+
+    from fsdp_trace.capture.config import field_docs, option_text, switch_options
+
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    parameters = []
+    for spec in dataclasses.fields(cls):
+        name = spec.name
+        hint = hints[name]
+        kind = _option_type(hint)
+        default = spec.default
+        if kind is str and hint is not str:  # several types, parsed from text: say it so
+            default = option_text(default)
+        decls: tuple[str, ...] = ()
+        if hint is bool:
+            decls = ("/".join(switch_options(name)),)
+        option = typer.Option(
+            *decls,
+            help=docs.get(name),
+            metavar=metavars.get(name),
+            rich_help_panel=panels.get(name),
+            show_default=default is not None and hint is not bool,  # a switch: off unless given
+        )
+        parameters.append(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=default,
+                annotation=Annotated[kind, option],
+            )
+        )
+    return parameters
+
+
+def capture_options() -> list:
+    """The capture command's options, generated from CaptureConfig's fields and the
+    launcher's (Rendezvous): one source of names, types, defaults and help."""
+    from fsdp_trace.capture.config import HELP_PANELS, METAVARS, CaptureConfig
+    from fsdp_trace.capture.launcher import Rendezvous
+
+    panels = {name: panel for panel, names in HELP_PANELS.items() for name in names}
+    launcher = {spec: LAUNCHER_PANEL for spec in Rendezvous.__dataclass_fields__}
+    return [
+        *dataclass_options(CaptureConfig, panels, METAVARS),
+        *dataclass_options(Rendezvous, launcher, LAUNCHER_METAVARS),
+    ]
+
+
+def with_options(parameters: list):
+    """Give `func(**options)` these keyword parameters, as typer reads them (its signature)."""
+
+    def decorate(func):
+        signature = inspect.signature(func)
+        own = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+        func.__signature__ = signature.replace(parameters=[*own, *parameters])
+        func.__annotations__ = {p.name: p.annotation for p in parameters}
+        return func
+
+    return decorate
+
+
+@app.command(cls=PlainCommand)
+@with_options(capture_options())
+def capture(**options: Any) -> None:
+    """Profile FSDP2 training steps on every rank.
+
+    One detailed step and several lean timing steps per rank are profiled, then un-profiled
+    steps are timed for tokens/s/GPU, MFU and memory.
 
     Under torchrun: `torchrun --nproc_per_node=N -m fsdp_trace capture ...`.
     Standalone: `fsdp-trace capture --nproc-per-node N ...` starts torchrun's machinery itself.
     """
     with user_errors("capture"):
-        cfg = config_from_params(locals())
+        cfg = config_from_params(options)
     if under_torchrun():
         from fsdp_trace.capture.runner import leave_worker, worker_main
 
@@ -255,16 +294,99 @@ def capture(
 
     from fsdp_trace.capture.launcher import CaptureFailed, launch
 
-    rendezvous = rendezvous_from_params(locals())
+    rendezvous = rendezvous_from_params(options)
     with user_errors("capture"):
         try:
-            launch(cfg, nproc_per_node, rendezvous)
+            launch(cfg, rendezvous.nproc_per_node, rendezvous)
         except CaptureFailed as exc:
             raise fail("capture", exc.message, exc.exit_code) from None
-    print(f"fsdp-trace capture: wrote {cfg.out}", file=sys.stderr)
+    print(f"fsdp-trace capture: wrote {run_contents(Path(cfg.out))}", file=sys.stderr)
 
 
-@app.command()
+def run_contents(out: Path) -> str:
+    """ "runs/x (run.json and 4 traces)": a run directory and what the capture wrote there."""
+    traces = sorted(out.glob("rank*.json.gz")) if out.is_dir() else []
+    parts = (["run.json"] if (out / "run.json").is_file() else []) + (
+        [plural(len(traces), "trace")] if traces else []
+    )
+    return f"{out} ({' and '.join(parts)})" if parts else str(out)
+
+
+# --- where outputs go ----------------------------------------------------------------------
+
+
+TRACE_SUFFIXES = (".json.gz", ".json")
+
+
+def trace_stem(name: str) -> str:
+    """`rank0.timing.json.gz` → `rank0.timing`."""
+    for suffix in TRACE_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a command's output goes by default, and the words that say why when it is not
+    obvious (one report for several inputs)."""
+
+    path: Path
+    note: str = ""
+
+
+def beside_inputs(paths: list[str], name: str, per_file: str | None = None) -> Placement:
+    """The default place of an output named `name`: inside a folder given alone (a run
+    directory, a folder of traces or of runs), beside a trace file given alone (as
+    `STEM.<per_file>`), else beside the first of several inputs."""
+    first = Path(paths[0])
+    if len(paths) == 1:
+        if first.is_dir():
+            return Placement(first / name)
+        if per_file:
+            return Placement(first.parent / f"{trace_stem(first.name)}.{per_file}")
+        return Placement(first.parent / name)
+    return Placement(first.parent / name, f"beside the first input, {first}")
+
+
+def in_out_dir(value: str | None, out_dir: Path | None) -> Path | None:
+    """An output path given as a bare name lands in --out-dir; a path with a folder stays."""
+    if value is None:
+        return None
+    path = Path(value)
+    if out_dir is not None and not path.is_absolute() and path.parent == Path("."):
+        return out_dir / path
+    return path
+
+
+def announce(lines: list[str]) -> None:
+    """Name each file written on stderr, after whatever the command printed."""
+    sys.stdout.flush()
+    for line in lines:
+        print(f"fsdp-trace: {line}", file=sys.stderr)
+
+
+def verb(path: Path) -> str:
+    """What writing `path` does: "replaced" an existing file (the tool's own output), else
+    "wrote"."""
+    return "replaced" if Path(path).exists() else "wrote"
+
+
+def default_place_problem(exc: UserError, option: str, placement: Placement | None) -> UserError:
+    """A default place that cannot be written (a read-only input folder) says how to choose
+    another."""
+    if placement is not None and exc.message.startswith(f"{option} {placement.path}:"):
+        return UserError(
+            f"{exc.message} (the default place, beside the input): pass {option} PATH, "
+            "--out-dir DIR" + (" or --no-report" if option == "--report" else "")
+        )
+    return exc
+
+
+OUT_DIR_HELP = "Put every output of this command in this folder (bare output names land there)."
+
+
+@app.command(cls=PlainCommand)
 def analyze(
     paths: Annotated[
         list[str],
@@ -272,28 +394,46 @@ def analyze(
             help="Trace files (.json/.json.gz), capture run directories, or directories of "
             "per-rank traces.",
             show_default=False,
+            metavar="PATHS",
         ),
     ],
     json_out: Annotated[
-        str | None, typer.Option("--json", help="Write every number as JSON to this file.")
+        str | None,
+        typer.Option("--json", help="Write every number as JSON to this file.", metavar="FILE"),
     ] = None,
     csv_out: Annotated[
         str | None,
-        typer.Option("--csv", help="Write steps.csv, blocks.csv, collectives.csv to this folder."),
+        typer.Option(
+            "--csv",
+            help="Write steps.csv, breakdown.csv, blocks.csv, collectives.csv to this folder.",
+            metavar="DIR",
+        ),
     ] = None,
     report: Annotated[
-        str, typer.Option(help="The self-contained HTML report (opens offline from disk).")
-    ] = "report.html",
+        str | None,
+        typer.Option(
+            help="The self-contained HTML report (opens offline). Default: RUN/report.html for "
+            "a run directory, NAME.report.html beside a trace file.",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Do not write the report.")] = (
         False
     ),
     perfetto: Annotated[
         str | None,
-        typer.Option(help="Write an annotated Perfetto trace (.pftrace) to this file."),
+        typer.Option(
+            help="Write an annotated Perfetto trace (.pftrace) to this file.", metavar="FILE"
+        ),
     ] = None,
+    out_dir: Annotated[str | None, typer.Option(help=OUT_DIR_HELP, metavar="DIR")] = None,
     hta: Annotated[
         bool,
-        typer.Option(help="Cross-check with holistictraceanalysis' get_comm_comp_overlap."),
+        typer.Option(
+            help="Cross-check with HTA's get_comm_comp_overlap (traceinsight or "
+            "holistictraceanalysis)."
+        ),
     ] = False,
     detailed: Annotated[
         bool,
@@ -303,7 +443,8 @@ def analyze(
         int,
         typer.Option(
             help="Traces analyzed at once, one per process (each holds one trace's events); "
-            "results identical to --jobs 1."
+            "results identical to --jobs 1.",
+            metavar="N",
         ),
     ] = 1,
     no_cache: Annotated[
@@ -312,17 +453,23 @@ def analyze(
             "--no-cache", help="Neither read nor write the cache (parsed traces and analyses)."
         ),
     ] = False,
-    top: Annotated[int, typer.Option(help="Rows of the per-block table in the terminal.")] = 15,
+    top: Annotated[
+        int, typer.Option(help="Rows of the per-block table in the terminal.", metavar="N")
+    ] = 15,
     fail_on: Annotated[
         list[str] | None,
         typer.Option(
-            help="CI gate, repeatable: exit 1 when a condition holds, e.g. 'exposed_pct>5', "
-            "'mfu<0.4', 'findings>0'.",
+            help="CI gate, repeatable: exit 1 when a condition holds, e.g. 'exposed_pct>5' "
+            "or 'findings>0'.",
+            metavar="CONDITION",
         ),
     ] = None,
 ) -> None:
-    """Attribute every AllGather / ReduceScatter to its FSDP2 block and phase, measure where
-    each rank's step goes, and say which cause to act on first."""
+    """Find exposed FSDP2 communication in traces, and its cause.
+
+    Every AllGather / ReduceScatter is attributed to its FSDP2 block and phase, each rank's
+    step is cut into where its time goes, and the cause to act on first is named.
+    """
     with user_errors("analyze"):
         from fsdp_trace.diagnose import gate
         from fsdp_trace.pipeline import analyze as run_analysis
@@ -331,27 +478,50 @@ def analyze(
         if top < 0:
             raise UserError(f"--top {top}: give a number of rows, 0 or more")
         conditions = [gate.parse(text) for text in fail_on or []]
-        outputs = {
-            "--json": Path(json_out) if json_out else None,
-            "--report": None if no_report else Path(report),
-            "--perfetto": Path(perfetto) if perfetto else None,
-        }
         if jobs < 1:
             raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
+        inputs = input_files(paths)  # a bad input fails first, in one line
+        folder = Path(out_dir) if out_dir else None
+        placement = None
+        if no_report:
+            report_path = None
+        elif report is not None:
+            report_path = in_out_dir(report, folder)
+        elif folder is not None:
+            report_path = folder / "report.html"
+        else:
+            placement = beside_inputs(paths, "report.html", per_file="report.html")
+            report_path = placement.path
+        outputs = {
+            "--json": in_out_dir(json_out, folder),
+            "--report": report_path,
+            "--perfetto": in_out_dir(perfetto, folder),
+        }
+        csv_dir = in_out_dir(csv_out, folder)
         # Every output path is checked before the analysis runs and anything is written: it
         # must be writable, and never one of the inputs.
-        export.check_outputs(
-            outputs, {"--csv": Path(csv_out) if csv_out else None}, inputs=input_files(paths)
-        )
+        try:
+            export.check_outputs(outputs, {"--csv": csv_dir}, inputs=inputs)
+        except UserError as exc:
+            raise default_place_problem(exc, "--report", placement) from None
         result = run_analysis(paths, jobs=jobs, detailed=detailed, cache=not no_cache, hta=hta)
         # The gate can refuse a condition (a run metric without run.json): before any output.
         violated = gate.violations(conditions, result.runs)
         terminal.render(result, top=top)
-        written = _write_outputs(
-            result, outputs, Path(csv_out) if csv_out else None, cache=not no_cache
-        )
-    for line in written:
-        print(f"fsdp-trace: wrote {line}", file=sys.stderr)
+        notes = {}
+        runs = plural(len(result.runs), "run")
+        if placement is not None and placement.note:  # several inputs
+            notes[placement.path] = (
+                f"one report for {plural(len(paths), 'input')} ({runs}), {placement.note}; "
+                "choose with --report or --out-dir"
+            )
+        elif placement is not None and len(result.runs) > 1:  # a folder of several runs
+            notes[placement.path] = (
+                f"one report for {runs}, in {placement.path.parent}; "
+                "choose with --report or --out-dir"
+            )
+        written = _write_outputs(result, outputs, csv_dir, cache=not no_cache, notes=notes)
+    announce(written)
     for line in violated:
         print(f"fsdp-trace analyze: fail-on: {line}", file=sys.stderr)
     if violated:
@@ -359,30 +529,45 @@ def analyze(
 
 
 def _write_outputs(
-    result, outputs: dict[str, Path | None], csv_dir: Path | None, cache: bool = True
+    result,
+    outputs: dict[str, Path | None],
+    csv_dir: Path | None,
+    cache: bool = True,
+    notes: dict[Path, str] | None = None,
 ) -> list[str]:
     """Write every requested output, all or nothing: each is staged beside its target and
-    moved into place only once all are written. Returns what to announce."""
+    moved into place only once all are written. Returns what to announce, one line per
+    output: "wrote PATH", or "replaced PATH" where one was there before."""
     from fsdp_trace.render import export
 
+    notes = notes or {}
     written: list[str] = []
+
+    def said(path: Path, what: str = "") -> str:
+        extra = "; ".join(x for x in (what, notes.get(path, "")) if x)
+        return f"{verb(path)} {path}" + (f" ({extra})" if extra else "")
+
     current = ""
     try:
         with export.StagedOutputs() as staged:
             if outputs["--json"] is not None:
                 current = f"--json {outputs['--json']}"
                 export.write_json(result, staged.file(outputs["--json"]))
-                written.append(str(outputs["--json"]))
+                written.append(said(outputs["--json"]))
             if csv_dir is not None:
                 current = f"--csv {csv_dir}"
                 export.write_csv_files(result, staged.folder(csv_dir))
-                written.append(f"{csv_dir}/ ({', '.join(f'{n}.csv' for n in export.CSV_NAMES)})")
+                names = [f"{n}.csv" for n in export.CSV_NAMES]
+                again = any((csv_dir / n).exists() for n in names)
+                written.append(
+                    f"{'replaced' if again else 'wrote'} {csv_dir}/ ({', '.join(names)})"
+                )
             if outputs["--report"] is not None:
                 from fsdp_trace.render.report import write_report
 
                 current = f"--report {outputs['--report']}"
                 write_report(result, staged.file(outputs["--report"]))
-                written.append(str(outputs["--report"]))
+                written.append(said(outputs["--report"]))
             if outputs["--perfetto"] is not None:
                 from fsdp_trace.render.perfetto import write_perfetto
 
@@ -390,8 +575,12 @@ def _write_outputs(
                 current = f"--perfetto {path}"
                 counts = write_perfetto(result, staged.file(path), cache=cache)
                 written.append(
-                    f"{path} ({sum(counts['slices'].values()):,} slices, {counts['flows']} "
-                    f"flows); open it with `fsdp-trace view {path}`"
+                    said(
+                        path,
+                        f"{sum(counts['slices'].values()):,} slices, "
+                        f"{plural(counts['flows'], 'flow')}",
+                    )
+                    + f"; open it with `fsdp-trace view {path}`"
                 )
             staged.commit()
     except OSError as exc:  # e.g. the disk filled up: nothing was moved into place
@@ -401,25 +590,35 @@ def _write_outputs(
     return written
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(
+    cls=PlainCommand,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
 def sweep(
     ctx: typer.Context,
     ac_coverage: Annotated[
-        str, typer.Option(help="Comma-separated AC coverage points, fractions of blocks.")
+        str,
+        typer.Option(
+            help="Comma-separated AC coverage points, fractions of blocks.", metavar="POINTS"
+        ),
     ] = "0,0.25,0.5,0.75,1",
-    nproc_per_node: Annotated[int, typer.Option(help="GPUs per point (the baseline uses 1).")] = 2,
-    out: Annotated[str, typer.Option(help="Folder for the runs and efficiency.html.")] = (
-        "fsdp-trace-sweep"
-    ),
+    nproc_per_node: Annotated[
+        int, typer.Option(help="GPUs per point (the baseline uses 1).", metavar="N")
+    ] = 2,
+    out: Annotated[
+        str,
+        typer.Option(help="Folder for the runs, efficiency.html and .csv.", metavar="DIR"),
+    ] = "fsdp-trace-sweep",
     baseline: Annotated[
         bool, typer.Option(help="Also capture the 1-GPU baseline at each point.")
     ] = True,
     overwrite: Annotated[bool, typer.Option(help="Reuse a non-empty --out.")] = False,
 ) -> None:
-    """Capture at each AC coverage point (and its 1-GPU baseline), then plot scaling
-    efficiency, tokens/s/GPU, exposed communication, recompute and memory against coverage.
+    """Capture and plot efficiency against AC coverage.
 
-    Any other option is passed to every capture, e.g.
+    At each AC coverage point (and its 1-GPU baseline) a capture runs; then scaling
+    efficiency, tokens/s/GPU, exposed communication, recompute and memory are plotted
+    against coverage. Any other option is passed to every capture, e.g.
     `fsdp-trace sweep --ac-coverage 0,0.5,1 --model gpt-1.3b --batch-size 1`.
     """
     from fsdp_trace import sweep as sweeping
@@ -442,43 +641,100 @@ def sweep(
             raise UserError(problem.replace("--out", "sweep --out"))
         try:
             runs = sweeping.run_sweep(
-                base, points, nproc_per_node, folder, rendezvous_from_params(parsed), baseline
+                base,
+                points,
+                nproc_per_node,
+                folder,
+                rendezvous_from_params(parsed),
+                baseline,
+                on_point=lambda run: announce([f"wrote {point_contents(run)}"]),
             )
         except CaptureFailed as exc:
             raise fail("sweep", exc.message, exc.exit_code) from None
         write_efficiency(runs, folder / "efficiency.html", with_traces=True)
 
 
+def point_contents(run: Path) -> str:
+    """ "sweeps/b1/ac0.00-2gpu (run.json and 4 traces, analysis.json)"."""
+    text = run_contents(run)
+    if (run / "analysis.json").is_file():
+        text = text[:-1] + ", analysis.json)" if text.endswith(")") else f"{text} (analysis.json)"
+    return text
+
+
+def run_inputs(runs: list[Path]) -> list[Path]:
+    """The files `plot` and `compare` read in each run directory (run.json, analysis.json,
+    traces): never an output."""
+    return [p for run in runs for p in run.iterdir() if p.name.endswith(TRACE_SUFFIXES)]
+
+
 def write_efficiency(runs: list[Path], html: Path, with_traces: bool) -> None:
-    """The efficiency table as CSV and, where plotly is installed, efficiency.html."""
-    from fsdp_trace import atomic
+    """The efficiency table as efficiency.csv and, where plotly is installed, efficiency.html
+    beside it: checked first, written all or nothing, each named on stderr."""
     from fsdp_trace import sweep as sweeping
+    from fsdp_trace.render import export
 
+    csv = html.with_suffix(".csv")
+    export.check_outputs({"--out": html, "--out (its CSV)": csv}, {}, inputs=run_inputs(runs))
     table = sweeping.run_table(runs, with_traces=with_traces)
-    atomic.write_text(html.with_suffix(".csv"), sweeping.table_csv(table, html.parent))
     try:
+        import plotly  # noqa: F401  (the page needs it; the CSV does not)
+
         from fsdp_trace.render.efficiency import sweep_title, write_efficiency_html
-
-        write_efficiency_html(table, html, sweep_title(table))
     except ImportError:
-        print(
-            f"fsdp-trace: plotly is not installed: run `fsdp-trace plot` on {html.parent} "
-            "where it is",
-            file=sys.stderr,
-        )
-        return
-    print(f"fsdp-trace: wrote {html}", file=sys.stderr)
+        write_efficiency_html = None
+    lines = [f"{verb(csv)} {csv}"]
+    if write_efficiency_html is not None:
+        lines.insert(0, f"{verb(html)} {html}")
+    try:
+        with export.StagedOutputs() as staged:
+            from fsdp_trace import atomic
+
+            atomic.write_text(staged.file(csv), sweeping.table_csv(table, html.parent))
+            if write_efficiency_html is not None:
+                write_efficiency_html(table, staged.file(html), sweep_title(table))
+            staged.commit()
+    except OSError as exc:  # e.g. the disk filled up: nothing was moved into place
+        raise UserError(f"{html}: cannot write ({exc.strerror or exc}); nothing written") from None
+    announce(lines)
+    if write_efficiency_html is None:
+        announce([f"plotly is not installed: run `fsdp-trace plot` on {html.parent} where it is"])
 
 
-@app.command()
+def place(
+    runs: list[str], value: str | None, name: str, out_dir: str | None
+) -> tuple[Path, Placement | None]:
+    """An output of `plot` / `compare`: as given (a bare name in --out-dir), else in
+    --out-dir, else beside the inputs."""
+    folder = Path(out_dir) if out_dir else None
+    if value:
+        return in_out_dir(value, folder), None
+    if folder is not None:
+        return folder / name, None
+    placement = beside_inputs(runs, name)
+    return placement.path, placement
+
+
+@app.command(cls=PlainCommand)
 def plot(
     runs: Annotated[
         list[str],
         typer.Argument(
-            help="Run directories, or folders holding them (a sweep's --out).", show_default=False
+            help="Run directories, or folders holding them (a sweep's --out).",
+            show_default=False,
+            metavar="RUNS",
         ),
     ],
-    out: Annotated[str, typer.Option(help="The HTML file to write.")] = "efficiency.html",
+    out: Annotated[
+        str | None,
+        typer.Option(
+            help="The HTML file to write, the table as .csv beside it. Default: "
+            "efficiency.html in the folder given (beside the first of several).",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ] = None,
+    out_dir: Annotated[str | None, typer.Option(help=OUT_DIR_HELP, metavar="DIR")] = None,
     traces: Annotated[
         bool,
         typer.Option(
@@ -487,24 +743,46 @@ def plot(
         ),
     ] = True,
 ) -> None:
-    """The efficiency-vs-AC-coverage plot from existing run directories."""
+    """Plot efficiency against AC coverage from run directories."""
     from fsdp_trace import sweep as sweeping
 
     with user_errors("plot"):
-        write_efficiency(sweeping.find_runs(runs), Path(out), with_traces=traces)
+        found = sweeping.find_runs(runs)
+        html, placement = place(runs, out, "efficiency.html", out_dir)
+        try:
+            write_efficiency(found, html, with_traces=traces)
+        except UserError as exc:
+            raise default_place_problem(exc, "--out", placement) from None
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def compare(
     runs: Annotated[
         list[str],
         typer.Argument(
-            help="Capture run directories, in the order to compare.", show_default=False
+            help="Capture run directories (or folders holding them), in the order to compare.",
+            show_default=False,
+            metavar="RUNS",
         ),
     ],
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A name for each run's row, repeatable: one per run, in order (default: the "
+            "run directory's name).",
+            metavar="NAME",
+        ),
+    ] = None,
     html: Annotated[
-        str | None, typer.Option(help="Also write the comparison as self-contained HTML.")
-    ] = "compare.html",
+        str | None,
+        typer.Option(
+            help="The comparison as self-contained HTML ('' for none). Default: compare.html "
+            "beside the first run.",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ] = None,
+    out_dir: Annotated[str | None, typer.Option(help=OUT_DIR_HELP, metavar="DIR")] = None,
     traces: Annotated[
         bool,
         typer.Option(
@@ -513,40 +791,73 @@ def compare(
         ),
     ] = True,
 ) -> None:
-    """The table users write by hand: 1 GPU, N GPUs, then each tuning step, with
-    tokens/s/GPU, scaling efficiency, exposed %, memory and what each change bought."""
+    """Compare runs side by side: what each change bought.
+
+    The table users write by hand: 1 GPU, N GPUs, then each tuning step, with tokens/s/GPU,
+    scaling efficiency, exposed %, memory and what changed from the previous run (FSDP2
+    knobs and the NCCL / CUDA environment).
+    """
     from fsdp_trace import sweep as sweeping
-    from fsdp_trace.render import terminal
+    from fsdp_trace.render import export, terminal
 
     with user_errors("compare"):
-        table = sweeping.compare_table(sweeping.find_runs(runs), with_traces=traces)
-        terminal.compare_view(table)
-        if html:
+        found = sweeping.find_runs(runs)
+        if label and len(label) != len(found):
+            raise UserError(
+                f"--label given {plural(len(label), 'time')} for {plural(len(found), 'run')}: "
+                "give one per run, in the order of the runs"
+            )
+        target, placement = (None, None)
+        if html != "":
+            target, placement = place(runs, html, "compare.html", out_dir)
+            try:
+                export.check_outputs({"--html": target}, {}, inputs=run_inputs(found))
+            except UserError as exc:
+                raise default_place_problem(exc, "--html", placement) from None
             try:
                 from fsdp_trace.render.compare import write_compare_html
             except ImportError:
                 raise UserError(
                     "--html needs plotly: pip install plotly, or pass --html ''"
                 ) from None
-            write_compare_html(table, Path(html))
-            print(f"fsdp-trace: wrote {html}", file=sys.stderr)
+        # the notices go under the table (compare_view), not to stderr
+        table = sweeping.compare_table(found, with_traces=traces, notify=None, labels=label)
+        terminal.compare_view(table)
+        if target is not None:
+            line = f"{verb(target)} {target}"
+            try:
+                with export.StagedOutputs() as staged:
+                    write_compare_html(table, staged.file(target))
+                    staged.commit()
+            except OSError as exc:
+                raise UserError(
+                    f"--html {target}: cannot write ({exc.strerror or exc}); nothing written"
+                ) from None
+            announce([line])
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def view(
     file: Annotated[
-        str, typer.Argument(help="A .pftrace (or any trace) file to open.", show_default=False)
+        str,
+        typer.Argument(
+            help="A .pftrace (or any trace) file to open.", show_default=False, metavar="FILE"
+        ),
     ],
-    port: Annotated[int, typer.Option(help="Local port; ui.perfetto.dev loads only from 9001.")] = (
-        9001
-    ),
+    port: Annotated[
+        int, typer.Option(help="Local port; ui.perfetto.dev loads only from 9001.", metavar="PORT")
+    ] = 9001,
     browser: Annotated[bool, typer.Option(help="Open the link in a browser if one exists.")] = True,
     keep_serving: Annotated[
         bool, typer.Option(help="Keep serving after the first download (Ctrl-C stops).")
     ] = False,
 ) -> None:
-    """Serve FILE on 127.0.0.1 with the headers the Perfetto UI needs, and print (and open)
-    the ui.perfetto.dev link that loads it. Remote machine: ssh -L 9001:127.0.0.1:9001 HOST."""
+    """Serve a trace to the Perfetto UI and print its link.
+
+    FILE is served on 127.0.0.1 with the headers the Perfetto UI needs, and the
+    ui.perfetto.dev link that loads it is printed (and opened). On a remote machine:
+    ssh -L 9001:127.0.0.1:9001 HOST.
+    """
     from fsdp_trace.view import serve
 
     with user_errors("view"):
@@ -554,12 +865,14 @@ def view(
 
 
 cache_app = typer.Typer(
-    help="The cache of parsed traces and analyses (see README 'Cache').", no_args_is_help=True
+    help="The cache of parsed traces and analyses (see README 'Cache').",
+    no_args_is_help=True,
+    cls=PlainGroup,
 )
 app.add_typer(cache_app, name="cache")
 
 
-@cache_app.command("info")
+@cache_app.command("info", cls=PlainCommand)
 def cache_info() -> None:
     """Where the cache is, how large, and what it holds."""
     from fsdp_trace.analysis import cache
@@ -569,7 +882,7 @@ def cache_info() -> None:
             print(line)
 
 
-@cache_app.command("clear")
+@cache_app.command("clear", cls=PlainCommand)
 def cache_clear() -> None:
     """Delete every cache entry (and leftover temporary files)."""
     from fsdp_trace.analysis import cache
@@ -577,7 +890,7 @@ def cache_clear() -> None:
     with user_errors("cache clear"):
         files, freed = cache.clear()
         print(
-            f"fsdp-trace: deleted {files} files ({freed / 1024**2:,.1f} MiB) "
+            f"fsdp-trace: deleted {plural(files, 'file')} ({freed / 1024**2:,.1f} MiB) "
             f"from {cache.directory()}"
         )
 

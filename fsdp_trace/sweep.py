@@ -16,6 +16,7 @@ import pandas as pd
 
 from fsdp_trace import atomic
 from fsdp_trace.errors import UserError
+from fsdp_trace.present.fmt import plural
 from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
 from fsdp_trace.vocab import Source
 
@@ -40,6 +41,9 @@ TABLE_COLUMNS = [
     "recompute_pct",
     "peak_allocated_gib",
     "figures_from",
+    "device",  # "cuda" or "cpu": a CPU run's timing says nothing about scaling
+    "ac_blocks",  # blocks under activation checkpointing, of
+    "n_blocks",
 ]
 
 
@@ -59,11 +63,18 @@ def point_dir(out: Path, coverage: float, nproc: int) -> Path:
 
 
 def run_sweep(
-    base, points: list[float], nproc: int, out: Path, rendezvous, baseline: bool
+    base,
+    points: list[float],
+    nproc: int,
+    out: Path,
+    rendezvous,
+    baseline: bool,
+    on_point: Callable[[Path], None] | None = None,
 ) -> list[Path]:
     """Capture each coverage point on `nproc` GPUs, after its 1-GPU baseline; analyze each
     point's timing traces into its analysis.json (so the plot can be redrawn, and the table
-    rebuilt, after the traces are deleted or left out to save space)."""
+    rebuilt, after the traces are deleted or left out to save space). `on_point` hears of
+    each run directory once it is complete."""
     from fsdp_trace.capture.launcher import launch
 
     out.mkdir(parents=True, exist_ok=True)
@@ -76,6 +87,8 @@ def run_sweep(
             )
             summarize_point(base_dir)
             dirs.append(base_dir)
+            if on_point is not None:
+                on_point(base_dir)
         run_dir = point_dir(out, coverage, nproc)
         cfg = replace(
             base,
@@ -86,6 +99,8 @@ def run_sweep(
         launch(cfg, nproc, rendezvous)
         summarize_point(run_dir)
         dirs.append(run_dir)
+        if on_point is not None:
+            on_point(run_dir)
     return dirs
 
 
@@ -128,7 +143,8 @@ def summarize(run) -> dict[str, Any]:
     rank, what every view shows for it (its median step's breakdown, in % of that step;
     overlap: the median over its steps), and for the run the rank that exposes the most
     communication with its own split (never one median pooled over ranks, never figures of
-    different ranks mixed), and recompute time as a share of all steps' time."""
+    different ranks mixed), and recompute time as a share of all steps' time: None where the
+    traces could not measure it (CPU traces have no GPU kernels: recompute_us is NaN)."""
     from fsdp_trace.present.view import per_rank
 
     table = per_rank(run)
@@ -150,10 +166,11 @@ def summarize(run) -> dict[str, Any]:
     steps = run.steps
     steps = steps[steps["source"] != Source.DETAILED]
     total = float(steps["step_us"].sum()) if len(steps) else 0.0
-    recompute = float(np.nansum(steps["recompute_us"].to_numpy(dtype=np.float64)))
+    measured = steps["recompute_us"].to_numpy(dtype=np.float64)
+    recompute = float(np.nansum(measured)) if np.isfinite(measured).any() else None
     return {
         **worst_rank(ranks),
-        "recompute_pct": 100.0 * recompute / total if total else None,
+        "recompute_pct": 100.0 * recompute / total if total and recompute is not None else None,
         "ranks": ranks,
     }
 
@@ -268,8 +285,10 @@ def _stderr(message: str) -> None:
 
 
 def _label(run: RunRecord) -> str:
+    """ "2 GPU, AC 0.5, compile": the run's setup in a few words (on CPU: "2 CPU ranks")."""
     cfg = run.config
-    parts = [f"{run.world.world_size} GPU"]
+    world = run.world.world_size
+    parts = [f"{world} GPU" if run.world.device != "cpu" else plural(world, "CPU rank")]
     if cfg.ac_coverage:
         parts.append(f"AC {cfg.ac_coverage:g}")
     if cfg.compile:
@@ -289,6 +308,21 @@ def _label(run: RunRecord) -> str:
     return ", ".join(parts)
 
 
+def _paths(paths: list[str], limit: int) -> str:
+    return ", ".join(paths[:limit]) + (", ..." if len(paths) > limit else "")
+
+
+# On CPU (gloo) a run's step time measures the host's cores, shared by every rank, not GPUs
+# and their links: its tokens/s neither scale nor compare with a GPU run's.
+CPU_NOTICE = (
+    "{runs} ran on CPU (gloo): step time and tokens/s measure the host's cores, shared by "
+    "every rank, not GPUs and their interconnect, so scaling efficiency is not computed for "
+    "them and their speed is no guide to a GPU run's; exposed communication and recompute "
+    "need GPU kernels, which CPU traces do not have. What a CPU run does show: the sharding "
+    "and activation-checkpoint plan (AC blocks), the collectives per block, and host memory."
+)
+
+
 def run_table(
     runs: list[Path],
     with_traces: bool = True,
@@ -299,8 +333,9 @@ def run_table(
     Exposed % and recompute % come from the timing traces, or the run's analysis.json where
     the traces were left out (`figures_from` says which); a run with neither gets blanks and a
     notice (to `notify`, and in `table.attrs["notices"]`). Exposed % is blank on 1 GPU: there
-    is no communication to expose."""
-    rows, blank, pooled = [], {}, []
+    is no communication to expose. A CPU run (`device` "cpu") gets no scaling efficiency and
+    no recompute % (its traces cannot measure them), and a notice saying so."""
+    rows, blank, pooled, cpu = [], {}, [], []
     for path in runs:
         run = read_run(path)
         figures = run.figures
@@ -310,27 +345,35 @@ def run_table(
         if found.get("pooled") and run.world.world_size > 1:
             pooled.append(str(path))
         world = run.world.world_size
+        on_cpu = run.world.device == "cpu"
+        if on_cpu:
+            cpu.append(str(path))
         many = world > 1  # exposure and overlap need communication
         rows.append(
             {
                 "run": str(path),
                 "label": _label(run),
+                "device": run.world.device or "",
                 "model": run.model.name,
                 "batch_size": run.model.batch_size,
                 "seq_len": run.model.seq_len,
                 "world_size": world,
                 "ac_coverage": run.parallel.ac_coverage_effective,
+                "ac_blocks": len(run.parallel.ac_blocks),
+                "n_blocks": run.model.n_blocks,
                 "compile": bool(run.config.compile),
                 "step_ms": figures.step_time_ms.median if figures.step_time_ms else None,
                 "tokens_per_s_per_gpu": figures.tokens_per_s_per_gpu,
-                "scaling_efficiency": figures.scaling_efficiency,
+                "scaling_efficiency": None if on_cpu else figures.scaling_efficiency,
                 "baseline": "",
                 "mfu": figures.mfu,
                 "exposed_pct": found.get("exposed_pct") if many else None,
                 "exposed_transfer_pct": found.get("exposed_transfer_pct") if many else None,
                 "exposed_wait_pct": found.get("exposed_wait_pct") if many else None,
                 "overlap_pct": found.get("overlap_pct") if many else None,
-                "recompute_pct": found.get("recompute_pct"),
+                # never 0.0 where it was not measured (an analysis.json of an older version
+                # summed the NaNs of a CPU trace into 0.0)
+                "recompute_pct": None if on_cpu else found.get("recompute_pct"),
                 "peak_allocated_gib": figures.peak_memory_gib,
                 "figures_from": source,
                 "saved_baseline": figures.baseline_dir,
@@ -348,17 +391,19 @@ def run_table(
         table[column] = pd.to_numeric(table[column], errors="coerce")
     table = _fill_efficiency(table).drop(columns="saved_baseline")
     notices = [
-        f"exposed % and recompute % left blank for {len(paths)} run{'s' * (len(paths) > 1)} "
-        f"({why}): {', '.join(paths[:4])}{', ...' if len(paths) > 4 else ''}"
+        f"exposed % and recompute % left blank for {plural(len(paths), 'run')} "
+        f"({why}): {_paths(paths, 4)}"
         for why, paths in blank.items()
     ]
     if pooled:
         notices.append(
-            f"exposed % of {len(pooled)} run{'s' * (len(pooled) > 1)} comes from an analysis.json "
+            f"exposed % of {plural(len(pooled), 'run')} comes from an analysis.json "
             "of format 1, which kept one median over every rank's steps, not per-rank figures: "
-            f"re-run `fsdp-trace plot` where the traces are ({', '.join(pooled[:2])}"
-            f"{', ...' if len(pooled) > 2 else ''})"
+            f"re-run `fsdp-trace plot` where the traces are ({_paths(pooled, 2)})"
         )
+    if cpu:
+        which = "every run" if len(cpu) == len(table) else plural(len(cpu), "run")
+        notices.append(CPU_NOTICE.format(runs=f"{which} ({_paths(cpu, 3)})"))
     table.attrs["notices"] = notices
     if notify is not None:
         for notice in notices:
@@ -373,8 +418,8 @@ def table_csv(table: pd.DataFrame, folder: Path) -> str:
     return table.assign(run=runs).to_csv(index=False)
 
 
-EXACT_KEY = ["model", "batch_size", "seq_len", "ac_coverage", "compile"]
-LOOSE_KEY = ["model", "batch_size", "seq_len"]
+EXACT_KEY = ["device", "model", "batch_size", "seq_len", "ac_coverage", "compile"]
+LOOSE_KEY = ["device", "model", "batch_size", "seq_len"]
 
 
 def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
@@ -382,10 +427,14 @@ def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
     model, batch, sequence, AC coverage and compile setting, else the first with the same
     model, batch and sequence (the knobs differ: `baseline` says so); run.json's own figure
     (against the capture's --baseline) where the list has no such run. `baseline` names the
-    run used."""
-    single = table[table["world_size"] == 1]
+    run used. CPU runs get none (their timing says nothing about scaling)."""
+    single = table[(table["world_size"] == 1) & (table["device"] != "cpu")]
     efficiency, names = [], []
     for row in table.itertuples(index=False):
+        if row.device == "cpu":
+            efficiency.append(float("nan"))
+            names.append("")
+            continue
         if row.world_size == 1:
             efficiency.append(1.0)
             names.append("")
@@ -429,40 +478,94 @@ IGNORED_KNOBS = {
     "warmup_steps",
     "timeout_s",
 }
+# The environment a capture records that changes how FSDP2's collectives run: compared
+# between runs like the knobs (NCCL_P2P_DISABLE=1 is a change, not "the same knobs").
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+ENV_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "TORCH_SYMM_MEM_DISABLE_MULTICAST")
+UNSET = "unset"
+
+
+def run_knobs(run: RunRecord) -> dict[str, Any]:
+    """What a run was asked to do, resolved: run.json's config (a knob left at None, "the
+    preset's", by the value the model section records), then the NCCL / CUDA environment
+    variables that matter, then the GPU topology."""
+    knobs = dict(run.config.raw)
+    for name in ("batch_size", "seq_len"):
+        resolved = getattr(run.model, name)
+        if knobs.get(name) is None and resolved is not None:
+            knobs[name] = resolved
+    env = run.environment.env_vars
+    for name in sorted(env):
+        if name.startswith(ENV_PREFIXES) or name in ENV_NAMES:
+            knobs[name] = env[name]
+    knobs["topology"] = run.environment.topology
+    return knobs
+
+
+def _text(value: Any) -> str:
+    return UNSET if value is None else str(value)
 
 
 def knob_changes(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """'compile: False → True, ac_coverage: 0 → 0.5' between two runs' configs."""
+    """'compile: False → True, NCCL_P2P_DISABLE: unset → 1' between two runs' knobs (what
+    `run_knobs` gives); a knob one run lacks reads "unset", never None."""
     changes = []
-    for key in after:
+    for key in [*after, *(k for k in before if k not in after)]:
         if key in IGNORED_KNOBS or before.get(key) == after.get(key):
             continue
-        changes.append(f"{key}: {before.get(key)} → {after.get(key)}")
+        changes.append(f"{key}: {_text(before.get(key))} → {_text(after.get(key))}")
     return ", ".join(changes)
+
+
+def run_names(runs: list[Path]) -> list[str]:
+    """Each run's row label: its directory's name, its path where two names are alike."""
+    names = [Path(run).name or str(run) for run in runs]
+    return [
+        name if names.count(name) == 1 else str(run) for name, run in zip(names, runs, strict=True)
+    ]
 
 
 def compare_table(
     runs: list[Path],
     with_traces: bool = True,
     notify: Callable[[str], None] | None = _stderr,
+    labels: list[str] | None = None,
 ) -> pd.DataFrame:
-    """`fsdp-trace compare`: the runs in the order given, each with what changed from the
-    previous one (GPUs and knobs) and what that bought: tokens/s/GPU (%), exposed
-    communication (points of the step) and peak memory (GiB)."""
+    """`fsdp-trace compare`: the runs in the order given, each labelled by its directory's
+    name (or `labels`, one per run), with what changed from the previous one (GPUs, knobs
+    and the environment) and what that bought: tokens/s/GPU (%), exposed communication
+    (points of the step) and peak memory (GiB). `setup` keeps the few-word description."""
+    if labels is not None and len(labels) != len(runs):
+        raise UserError(
+            f"--label given {plural(len(labels), 'time')} for {plural(len(runs), 'run')}: "
+            "give one per run, in the order of the runs"
+        )
     table = run_table(runs, with_traces=with_traces, notify=notify)
+    table["setup"] = table["label"]
+    table["label"] = list(labels) if labels is not None else run_names(runs)
     configs = [read_run(path) for path in runs]
     changes = [""]
     for i in range(1, len(configs)):
         prev, cur = configs[i - 1], configs[i]
-        change = knob_changes(prev.config.raw, cur.config.raw)
+        change = knob_changes(run_knobs(prev), run_knobs(cur))
+        heads = []
+        if prev.world.device != cur.world.device:
+            heads.append(f"device: {_text(prev.world.device)} → {_text(cur.world.device)}")
         if prev.world.world_size != cur.world.world_size:
-            gpus = f"GPUs: {prev.world.world_size} → {cur.world.world_size}"
-            change = f"{gpus}, {change}" if change else gpus
-        changes.append(change or "(same knobs)")
+            word = "GPUs" if cur.world.device != "cpu" else "ranks"
+            heads.append(f"{word}: {prev.world.world_size} → {cur.world.world_size}")
+        changes.append(", ".join([*heads, change] if change else heads) or "(same knobs)")
     table["change"] = changes
+    # A change is only a change between runs on the same kind of device (a CPU run's tokens/s
+    # and host memory do not compare with a GPU run's).
+    alike = table["device"] == table["device"].shift(1)
     tps = table["tokens_per_s_per_gpu"].astype(float)
     before = tps.shift(1)
-    table["tokens_per_s_per_gpu_change_pct"] = (100.0 * (tps / before - 1.0)).where(before != 0)
+    table["tokens_per_s_per_gpu_change_pct"] = (100.0 * (tps / before - 1.0)).where(
+        (before != 0) & alike
+    )
     table["exposed_pct_change"] = table["exposed_pct"].diff()
-    table["peak_allocated_gib_change"] = table["peak_allocated_gib"].astype(float).diff()
+    table["peak_allocated_gib_change"] = (
+        table["peak_allocated_gib"].astype(float).diff().where(alike)
+    )
     return table

@@ -304,3 +304,34 @@ def test_bad_knobs_get_one_line(tmp_path, args, message):
 def test_version():
     done = run_cli("--version")
     assert done.returncode == 0 and done.stdout.startswith("fsdp-trace ")
+
+
+def test_capture_output_is_the_phase_bars_and_the_files_written_never_usdt(tmp_path):
+    """With the progress bars on (piped: each bar's last state), stderr holds one bar per
+    phase with its own count, the line naming what was written, and none of PyTorch's
+    `USDT: ... profiler_start` lines (torch 2.13 writes one at every profiler start/stop)."""
+    out = tmp_path / "run"
+    done = run_cli(
+        "capture",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(out),
+        "--warmup-steps",
+        "2",
+        "--timing-steps",
+        "3",
+        "--timed-steps",
+        "4",
+        env={"FSDP_TRACE_QUIET": "0"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "USDT" not in done.stderr and "profiler_st" not in done.stderr
+    bars = {line.split()[0]: line.split()[2] for line in done.stderr.splitlines() if "━" in line}
+    assert bars == {"warmup": "2/2", "detailed": "1/1", "timing": "3/3", "timed": "4/4"}
+    assert "after 1 profiler warmup step" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fsdp-trace capture: wrote {out} (run.json and 4 traces)"
+    )
+    # rank 0's summary of a CPU run: no scaling figure, and why its timing means little
+    assert "not meaningful for scaling" in done.stdout

@@ -59,8 +59,12 @@ def test_committed_sweep_figures_come_from_its_analysis_json():
             else:
                 assert row.exposed_pct == pytest.approx(saved["exposed_pct"])
                 assert 30 < row.exposed_pct < 40  # about a third of the step at batch 1
-    # The committed CSV is exactly what the tool writes from these runs (paths relative to it).
-    assert sweep.table_csv(table, SWEEP) == (SWEEP / "efficiency.csv").read_text()
+    # The committed CSV is exactly what the tool writes from these runs (paths relative to
+    # it), in the columns it has (it predates device, ac_blocks and n_blocks, which follow).
+    committed = (SWEEP / "efficiency.csv").read_text()
+    columns = committed.splitlines()[0].split(",")
+    assert columns == sweep.TABLE_COLUMNS[: len(columns)]
+    assert sweep.table_csv(table[columns], SWEEP) == committed
     recorded = pd.read_csv(SWEEP / "efficiency.csv")
     assert recorded["exposed_pct"].tolist() == pytest.approx(
         table["exposed_pct"].tolist(), nan_ok=True
@@ -260,19 +264,35 @@ def test_sweep_end_to_end_on_cpu(tmp_path):
     assert full["parallel"]["ac_blocks"] == [f"layers.{i}" for i in range(4)]
     assert full["config"]["baseline"].endswith("ac1.00-1gpu")
     assert (out / "efficiency.html").exists() and (out / "efficiency.csv").exists()
+    # Every file written is named; PyTorch's profiler chatter is not there.
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr
+    named = re.findall(r"^fsdp-trace: wrote (\S+)", done.stderr, re.MULTILINE)
+    assert named == [
+        *(str(out / name) for name in runs),
+        f"{out}/efficiency.html",
+        f"{out}/efficiency.csv",
+    ]
+    assert f"wrote {out}/ac0.00-2gpu (run.json and 4 traces, analysis.json)" in done.stderr
+    # A CPU sweep: no scaling efficiency (a 2-core host made it 7.1), no recompute (CPU traces
+    # cannot measure it, never 0.0), the device said, and a notice why.
+    first = pd.read_csv(out / "efficiency.csv")
+    assert (first["device"] == "cpu").all()
+    assert first["scaling_efficiency"].isna().all() and first["recompute_pct"].isna().all()
+    assert "ran on CPU (gloo)" in done.stderr
     # Each point's analysis.json, from its traces: the plot survives deleting them.
     for name in runs:
         saved = json.loads((out / name / "analysis.json").read_text())
         assert saved["source"] == "traces" and set(saved["traces"]) == {
             p.name for p in (out / name).glob("rank*.timing.json.gz")
         }
+        assert saved["recompute_pct"] is None
     for trace in out.glob("*/rank*.json.gz"):
         trace.unlink()
     done = run_cli("plot", str(out), "--out", str(tmp_path / "again.html"))
     assert done.returncode == 0, done.stderr
     again = pd.read_csv(tmp_path / "again.csv")
-    first = pd.read_csv(out / "efficiency.csv")
-    assert again["recompute_pct"].tolist() == pytest.approx(first["recompute_pct"].tolist())
+    assert again["step_ms"].tolist() == pytest.approx(first["step_ms"].tolist())
+    assert again["recompute_pct"].isna().all()
     assert (again["figures_from"] == "analysis.json").all()
 
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
+import itertools
 import shlex
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,39 +93,144 @@ def hsdp_shape(hsdp: int, world_size: int) -> tuple[int, int]:
     return hsdp, world_size // hsdp
 
 
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring: the string literal right below the field in the
+    class body (as torchtitan's and tyro's config classes document theirs), whitespace
+    folded. The CLI's help for each option is this text; {} when the source is not there."""
+    return dict(_field_docs(cls))
+
+
+@functools.cache
+def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source (a frozen or zipped install): no help text
+        return ()
+    body = ast.parse(source).body[0].body
+    docs = []
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs.append((node.target.id, " ".join(inspect.cleandoc(after.value.value).split())))
+    return tuple(docs)
+
+
+def switch_options(name: str) -> tuple[str, str]:
+    """The (on, off) options of a boolean knob."""
+    flag = name.replace("_", "-")
+    return SWITCHES.get(name, (f"--{flag}", f"--no-{flag}"))
+
+
+# The capture command's help groups its options under these headings (every field in one;
+# a test checks), and names the values some options take.
+HELP_PANELS = {
+    "Run": ("model", "out", "overwrite", "device", "batch_size", "seq_len", "baseline"),
+    "FSDP2 knobs": (
+        "dtype",
+        "reduce_dtype",
+        "hsdp",
+        "reshard_after_forward",
+        "root_reshard_after_forward",
+        "keep_last_unsharded",
+        "shard_embeddings",
+        "prefetch_forward",
+        "prefetch_backward",
+        "ac_coverage",
+        "ac_mode",
+        "compile",
+        "grad_accum",
+        "accum_no_sync",
+    ),
+    "Steps": ("warmup_steps", "timing_steps", "timed_steps", "seed", "lr", "timeout_s"),
+    "Diagnostics": ("straggler_rank", "straggler_delay_ms"),
+}
+METAVARS = {
+    "model": "NAME",
+    "out": "DIR",
+    "baseline": "DIR",
+    "device": "DEVICE",
+    "dtype": "DTYPE",
+    "reduce_dtype": "DTYPE",
+    "reshard_after_forward": "true|false|N",
+    "root_reshard_after_forward": "MODE",
+    "ac_mode": "MODE",
+    "ac_coverage": "FRACTION",
+    "timeout_s": "SECONDS",
+    "straggler_delay_ms": "MS",
+    "lr": "LR",
+}
+
+
 @dataclass
 class CaptureConfig:
-    """Everything that shapes the measured step. Field names are the run.json keys."""
+    """Everything that shapes the measured step. Field names are the run.json keys; each
+    field's docstring is its `fsdp-trace capture --help` text (the CLI is generated from
+    these fields: name, type, default and help)."""
 
     model: str = "tiny"
+    """A preset (tiny, gpt-small, gpt-1.3b) or your own package.module:factory."""
     out: str = "fsdp-trace-run"
+    """Run directory to write traces and run.json into."""
     overwrite: bool = False
-    device: str = "auto"  # auto | cuda | cpu
-    batch_size: int | None = None  # None: the preset's
-    seq_len: int | None = None  # None: the preset's
+    """Reuse a non-empty --out (its old traces are deleted)."""
+    device: str = "auto"
+    """auto (CUDA+NCCL if GPUs, else CPU+gloo), cuda or cpu."""
+    batch_size: int | None = None
+    """Local batch per GPU (default: the preset's; required for a factory model)."""
+    seq_len: int | None = None
+    """Sequence length (default: the preset's; required for a factory model)."""
     dtype: str = "bf16"
+    """Parameter/compute dtype of the mixed-precision policy: bf16, fp16 or fp32."""
     reduce_dtype: str = "fp32"
-    hsdp: int = 1  # replicas of the HSDP mesh (replicate x shard); 1: a 1-D FSDP mesh
+    """Gradient reduce-scatter dtype: fp32, bf16 or fp16."""
+    hsdp: int = 1
+    """Hybrid sharding: R replicas of world/R shards each (1: plain FSDP over all ranks)."""
     reshard_after_forward: bool | int = True
-    root_reshard_after_forward: bool | str = "default"  # "default": FSDP2's own for the root
+    """fully_shard's reshard_after_forward for every block: true, false, or a group size."""
+    root_reshard_after_forward: bool | str = "default"
+    """reshard_after_forward for the root unit: default (FSDP2's), true or false."""
     keep_last_unsharded: bool = False
+    """Keep the last block (and the head unit) unsharded after forward: backward needs them
+    at once (torchtitan's default)."""
     shard_embeddings: bool = False
+    """Shard the embeddings and the norm+output head as their own units."""
     prefetch_forward: int = 0
+    """Explicit forward prefetch depth (0: FSDP2's default)."""
     prefetch_backward: int = 0
+    """Explicit backward prefetch depth (0: FSDP2's default of 1)."""
     ac_coverage: float = 0.0
+    """Fraction of blocks under activation checkpointing, spread evenly."""
     ac_mode: str = "non-reentrant"
+    """Checkpoint implementation: non-reentrant or reentrant."""
     compile: bool = False
+    """torch.compile each block."""
     grad_accum: int = 1
+    """Micro-batches per optimizer step (gradient accumulation)."""
     accum_no_sync: bool = False
+    """Skip the reduce-scatter on non-final micro-batches."""
     warmup_steps: int = 3
+    """Untimed steps before profiling."""
     timing_steps: int = 5
+    """Steps in the lean timing trace."""
     timed_steps: int = 10
+    """Un-profiled steps timed for tokens/s, MFU and memory."""
     seed: int = 0
+    """Seed for weights and synthetic tokens."""
     lr: float = 1e-4
+    """AdamW learning rate."""
     timeout_s: int = 300
+    """Process-group timeout (at least 1 s): a stuck collective fails, never hangs."""
     baseline: str | None = None
+    """A 1-GPU run directory: record scaling efficiency against it."""
     straggler_rank: int | None = None
+    """Delay this rank's steps on the host (a slow data loader)."""
     straggler_delay_ms: float = 0.0
+    """Host delay per step on --straggler-rank."""
 
     def validate(self) -> CaptureConfig:
         if self.dtype not in DTYPES:
@@ -191,8 +301,8 @@ class CaptureConfig:
             default = getattr(defaults, name)
             if name in ("model", "out") or value == default:
                 continue
-            if name in SWITCHES:
-                args.append(SWITCHES[name][0 if value else 1])
+            if name in BOOLEAN_FIELDS:
+                args.append(switch_options(name)[0 if value else 1])
             elif value is not None:
                 args += [f"--{name.replace('_', '-')}", option_text(value)]
         return args
@@ -216,60 +326,21 @@ class CaptureConfig:
         )
 
     def to_cli_args(self) -> list[str]:
-        """The `capture` arguments that rebuild this config on every rank under torchrun."""
-        args = ["--model", self.model, "--out", self.out, "--device", self.device]
-        if self.overwrite:
-            args.append("--overwrite")
-        for name in ("batch_size", "seq_len"):
-            if getattr(self, name) is not None:
-                args += [f"--{name.replace('_', '-')}", str(getattr(self, name))]
-        reshard = self.reshard_after_forward
-        reshard_text = str(reshard).lower() if isinstance(reshard, bool) else str(reshard)
-        args += [
-            "--dtype",
-            self.dtype,
-            "--reduce-dtype",
-            self.reduce_dtype,
-            "--hsdp",
-            str(self.hsdp),
-            "--reshard-after-forward",
-            reshard_text,
-            "--root-reshard-after-forward",
-            option_text(self.root_reshard_after_forward),
-            "--prefetch-forward",
-            str(self.prefetch_forward),
-            "--prefetch-backward",
-            str(self.prefetch_backward),
-            "--ac-coverage",
-            repr(self.ac_coverage),
-            "--ac-mode",
-            self.ac_mode,
-            "--warmup-steps",
-            str(self.warmup_steps),
-            "--timing-steps",
-            str(self.timing_steps),
-            "--timed-steps",
-            str(self.timed_steps),
-            "--grad-accum",
-            str(self.grad_accum),
-            "--seed",
-            str(self.seed),
-            "--lr",
-            repr(self.lr),
-            "--timeout-s",
-            str(self.timeout_s),
-        ]
-        args.append("--keep-last-unsharded" if self.keep_last_unsharded else "--reshard-last")
-        args.append("--shard-embeddings" if self.shard_embeddings else "--no-shard-embeddings")
-        args.append("--compile" if self.compile else "--no-compile")
-        args.append("--accum-no-sync" if self.accum_no_sync else "--accum-sync")
-        if self.baseline:
-            args += ["--baseline", self.baseline]
-        if self.straggler_rank is not None:
-            args += [
-                "--straggler-rank",
-                str(self.straggler_rank),
-                "--straggler-delay-ms",
-                repr(self.straggler_delay_ms),
-            ]
+        """The `capture` arguments that rebuild this config on every rank under torchrun:
+        every field as its option (a switch for each boolean; None left out)."""
+        args: list[str] = []
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if isinstance(value, bool) and spec.name in BOOLEAN_FIELDS:
+                args.append(switch_options(spec.name)[0 if value else 1])
+            elif value is not None:
+                text = repr(value) if isinstance(value, float) else option_text(value)
+                args += [f"--{spec.name.replace('_', '-')}", text]
         return args
+
+
+# The fields that are plain switches (reshard_after_forward is also bool-valued, but an option
+# that takes true / false / N).
+BOOLEAN_FIELDS = frozenset(
+    f.name for f in dataclasses.fields(CaptureConfig) if f.type in ("bool", bool)
+)

@@ -66,15 +66,26 @@ def check_port(option: str, port: int | str) -> None:
 
 @dataclass
 class Rendezvous:
-    """torchrun's rendezvous options, passed through unchanged for multi-node runs."""
+    """How many processes the standalone launcher starts here, and torchrun's rendezvous
+    options, passed through unchanged for multi-node runs. Like CaptureConfig, each field's
+    docstring is its `fsdp-trace capture --help` text."""
 
+    nproc_per_node: int | None = None
+    """Processes on this node when not run under torchrun (default: GPUs, or 1)."""
     nnodes: str = "1"
+    """torchrun --nnodes: N or MIN:MAX (multi-node: give the rendezvous options too)."""
     node_rank: int | None = None
+    """torchrun --node-rank."""
     rdzv_backend: str | None = None
+    """torchrun --rdzv-backend (e.g. c10d)."""
     rdzv_endpoint: str | None = None
+    """torchrun --rdzv-endpoint (HOST:PORT)."""
     rdzv_id: str | None = None
+    """torchrun --rdzv-id."""
     master_addr: str | None = None
+    """torchrun --master-addr."""
     master_port: int | None = None
+    """torchrun --master-port."""
 
     @property
     def single_node(self) -> bool:

@@ -12,11 +12,12 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -48,6 +49,7 @@ from fsdp_trace.capture.outputs import (  # re-exported: the CLI imports them fr
 )
 from fsdp_trace.capture.summary import print_summary
 from fsdp_trace.errors import UserError
+from fsdp_trace.present.fmt import plural
 from fsdp_trace.runrecord import read_run
 
 __all__ = [
@@ -119,23 +121,31 @@ def prepare_out_dir(out: Path, local_rank: int) -> None:
 
 
 class Progress:
-    """Rich progress on rank 0 only; a no-op elsewhere."""
+    """Rich progress on rank 0 only, one bar per phase of the schedule (warmup, detailed,
+    timing, timed), each counting its own steps; a no-op elsewhere. A profiled phase counts
+    its profiled steps; the profiler's warmup step before them is said beside the bar."""
 
-    def __init__(self, enabled: bool, total: int) -> None:
+    def __init__(self, enabled: bool, phases: list[tuple[str, int, str]]) -> None:
         self._progress = None
+        self._tasks: dict[str, Any] = {}
+        self._current: str | None = None
         if enabled:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
             self._progress = RichProgress(
-                TextColumn("[bold]{task.description}"),
+                TextColumn("[bold]{task.description:<8}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
+                TextColumn("[dim]{task.fields[note]}"),
                 console=Console(stderr=True),
             )
-            self._task = self._progress.add_task("setting up", total=total)
+            for name, total, note in phases:
+                self._tasks[name] = self._progress.add_task(
+                    name, total=total, start=False, visible=total > 0, note=note
+                )
 
     @contextlib.contextmanager
     def running(self) -> Iterator[Progress]:
@@ -145,13 +155,121 @@ class Progress:
         with self._progress:
             yield self
 
-    def phase(self, description: str) -> None:
+    def phase(self, name: str) -> None:
+        """Start phase `name` (the previous one is done)."""
+        if self._progress is None:
+            return
+        self._finish()
+        self._current = name
+        self._progress.start_task(self._tasks[name])
+
+    def _finish(self) -> None:
+        if self._current is not None:
+            task = self._tasks[self._current]
+            self._progress.update(task, completed=self._progress.tasks[task].total)
+            self._progress.stop_task(task)
+
+    def done(self) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, description=description)
+            self._finish()
+            self._current = None
 
     def advance(self) -> None:
-        if self._progress is not None:
-            self._progress.advance(self._task)
+        if self._progress is not None and self._current is not None:
+            self._progress.advance(self._tasks[self._current])
+
+    def counter(self, skip: int = 0) -> Callable[[], None]:
+        """An `on_step` that counts every step after the first `skip` (a profiled phase's
+        profiler warmup steps)."""
+        seen = [0]
+
+        def on_step() -> None:
+            seen[0] += 1
+            if seen[0] > skip:
+                self.advance()
+
+        return on_step
+
+
+def progress_phases(cfg: CaptureConfig) -> list[tuple[str, int, str]]:
+    """(phase, steps it counts, note) in schedule order."""
+    warmup = schedule.PROFILER_WARMUP_STEPS
+    note = f"after {plural(warmup, 'profiler warmup step')}" if warmup else ""
+    return [
+        ("warmup", cfg.warmup_steps, "untimed"),
+        ("detailed", 1, note),
+        ("timing", cfg.timing_steps, note),
+        ("timed", cfg.timed_steps, "un-profiled"),
+    ]
+
+
+# PyTorch's profiler (libkineto, torch 2.13) writes a "USDT:<time> <pid>:<tid>
+# SyncActivityProfilerHandler.cpp:52] profiler_start" line (and profiler_stop) to stderr at every
+# start and stop: its USDT level ranks above ERROR, so the ERROR threshold torch sets does not
+# hold it back and no KINETO_LOG_LEVEL silences it without silencing errors. During profiling,
+# fd 2 goes through this filter, a small process of its own (so nothing is lost if the rank
+# dies): it drops exactly those lines, anywhere in a line, and passes every other byte on at
+# once (partial lines included: the progress bar), errors included.
+USDT_FILTER = r"""
+import os, re, signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # drain until the rank's end of the pipe closes
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+LINE = re.compile(rb"USDT:[^\n]*\] profiler_(?:start|stop)\r?\n")
+MARK = b"USDT:"
+
+def split(buf):
+    buf = LINE.sub(b"", buf)
+    start = buf.rfind(MARK)
+    if start >= 0 and b"\n" not in buf[start:]:
+        return buf[:start], buf[start:]
+    for n in range(len(MARK) - 1, 0, -1):
+        if buf.endswith(MARK[:n]):
+            return buf[:-n], buf[-n:]
+    return buf, b""
+
+def write(data):
+    while data:
+        data = data[os.write(2, data):]
+
+held = b""
+while True:
+    try:
+        chunk = os.read(0, 65536)
+    except InterruptedError:
+        continue
+    if not chunk:
+        break
+    out, held = split(held + chunk)
+    write(out)
+write(LINE.sub(b"", held))
+"""
+
+
+@contextlib.contextmanager
+def profiler_lines_filtered() -> Iterator[None]:
+    """Run the block with fd 2 through `USDT_FILTER` (nothing changes where it cannot start),
+    then put fd 2 back and wait for the filter to pass on the last bytes."""
+    sys.stderr.flush()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", USDT_FILTER], stdin=subprocess.PIPE
+        )
+    except OSError:
+        yield
+        return
+    saved = os.dup(2)
+    os.dup2(proc.stdin.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # something else still holds the pipe open
+            proc.kill()
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -272,14 +390,10 @@ def _run_initialized(
             torch.cuda.synchronize(device)
         dist.barrier()
 
-    total_steps = (
-        cfg.warmup_steps
-        + 2 * schedule.PROFILER_WARMUP_STEPS
-        + 1
-        + cfg.timing_steps
-        + cfg.timed_steps
+    progress = Progress(
+        rank == 0 and os.environ.get("FSDP_TRACE_QUIET") != "1", progress_phases(cfg)
     )
-    progress = Progress(rank == 0 and os.environ.get("FSDP_TRACE_QUIET") != "1", total_steps)
+    skip = schedule.PROFILER_WARMUP_STEPS
     index = 0
     try:
         with progress.running():
@@ -290,31 +404,43 @@ def _run_initialized(
                 index += 1
                 progress.advance()
             sync()
-            progress.phase("detailed profile")
+            progress.phase("detailed")
             detailed_path = out / trace_name(rank, "detailed")
-            index += schedule.profile_phase(
-                step, index, 1, detailed_path, device, detailed=True, on_step=progress.advance
-            )
+            with profiler_lines_filtered():
+                index += schedule.profile_phase(
+                    step,
+                    index,
+                    1,
+                    detailed_path,
+                    device,
+                    detailed=True,
+                    on_step=progress.counter(skip),
+                )
             sync()
-            progress.phase("timing profile")
+            progress.phase("timing")
             timing_path = out / trace_name(rank, "timing")
-            index += schedule.profile_phase(
-                step,
-                index,
-                cfg.timing_steps,
-                timing_path,
-                device,
-                detailed=False,
-                on_step=progress.advance,
-            )
+            with profiler_lines_filtered():
+                index += schedule.profile_phase(
+                    step,
+                    index,
+                    cfg.timing_steps,
+                    timing_path,
+                    device,
+                    detailed=False,
+                    on_step=progress.counter(skip),
+                )
             sync()
-            progress.phase("timed steps")
+            progress.phase("timed")
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             counters = train.allocator_counters(device)
-            step_ms = train.time_steps(step, index, cfg.timed_steps, device)
-            for _ in step_ms:
-                progress.advance()
+
+            def timed_step(i: int) -> None:
+                step(i)
+                progress.advance()  # host side, a few µs: the step's own work is queued
+
+            step_ms = train.time_steps(timed_step, index, cfg.timed_steps, device)
+            progress.done()
             memory = train.memory_figures(device, counters)
     except (torch.OutOfMemoryError, RuntimeError) as exc:
         if not is_out_of_memory(exc):

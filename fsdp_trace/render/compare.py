@@ -4,6 +4,8 @@ step — as a chart and a table, self-contained (plotly.js inlined, opens offlin
 The chart has two panels on one run axis: tokens/s per GPU (bars, labelled) above, scaling
 efficiency and exposed communication (%, one fixed 0–100 axis) below, so that no line crosses
 a bar label. The table is plain HTML: long cells ("what changed") wrap instead of being cut.
+A CPU run's bar is grey and says so (its tokens/s measure the host, not GPUs); it has no
+efficiency point.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fsdp_trace.present import fmt
 from fsdp_trace.present.compare import compare_table, numeric
 
 THROUGHPUT = "#4e79a7"
+CPU_BAR = "#bab0ac"
 EFFICIENCY = "#59a14f"
 EXPOSED = "#e15759"
 
@@ -41,16 +44,24 @@ def figure(table: pd.DataFrame):
         subplot_titles=["Tokens/s per GPU", "Scaling efficiency and exposed communication, %"],
     )
     tps = table["tokens_per_s_per_gpu"].astype(float)
+    cpu = (table["device"] == "cpu") if "device" in table else pd.Series(False, index=table.index)
+    hover = [
+        (c or "first run") + ("<br>CPU run: the host's tokens/s, not a GPU's" if on else "")
+        for c, on in zip(table["change"], cpu, strict=True)
+    ]
     fig.add_trace(
         go.Bar(
             x=labels,
             y=tps,
             name="tokens/s/GPU",
-            marker_color=THROUGHPUT,
-            text=tps.map(lambda v: fmt.num(v, ",.0f")),
+            marker_color=[CPU_BAR if on else THROUGHPUT for on in cpu],
+            text=[
+                fmt.num(v, ",.0f") + (" (CPU)" if on else "")
+                for v, on in zip(tps, cpu, strict=True)
+            ],
             textposition="outside",
             cliponaxis=False,
-            hovertext=table["change"].map(lambda c: c or "first run"),
+            hovertext=hover,
             hovertemplate="%{x}<br>%{y:,.0f} tokens/s/GPU<br>%{hovertext}<extra></extra>",
         ),
         row=1,
@@ -159,7 +170,8 @@ def render_html(table: pd.DataFrame) -> str:
         '<p class="caption">Each run against the previous one: what changed and what it bought. '
         "Efficiency = tokens/s/GPU ÷ tokens/s of the 1-GPU run named under baseline (same "
         "model, batch and sequence; knobs that differ are named). Exposed % is blank on one "
-        "GPU: there is no communication. Δ exposed is in points of the step.</p>"
+        "GPU: there is no communication. Δ exposed is in points of the step. A CPU run (grey) "
+        "has no efficiency: its timing measures the host, not GPUs.</p>"
         f"{chart}{table_html(table)}{notes}</main></body></html>\n"
     )
 

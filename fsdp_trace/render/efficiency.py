@@ -1,14 +1,21 @@
 """efficiency.html: scaling efficiency, throughput, exposed communication, recompute and
 memory against activation-checkpoint coverage, best point marked. Self-contained (plotly.js
-inlined), opens offline, fills the browser's width."""
+inlined), opens offline, fills the browser's width.
+
+CPU (gloo) runs are never drawn as timing fact: their step time measures the host's shared
+cores, not GPUs and links, so a sweep of CPU runs plots what a CPU run does measure (host
+memory and the blocks under activation checkpointing) and says why the rest is left out; CPU
+runs among GPU runs are left out of the timing panels."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 
 from fsdp_trace import atomic
+from fsdp_trace.present.fmt import plural
 
 PANELS = (
     ("scaling_efficiency", "Scaling efficiency (vs 1 GPU)", ".0%"),
@@ -28,8 +35,17 @@ def _cell(value, spec: str) -> str:
     return "—" if pd.isna(value) else format(value, spec)
 
 
+def cpu_rows(table: pd.DataFrame) -> pd.Series:
+    """Which rows ran on CPU (gloo)."""
+    if "device" not in table:
+        return pd.Series(False, index=table.index)
+    return table["device"].eq("cpu")
+
+
 def best_point(table: pd.DataFrame) -> pd.Series | None:
-    """The multi-GPU run with the most tokens/s/GPU (less memory breaks ties)."""
+    """The multi-GPU run with the most tokens/s/GPU (less memory breaks ties); never a CPU
+    run (its tokens/s measure the host)."""
+    table = table[~cpu_rows(table)]
     multi = table[table["world_size"] > 1].dropna(subset=["tokens_per_s_per_gpu"])
     if multi.empty:
         multi = table.dropna(subset=["tokens_per_s_per_gpu"])
@@ -42,6 +58,13 @@ def best_point(table: pd.DataFrame) -> pd.Series | None:
 
 
 def figure(table: pd.DataFrame, title: str):
+    """The GPU figure (CPU rows left out of its panels), or the CPU one when every run ran
+    on CPU."""
+    cpu = cpu_rows(table)
+    if len(table) and cpu.all():
+        return cpu_figure(table, title)
+    full = table
+    table = table[~cpu]
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -155,9 +178,14 @@ def figure(table: pd.DataFrame, title: str):
         autosize=True,
         template="plotly_white",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.07, "xanchor": "right", "x": 1},
-        margin={"l": 60, "r": 30, "t": 110, "b": 60 + 18 * len(footnotes(table))},
+        margin={"l": 60, "r": 30, "t": 110, "b": 60 + 18 * len(footnotes(full))},
     )
-    for i, line in enumerate(footnotes(table)):
+    _footnotes(fig, footnotes(full))
+    return fig
+
+
+def _footnotes(fig, lines: list[str]) -> None:
+    for i, line in enumerate(lines):
         fig.add_annotation(
             text=line,
             xref="paper",
@@ -170,6 +198,98 @@ def figure(table: pd.DataFrame, title: str):
             showarrow=False,
             font={"size": 12, "color": "#555"},
         )
+
+
+CPU_PANELS = (
+    ("peak_allocated_gib", "Peak host memory (RSS), GiB", ".2f"),
+    ("ac_blocks", "Blocks under activation checkpointing", "d"),
+)
+CPU_NOTE = (
+    "CPU (gloo) runs: step time, tokens/s and scaling efficiency measure the host's shared "
+    "cores, not GPUs and their links, so they are not plotted; exposed communication and "
+    "recompute need GPU kernels. Shown: what a CPU run measures."
+)
+
+
+def cpu_figure(table: pd.DataFrame, title: str):
+    """A sweep of CPU runs: host memory and the checkpointed blocks against AC coverage, and
+    the runs' table with their timing marked as not meaningful for scaling."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        subplot_titles=[p[1] for p in CPU_PANELS] + ["Runs (CPU)"],
+        specs=[[{}, {}, {"type": "table"}]],
+        horizontal_spacing=0.08,
+    )
+    points = sorted(table["ac_coverage"].dropna().unique().tolist())
+    for index, (column, label, fmt) in enumerate(CPU_PANELS):
+        for color, (world, group) in zip(COLORS, table.groupby("world_size"), strict=False):
+            group = group.sort_values("ac_coverage")
+            fig.add_trace(
+                go.Scatter(
+                    x=group["ac_coverage"],
+                    y=group[column],
+                    mode="lines+markers",
+                    name=plural(world, "CPU rank"),
+                    legendgroup=str(world),
+                    showlegend=index == 0,
+                    line={"color": color},
+                    customdata=group[["label"]].to_numpy(),
+                    hovertemplate=f"AC %{{x:.2f}}<br>{label}: %{{y:{fmt}}}<br>"
+                    "%{customdata[0]}<extra></extra>",
+                ),
+                row=1,
+                col=index + 1,
+            )
+        fig.update_xaxes(
+            title_text="AC coverage (fraction of blocks)",
+            range=[-0.05, 1.05],
+            tickvals=points,
+            ticktext=[f"{p:g}" for p in points],
+            row=1,
+            col=index + 1,
+        )
+        fig.update_yaxes(rangemode="tozero", row=1, col=index + 1)
+    shown = table.sort_values(["world_size", "ac_coverage"])
+    blocks = [
+        f"{a}/{n}" if pd.notna(n) else f"{a}"
+        for a, n in zip(shown["ac_blocks"], shown["n_blocks"], strict=True)
+    ]
+    fig.add_trace(
+        go.Table(
+            header={
+                "values": ["CPU<br>ranks", "AC", "AC<br>blocks", "efficiency", "mem GiB<br>(RSS)"],
+                "font": {"size": 11},
+            },
+            cells={
+                "values": [
+                    shown["world_size"],
+                    shown["ac_coverage"].map("{:.2f}".format),
+                    blocks,
+                    ["— (CPU)"] * len(shown),
+                    shown["peak_allocated_gib"].map(lambda v: _cell(v, ".2f")),
+                ]
+            },
+            columnwidth=[0.9, 0.8, 0.9, 1.1, 1.1],
+        ),
+        row=1,
+        col=3,
+    )
+    # the table's own CPU notice says what the title's note says
+    notes = [n for n in footnotes(table) if "ran on CPU (gloo)" not in n]
+    note = "<br>".join(textwrap.wrap(CPU_NOTE, 120))
+    fig.update_layout(
+        title={"text": f"{title}<br><sup>{note}</sup>", "x": 0.01, "xanchor": "left"},
+        height=560,
+        autosize=True,
+        template="plotly_white",
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.1, "xanchor": "right", "x": 1},
+        margin={"l": 60, "r": 30, "t": 130, "b": 80 + 18 * len(notes)},
+    )
+    _footnotes(fig, notes)
     return fig
 
 
@@ -180,7 +300,8 @@ def footnotes(table: pd.DataFrame) -> list[str]:
     saved = int((sources == "analysis.json").sum())
     if saved:
         lines.append(
-            f"Exposed % and recompute %: from analysis.json for {saved} of {len(table)} runs "
+            f"Exposed % and recompute %: from analysis.json for {saved} of "
+            f"{plural(len(table), 'run')} "
             "(the figures the sweep computed from their timing traces, which are not here)."
         )
     lines += list(table.attrs.get("notices", []))
@@ -202,7 +323,7 @@ def write_efficiency_html(table: pd.DataFrame, path: Path, title: str) -> None:
 
 def sweep_title(table: pd.DataFrame) -> str:
     first = table.iloc[0]
-    return (
-        f"Efficiency vs activation-checkpoint coverage — {first['model']}, "
-        f"batch {first['batch_size']} x seq {first['seq_len']}"
-    )
+    shape = f"{first['model']}, batch {first['batch_size']} x seq {first['seq_len']}"
+    if len(table) and cpu_rows(table).all():
+        return f"Activation-checkpoint coverage on CPU (gloo) — {shape}"
+    return f"Efficiency vs activation-checkpoint coverage — {shape}"

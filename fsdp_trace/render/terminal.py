@@ -113,17 +113,22 @@ def render_findings(view: RunView, console: Console) -> None:
 
 
 def compare_view(table_: pd.DataFrame, console: Console | None = None) -> None:
-    """`fsdp-trace compare`: one row per run, with the change each step bought."""
+    """`fsdp-trace compare`: one row per run, with the change each step bought, then the
+    table's notices (a CPU run's timing, blank figures)."""
     from fsdp_trace.present.compare import compare_table, numeric
 
     console = console or make_console(200)
     view = compare_table(table_)
     out = RichTable(title=view.title, title_justify="left")
+    names = [len(row[view.headers.index("run")]) for row in view.rows]
+    widths = {"what changed": 24, "run": min(max(names, default=3), 32)}
     for header in view.headers:  # numbers never wrap; the run and what changed may
         if numeric(header):
             out.add_column(header, justify="right", no_wrap=True)
-        else:
-            out.add_column(header, min_width=24 if header == "what changed" else None)
+        else:  # a run's name is never cut short
+            out.add_column(header, min_width=widths.get(header), overflow="fold")
     for row in view.rows:
         out.add_row(*(escape(c) for c in row))
     console.print(out)
+    for notice in table_.attrs.get("notices", []):
+        console.print(f"[yellow]notice:[/] {escape(notice)}")
