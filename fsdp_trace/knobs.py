@@ -16,3 +16,20 @@ def select_ac_blocks(n_blocks: int, coverage: float) -> list[int]:
     if count >= n_blocks:
         return list(range(n_blocks))
     return sorted({int((i + 0.5) * n_blocks / count) for i in range(count)})
+
+
+# What `fsdp-trace whatif --set` changes: capture's option names (run.json `config`), and
+# batch_scale for a batch change where run.json does not give the batch.
+KNOB_NAMES = (
+    "ac_coverage",
+    "reshard_after_forward",
+    "keep_last_unsharded",
+    "root_reshard_after_forward",
+    "shard_embeddings",
+    "prefetch_forward",
+    "prefetch_backward",
+    "reduce_dtype",
+    "batch_size",
+    "batch_scale",
+    "accum_no_sync",
+)

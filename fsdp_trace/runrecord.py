@@ -70,6 +70,7 @@ class StepStats:
 class RankFigures:
     rank: int
     step_time_ms: StepStats | None = None
+    host_step_ms: StepStats | None = None  # the host issuing a step alone (train.host_probe)
     peak_allocated_gib: float | None = None
     peak_reserved_gib: float | None = None
     peak_rss_gib: float | None = None
@@ -83,6 +84,7 @@ class Figures:
 
     notices: list[str] = field(default_factory=list)
     step_time_ms: StepStats | None = None
+    host_step_ms: StepStats | None = None  # the slowest rank's host per probe step
     tokens_per_step_per_gpu: float | None = None
     tokens_per_s_per_gpu: float | None = None
     flops_per_token: float | None = None

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.synth import AUTOGRAD, MAIN, TraceBuilder
+from tests.synth import AUTOGRAD, CPU_PID, MAIN, TraceBuilder
 
 ROOT = "root"
 
@@ -46,6 +46,10 @@ class Sim:
     micro_batches: int = 1
     optimizer_us: float = 300.0
     world_size: int | None = None  # distributedInfo (default: ranks)
+    # The host's speed against the GPU's: 1 launches each kernel just before it runs (the
+    # host paces the GPU); above 1 the CPU side of each step is compressed toward the step's
+    # start, so the host runs ahead and the GPU's own dependencies set the times.
+    host_speed: float = 1.0
     device_name: str = "NVIDIA H100 80GB HBM3"
 
     def units(self) -> list[str]:
@@ -128,6 +132,9 @@ class Sim:
                 last = bs[r].events[[e["name"] for e in bs[r].events].index(f"ProfilerStep#{step}")]
                 last["ts"], last["dur"] = t_step, t_next - t_step - 1.0
             t_step = t_next
+        if self.host_speed != 1.0:
+            for b in bs:
+                _compress_host(b, 1.0 / self.host_speed)
         return bs
 
     def _compute(self, r: int, us: float) -> float:
@@ -332,3 +339,14 @@ class Sim:
                 )
             for r in range(n):
                 rs_free[r] = ended[r]
+
+
+def _compress_host(b: TraceBuilder, factor: float) -> None:
+    """Every CPU event moved toward its step's start (ts and dur × factor from there)."""
+    starts = sorted(e["ts"] for e in b.events if e["name"].startswith("ProfilerStep#"))
+    for e in b.events:
+        if e["pid"] != CPU_PID or e["name"].startswith("ProfilerStep#"):
+            continue
+        origin = max((t for t in starts if t <= e["ts"]), default=e["ts"])
+        e["ts"] = origin + (e["ts"] - origin) * factor
+        e["dur"] = e["dur"] * factor

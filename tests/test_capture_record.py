@@ -374,3 +374,43 @@ def test_each_nodes_local_rank_0_prepares_out(tmp_path, gloo_world_of_one):
     fill(out, [*CAPTURE_FILES, "run.json", "notes.txt"])
     runner.prepare_out_dir(out, local_rank=0)
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_host_probe_per_rank_and_the_slowest_rank_per_probe(tmp_path, small_spec):
+    cfg = CaptureConfig(model="gpt-small", batch_size=4, seq_len=512, timed_steps=3).validate()
+    per_rank = [
+        {**PER_RANK[0], "host_ms": [30.0, 20.0, 25.0]},
+        {**PER_RANK[1], "host_ms": [10.0, 40.0, 22.0]},
+    ]
+    record = runner.build_record(
+        cfg,
+        command="fsdp-trace capture ...",
+        argv=["fsdp-trace", "capture"],
+        world={**CUDA_WORLD, "device": "cuda"},
+        env=H100,
+        spec=small_spec,
+        params=count_parameters(small_spec.model),
+        block_paths=["layers.0"],
+        ac_blocks=[],
+        plan=parallelize.ShardPlan(),
+        per_rank=per_rank,
+    )
+    figures = record["figures"]
+    assert figures["per_rank"][0]["host_step_ms"]["median"] == 25.0
+    assert figures["per_rank"][1]["host_step_ms"]["median"] == 22.0
+    assert figures["host_step_ms"]["median"] == 30.0  # max per probe: 30, 40, 25
+    assert record_for(cfg, small_spec, H100)["figures"].get("host_step_ms") is None
+
+
+def test_a_cpu_run_has_no_scaling_efficiency(tmp_path, small_spec):
+    base = tmp_path / "b4-1gpu"
+    base.mkdir()
+    (base / "run.json").write_text(
+        json.dumps({"figures": {"tokens_per_s_per_gpu": 20000.0}, "world": {"world_size": 1}})
+    )
+    cfg = CaptureConfig(
+        model="gpt-small", batch_size=4, seq_len=512, timed_steps=3, baseline=str(base)
+    ).validate()
+    figures = record_for(cfg, small_spec, H100, device="cpu")["figures"]
+    assert figures["scaling_efficiency"] is None
+    assert any("not computed on CPU" in n for n in figures["notices"])

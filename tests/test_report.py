@@ -188,6 +188,7 @@ def test_every_figure_is_in_the_payload(sample):
     _, _, text = sample
     figures = payload(text)["figures"]
     assert [f["id"] for f in figures] == [
+        "fig-whatif",
         "fig-breakdown",
         "fig-timeline",
         "fig-blocks",
@@ -685,7 +686,8 @@ def test_single_gpu_analysis_has_no_communication_figures(tmp_path):
     path = tmp_path / "one.html"
     write_report(result, path)
     text = path.read_text(encoding="utf-8")
-    assert [f["id"] for f in payload(text)["figures"]] == ["fig-breakdown", "fig-timeline"]
+    ids = [f["id"] for f in payload(text)["figures"]]
+    assert ids == ["fig-whatif", "fig-breakdown", "fig-timeline"]  # what if: host-bound
     kinds = {t["meta"]["kind"] for t in figure(text, "timeline")["data"]}
     assert kinds == {"phase", "compute", "memory"}
     assert "No collectives" in text
@@ -786,3 +788,15 @@ def test_cli_analyze_writes_the_report(tmp_path):
     text = out.read_text(encoding="utf-8")
     assert len(payload(text)["figures"]) == 5
     assert "Host-bound" in text and 'data-table="config"' in text
+
+
+def test_the_whatif_panel_shows_the_ranked_predictions(sample):
+    """Each candidate's predicted step (for the measured step's tokens) is the replay's."""
+    from fsdp_trace.whatif import rank_candidates
+
+    run, _, text = sample
+    fig = figure(text, "whatif")
+    ranked = rank_candidates(run)
+    assert fig["data"][0]["y"] == [p.knobs.describe() for p, _ in ranked]
+    expected = [p.predicted_step_us / 1e3 / p.tokens_scale for p, _ in ranked]
+    assert array(fig["data"][0]["x"]) == pytest.approx(expected)

@@ -60,7 +60,8 @@ PROBE_ATTRIBUTE = "data-test-probe"
 # Added to a copy of the page by the test (the shipped page carries no test code): once the
 # page says its figures are drawn (report.html: all of them at once; compare.html and
 # efficiency.html: one count per figure drawn, up to their number of plotly divs), record per
-# figure what Plotly holds (`_fullData`: finite points of visible traces; bars of zero length
+# figure what Plotly holds (`_fullData`: finite points of visible traces, a category counting
+# as a place on its axis; bars of zero length
 # and NaN cells do not count), what the SVG shows (bar paths and markers with a non-empty box,
 # heatmap images), and where its plot area is.
 PROBE = """<script>
@@ -74,11 +75,12 @@ PROBE = """<script>
         for (j = 0; j < (t.z[i] || []).length; j++) if (finite(t.z[i][j])) n++;
       return n;
     }
+    if (t.type === "scatter" && !/markers|lines/.test(t.mode || "")) return 0;  // labels
     var x = t.x || [], y = t.y || [];
     var length = t.type === "bar" ? (t.orientation === "h" ? x : y) : null;
     for (i = 0; i < Math.max(x.length, y.length); i++) {
       if (t.type === "bar" ? finite(length[i]) && Number(length[i]) !== 0
-                           : finite(x[i]) && finite(y[i])) n++;
+                           : finite(x[i]) && (finite(y[i]) || typeof y[i] === "string")) n++;
     }
     return n;
   }
@@ -265,6 +267,7 @@ def test_sample_report_draws_every_figure_full_page(sample_report, tmp_path):
         "fig-breakdown",
         "fig-heatmap",
         "fig-timeline",
+        "fig-whatif",
     ]
     assert undrawn == {} and blank == {}, (undrawn, blank)
     figures = probe["figures"]
@@ -337,7 +340,7 @@ def test_a_report_with_one_figure_emptied_fails(sample_report, tmp_path, key):
     broken = empty_one_figure(sample_report, key, tmp_path / "broken.html")
     undrawn, blank, probe = full_check(broken, tmp_path)
     # The page itself still loads cleanly and says every figure was drawn ...
-    assert len(probe["figures"]) == 5
+    assert len(probe["figures"]) == 6
     # ... and the emptied figure, only it, is caught by both checks.
     assert set(undrawn) == {key}, undrawn
     assert set(blank) == {key}, blank
@@ -352,7 +355,8 @@ def test_several_runs_draw_without_console_errors(tmp_path):
         path,
     )
     probe, attributes, errors = probed(path, tmp_path)
-    assert check_page(attributes, errors) == len(probe["figures"]) == 5 + 2
+    # gpt-small-2gpu: 6 figures; the 1-GPU run: breakdown and timeline (no change to predict).
+    assert check_page(attributes, errors) == len(probe["figures"]) == 6 + 2
     assert undrawn_in_dom(probe) == {}
 
 

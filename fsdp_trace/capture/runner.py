@@ -442,12 +442,19 @@ def _run_initialized(
             step_ms = train.time_steps(timed_step, index, cfg.timed_steps, device)
             progress.done()
             memory = train.memory_figures(device, counters)
+            host_ms = (  # the host's own speed, for the what-if replay (GPU runs)
+                train.host_probe(step, index + cfg.timed_steps, train.HOST_PROBE_STEPS, device)
+                if device.type == "cuda"
+                else []
+            )
     except (torch.OutOfMemoryError, RuntimeError) as exc:
         if not is_out_of_memory(exc):
             raise
         raise UserError(oom_message(cfg, spec.batch_size, spec.seq_len, device)) from None
 
-    per_rank = gather({"rank": rank, "step_ms": step_ms, "memory": memory}, world_size)
+    per_rank = gather(
+        {"rank": rank, "step_ms": step_ms, "host_ms": host_ms, "memory": memory}, world_size
+    )
     if rank == 0:
         record = build_record(
             cfg,
@@ -531,7 +538,13 @@ def build_record(
             achieved = figures["tokens_per_s_per_gpu"] * flops
             figures["achieved_tflops_per_gpu"] = achieved / 1e12
             figures["mfu"] = achieved / (peak * 1e12)
-        if cfg.baseline:
+        if cfg.baseline and world["device"] != "cuda":
+            figures["scaling_efficiency"] = None
+            figures["notices"].append(
+                "scaling efficiency omitted: not computed on CPU (the host's cores are shared "
+                "by every rank, not GPUs)"
+            )
+        elif cfg.baseline:
             scaling = scaling_against(cfg.baseline, figures["tokens_per_s_per_gpu"])
             figures.update(scaling)
             if scaling["scaling_efficiency"] is None:
@@ -547,10 +560,14 @@ def build_record(
         {
             "rank": r["rank"],
             "step_time_ms": train.summarize(r["step_ms"]) if r["step_ms"] else None,
+            "host_step_ms": train.summarize(r["host_ms"]) if r.get("host_ms") else None,
             **r["memory"],
         }
         for r in per_rank
     ]
+    probes = [r["host_ms"] for r in per_rank if r.get("host_ms")]
+    if probes and len(probes) == len(per_rank):
+        figures["host_step_ms"] = train.summarize([max(v) for v in zip(*probes, strict=True)])
     memory_keys = ("peak_allocated_gib", "peak_reserved_gib", "peak_rss_gib")
     for key in memory_keys:
         values = [r["memory"][key] for r in per_rank if key in r["memory"]]

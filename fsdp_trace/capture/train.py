@@ -89,6 +89,26 @@ def time_steps(step: StepFn, first_index: int, count: int, device: torch.device)
     return times
 
 
+HOST_PROBE_STEPS = 3  # steps issued alone after the timed ones, for the host's own speed
+
+
+def host_probe(step: StepFn, first_index: int, count: int, device: torch.device) -> list[float]:
+    """Milliseconds the host takes to issue one step, without the profiler: each step run
+    alone after the GPU has drained, so its launches never wait for a full launch queue.
+    The what-if replay reads it as the host's own speed (the profiled trace's launch times
+    include the profiler's overhead)."""
+    times = []
+    for i in range(count):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step(first_index + i)
+        times.append((time.perf_counter() - start) * 1e3)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return times
+
+
 def summarize(values: list[float]) -> dict[str, float]:
     """Median and spread of a list of step times."""
     ordered = sorted(values)

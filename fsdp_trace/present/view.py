@@ -117,6 +117,7 @@ class RunView:
     hta: Table | None
     cpu: bool
     diagnosis_heading: str  # the line above the findings
+    peers: list = field(default_factory=list)  # the result's other runs (the report sets it)
 
 
 def diagnosis_heading(run: RunAnalysis) -> str:

@@ -563,3 +563,62 @@ def heatmap_figure(run: RunAnalysis):
         margin={"l": 10, "r": 20, "t": 44, "b": 60},
     )
     return fig
+
+
+# --- what if ------------------------------------------------------------------------------
+
+
+def whatif_figure(view):
+    """Per candidate change (a `present.whatif.RankingView`), the predicted step with its
+    uncertainty, the run's own step as a line, and the step a run with that change measured
+    where there is one."""
+    import plotly.graph_objects as go
+
+    points = view.points
+    if not points:
+        return None
+    labels = [p.label for p in points]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[p.predicted_ms for p in points],
+            y=labels,
+            mode="markers",
+            name="predicted",
+            marker={"size": 11, "color": COLORS["compute"]},
+            error_x={"type": "data", "array": [p.uncertainty_ms for p in points], "width": 6},
+            hovertext=[
+                f"<b>{p.label}</b><br>predicted {p.predicted_ms:.2f} ± {p.uncertainty_ms:.2f} ms"
+                f"<br>tokens/s/GPU {p.gain_pct:+.1f} %"
+                for p in points
+            ],
+            hoverinfo="text",
+        )
+    )
+    seen = [p for p in points if p.measured_ms is not None]
+    if seen:
+        fig.add_trace(
+            go.Scatter(
+                x=[p.measured_ms for p in seen],
+                y=[p.label for p in seen],
+                mode="markers",
+                name="measured (a run with the change)",
+                marker={"size": 12, "symbol": "diamond-open", "color": COLORS["exposed"]},
+                hovertext=[f"<b>{p.label}</b><br>measured {p.measured_ms:.2f} ms" for p in seen],
+                hoverinfo="text",
+            )
+        )
+    fig.add_vline(
+        x=view.measured_ms,
+        line={"dash": "dot", "color": COLORS["idle"]},
+        annotation_text=f"measured {view.measured_ms:.2f} ms",
+        annotation_position="top",
+    )
+    fig.update_layout(
+        height=max(200, 44 * len(points) + 120),
+        xaxis={"title": "ms per step for the measured step's tokens (the slowest rank)"},
+        yaxis={"autorange": "reversed", "type": "category", "title": None},
+        legend=LEGEND_TOP,
+        margin={"l": 10, "r": 20, "t": 50, "b": 50},
+    )
+    return fig

@@ -145,6 +145,8 @@ def _style() -> str:
 def render(result: Result) -> str:
     """The whole page of `result` (one run, or several side by side then one after another)."""
     views = [run_view(run, top=None) for run in result.runs]
+    for view in views:
+        view.peers = result.runs  # the what-if panel's measured points
     several = len(views) > 1
     page = Page()
     main = [markup.notices(result.notices, "result")]

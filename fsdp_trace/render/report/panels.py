@@ -58,6 +58,24 @@ def diagnosis(run: RunAnalysis, view: RunView) -> Panel:
 
 
 @panel
+def whatif(run: RunAnalysis, view: RunView) -> Panel:
+    from fsdp_trace.present.whatif import panel_view
+
+    ranking = panel_view(run, view.peers)
+    if isinstance(ranking, str):
+        return Panel("whatif", "What if: the changes, predicted", missing=ranking)
+    return Panel(
+        "whatif",
+        "What if: the changes, predicted",
+        "Each change the diagnosis names, replayed on the measured step (fsdp-trace whatif): "
+        "the predicted step with its uncertainty; a diamond where a run of this job made the "
+        "change. " + " ".join(ranking.basis),
+        figure=figs.whatif_figure(ranking),
+        body=markup.table(ranking.table),
+    )
+
+
+@panel
 def breakdown(run: RunAnalysis, view: RunView) -> Panel | None:
     if not view.breakdown.rows:
         return None

@@ -1,0 +1,26 @@
+"""The what-if views in the terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+from fsdp_trace.present.whatif import PredictionView, RankingView
+from fsdp_trace.render.terminal import table
+
+
+def render_prediction(view: PredictionView, console: Console) -> None:
+    console.print(table(view.table))
+    if view.ranks is not None:
+        console.print(table(view.ranks))
+    for line in view.basis:
+        console.print(f"[dim]{escape(line)}[/]")
+
+
+def render_ranking(view: RankingView, console: Console) -> None:
+    if not view.table.rows:
+        console.print("No finding names a change the replay models: nothing to rank.")
+        return
+    console.print(table(view.table))
+    for line in view.basis:
+        console.print(f"[dim]{escape(line)}[/]")

@@ -1,0 +1,294 @@
+"""What if: the measured step replayed under changed FSDP knobs (`fsdp-trace whatif`).
+
+    import fsdp_trace
+    from fsdp_trace.whatif import Knobs, predict
+    run = fsdp_trace.analyze("sample_traces/gpt-small-2gpu").only
+    p = predict(run, Knobs(ac_coverage=1.0))
+    p.predicted_step_us, p.uncertainty_us, p.ranks[0].predicted
+
+The replay (`replay`) runs every rank's measured program (`program`) again, changed by the
+knobs (`knobs`); its error on the unchanged step (the residual) is added back, so the
+prediction is the measured step plus what the change does.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fsdp_trace.analysis.overlap_tax import tax_rate
+from fsdp_trace.errors import UserError
+from fsdp_trace.whatif.knobs import Context, Knobs, apply, parse
+from fsdp_trace.whatif.program import Program, extract
+from fsdp_trace.whatif.replay import Timeline, replay
+
+# A change's own modelling error, as a share of what it changes (from the validation pairs:
+# tests/test_whatif.py and README "What if").
+MODEL_ERROR = 0.10
+HOST_SCALE_ITERATIONS = 12  # bisection steps for the host scale (1/4096 of the range)
+
+__all__ = ["Knobs", "Prediction", "candidates", "parse", "predict", "rank_candidates"]
+
+
+@dataclass
+class Baseline:
+    """The step a prediction starts from.
+
+    With run.json's un-profiled timed steps, the measured step is their median: the
+    profiler slows the host (a host-bound traced step is longer than the real one), so the
+    replay's host launch times are scaled (`host_scale`) until the unchanged step replays
+    to that median. Without run.json it is the traced step, host times as traced."""
+
+    step_us: float
+    basis: str  # what step_us is, in words
+    spread_us: float  # the uncertainty of step_us as a run's median
+    traced_step_us: float  # the profiled step the programs come from
+    host_scale: float | dict  # the host's launch times × this (per rank where measured)
+    tax: float  # compute beside NCCL runs (1 + tax) times slower (measured)
+    host_basis: str = "the host's speed as traced"
+
+
+@dataclass
+class RankPrediction:
+    rank: int | None
+    measured: dict[str, float]  # the unchanged step replayed: its split (µs)
+    predicted: dict[str, float]  # the changed step replayed: its split (µs)
+
+    @property
+    def measured_step_us(self) -> float:
+        return self.measured["step_us"]
+
+    @property
+    def predicted_step_us(self) -> float:
+        return self.predicted["step_us"]
+
+
+@dataclass
+class Prediction:
+    knobs: Knobs
+    step: int  # the traced step replayed
+    baseline: Baseline
+    ranks: list[RankPrediction]
+    residual_us: float  # the measured step − its replay (added to both sides)
+    uncertainty_us: float
+    tokens_scale: float = 1.0  # tokens per step, changed ÷ measured (batch knobs)
+    peak_memory_gib: float | None = None  # measured (run.json); the change's is not modelled
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def measured_step_us(self) -> float:
+        return self.baseline.step_us
+
+    @property
+    def predicted_step_us(self) -> float:
+        """The ranks wait for each other: the step is the slowest rank's."""
+        return max(r.predicted_step_us for r in self.ranks) + self.residual_us
+
+    @property
+    def step_change_pct(self) -> float:
+        return 100.0 * (self.predicted_step_us / self.measured_step_us - 1.0)
+
+    @property
+    def throughput_gain_pct(self) -> float:
+        """Tokens/s per GPU, predicted ÷ measured − 1 (in %)."""
+        return 100.0 * (self.tokens_scale * self.measured_step_us / self.predicted_step_us - 1.0)
+
+    @property
+    def significant(self) -> bool:
+        """The change is larger than its uncertainty."""
+        return abs(self.predicted_step_us - self.measured_step_us) > self.uncertainty_us
+
+
+def _step(run) -> int:
+    """The step every rank has whose length (the slowest rank's) is the median."""
+    ranks = [r for r in run.ranks if len(r.kernels)]
+    common = set.intersection(*(set(r.steps["step"]) for r in ranks))
+    length = {
+        s: max(float(r.steps.set_index("step").at[s, "step_us"]) for r in ranks) for s in common
+    }
+    ordered = sorted(common, key=lambda s: (length[s], s))
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def programs(run) -> tuple[list[Program], dict]:
+    """Every GPU rank's program of one common step, and the ranks' clock offsets."""
+    ranks = [r for r in run.ranks if len(r.kernels)]
+    if not ranks:
+        raise UserError(
+            f"{run.name}: no GPU kernels to replay (CPU/gloo traces have no GPU timing)"
+        )
+    step = _step(run)
+    cross = run.crossrank
+    participants = None if cross.empty else cross.participants
+    offsets = {} if cross.empty else cross.clock_offsets_us
+    return [extract(r, step, participants) for r in ranks], offsets
+
+
+def _job_step(timelines: list[Timeline]) -> float:
+    return max(t.step_us for t in timelines)
+
+
+def _median_spread(stats) -> float:
+    """How far a run's median step may land from this one's: the standard error of a
+    median (1.25 σ/√n) for each of the two runs compared."""
+    if stats.stdev is None or not stats.n:
+        return 0.0
+    return 1.25 * float(stats.stdev) * 1e3 / np.sqrt(stats.n) * np.sqrt(2.0)
+
+
+def _traced_spread(run) -> float:
+    """Without run.json: the same from the traced steps' spread (their IQR as σ)."""
+    steps = [r.steps["step_us"].to_numpy(dtype=np.float64) for r in run.ranks if len(r.kernels)]
+    n = min(len(s) for s in steps)
+    if n < 2:
+        return 0.0
+    q1, q3 = np.percentile(np.max([s[:n] for s in steps], axis=0), [25, 75])
+    return 1.25 * float(q3 - q1) / 1.35 / np.sqrt(n) * np.sqrt(2.0)
+
+
+def baseline(run, progs: list[Program], offsets: dict) -> Baseline:
+    """The measured step, and the host speed and overlap tax that replay it."""
+    tax = tax_rate(run.ranks, set(run.config.blocks))
+    traced = max(p.window_us for p in progs)
+    figures = run.run.figures if run.run is not None else None
+    stats = figures.step_time_ms if figures is not None else None
+    if stats is None or not stats.median:
+        return Baseline(traced, "the traced step", _traced_spread(run), traced, 1.0, tax)
+    target = float(getattr(stats, os.environ.get("FSDP_TRACE_WHATIF_STAT", "median"))) * 1e3
+    basis = f"the median of {stats.n or '?'} un-profiled steps (run.json)"
+    probed = _probed_host_scale(figures, progs)
+    if probed is not None:
+        return Baseline(
+            target,
+            basis,
+            _median_spread(stats),
+            traced,
+            probed,
+            tax,
+            "the host's speed measured without the profiler (run.json)",
+        )
+    return Baseline(
+        target,
+        basis,
+        _median_spread(stats),
+        traced,
+        _fitted_host_scale(progs, offsets, tax, target),
+        tax,
+        "the host's speed fitted to the un-profiled step",
+    )
+
+
+def _probed_host_scale(figures, progs: list[Program]) -> dict | None:
+    """Per rank, the host issuing a step without the profiler ÷ with it (run.json's host
+    probe ÷ the traced step's first-to-last launch); None without a probe."""
+    probe = {
+        f.rank: float(f.host_step_ms.median) * 1e3
+        for f in figures.per_rank
+        if f.host_step_ms is not None and f.host_step_ms.median
+    }
+    scales = {}
+    for p in progs:
+        if p.rank not in probe or p.host_span_us <= 0:
+            return None
+        scales[p.rank] = min(1.0, probe[p.rank] / p.host_span_us)
+    return scales or None
+
+
+def _fitted_host_scale(progs: list[Program], offsets: dict, tax: float, target: float) -> float:
+    """The host speed (× the traced one) at which the unchanged step replays to `target`:
+    the profiler's host overhead taken out. 1 where the traced step is not longer; 0 where
+    even an instant host replays longer."""
+    if _job_step(replay(progs, offsets, 1.0, tax)) <= target:
+        return 1.0
+    if _job_step(replay(progs, offsets, 0.0, tax)) >= target:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(HOST_SCALE_ITERATIONS):
+        mid = (lo + hi) / 2
+        if _job_step(replay(progs, offsets, mid, tax)) > target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def predict(run, knobs: Knobs) -> Prediction:
+    """The run's step (one of its timing steps, the median's) replayed with `knobs`."""
+    progs, offsets = programs(run)
+    base = baseline(run, progs, offsets)
+    return _predict(run, knobs, progs, offsets, base)
+
+
+def _predict(run, knobs: Knobs, progs, offsets, base: Baseline) -> Prediction:
+    ctx = Context(run.config, run.run, list(run.config.blocks))
+    before = replay(progs, offsets, base.host_scale, base.tax)
+    after = replay([apply(p, knobs, ctx) for p in progs], offsets, base.host_scale, base.tax)
+    residual = base.step_us - _job_step(before)
+    ranks = [
+        RankPrediction(rank=b.program.rank, measured=b.breakdown(), predicted=a.breakdown())
+        for b, a in zip(before, after, strict=True)
+    ]
+    delta = _job_step(after) - _job_step(before)
+    uncertainty = float(np.hypot(base.spread_us, MODEL_ERROR * delta))
+    scale = 1.0
+    if knobs.batch_scale is not None:
+        scale = knobs.batch_scale
+    elif knobs.batch_size is not None and ctx.batch:
+        scale = knobs.batch_size / ctx.batch
+    memory = run.run.figures.peak_memory_gib if run.run is not None else None
+    return Prediction(
+        knobs=knobs,
+        step=progs[0].step,
+        baseline=base,
+        ranks=ranks,
+        residual_us=residual,
+        uncertainty_us=uncertainty,
+        tokens_scale=scale,
+        peak_memory_gib=memory,
+    )
+
+
+def rank_candidates(run) -> list[tuple[Prediction, str]]:
+    """Every knob the findings name, predicted, best throughput gain first."""
+    progs, offsets = programs(run)
+    base = baseline(run, progs, offsets)
+    out = [(_predict(run, knobs, progs, offsets, base), rule) for knobs, rule in candidates(run)]
+    return sorted(out, key=lambda pr: -pr[0].throughput_gain_pct)
+
+
+def candidates(run) -> list[tuple[Knobs, str]]:
+    """The changes the diagnosis names, as knobs the replay models (each with the rule that
+    named it)."""
+    out: list[tuple[Knobs, str]] = []
+    config = run.config
+    knobs = run.run.config if run.run is not None else None
+    for finding in run.diagnosis.all():
+        rule = finding.rule
+        if rule in ("first-allgather-exposed", "reduction-tail"):
+            if not (knobs and knobs.shard_embeddings):
+                out.append((Knobs(shard_embeddings=True), rule))
+            if str(config.reduce_dtype.value) in ("fp32", "Float", "None"):
+                out.append((Knobs(reduce_dtype="bf16"), rule))
+        elif rule == "last-unit-regathered":
+            out.append((Knobs(keep_last_unsharded=True), rule))
+        elif rule == "root-resharded":
+            out.append((Knobs(root_reshard_after_forward=False), rule))
+        elif rule == "communication-bound":
+            out.append((Knobs(reshard_after_forward=False), rule))
+            out.append((Knobs(batch_scale=2.0), rule))
+            if len(config.checkpointed.value or []) < len(config.blocks):
+                out.append((Knobs(ac_coverage=1.0), rule))
+        elif rule == "ac-over-applied":
+            n = len(config.blocks) or 1
+            out.append((Knobs(ac_coverage=finding.metrics.get("keep", 0) / n), rule))
+        elif rule == "gradient-accumulation":
+            out.append((Knobs(accum_no_sync=True), rule))
+        elif rule == "host-bound":
+            out.append((Knobs(batch_scale=2.0), rule))
+            out.append((Knobs(prefetch_forward=1), rule))
+    unique: dict[str, tuple[Knobs, str]] = {}
+    for k, rule in out:
+        unique.setdefault(k.describe(), (k, rule))
+    return list(unique.values())

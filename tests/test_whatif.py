@@ -1,0 +1,139 @@
+"""The what-if replay: exact against an independent co-simulation of FSDP2's schedule
+(tests/fsdp_sim.py writes the traces of both configurations; the replay sees only the first),
+faithful to real traces when nothing changes, and its knob parsing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fsdp_trace
+from fsdp_trace.errors import UserError
+from fsdp_trace.whatif import Knobs, parse, predict, programs
+from fsdp_trace.whatif.replay import replay
+from tests.conftest import SAMPLES
+from tests.fsdp_sim import Sim
+
+# The host runs ahead of the GPU (a GPU-bound step), as FSDP2 training usually does.
+AHEAD = {"host_speed": 4.0}
+
+
+def analyzed(tmp_path, sim: Sim, name: str):
+    sim.write(tmp_path / name)
+    return fsdp_trace.analyze(tmp_path / name, detailed=False).only
+
+
+def measured_step(run) -> float:
+    """The slowest rank's median step, read from the analysis's per-step table."""
+    return max(float(np.median(r.steps["step_us"])) for r in run.ranks)
+
+
+# (what the first run has, the change, what the second run has): the second is simulated,
+# never shown to the replay.
+PAIRS = [
+    ({}, Knobs(ac_coverage=1.0), {"checkpointed": {0, 1, 2, 3}}),
+    ({"checkpointed": {0, 1, 2, 3}}, Knobs(ac_coverage=0.0), {}),
+    ({}, Knobs(ac_coverage=0.5), {"checkpointed": {0, 2}}),
+    ({}, Knobs(reshard_after_forward=False), {"reshard": False}),
+    ({"ag_us": 1500}, Knobs(reshard_after_forward=False), {"ag_us": 1500, "reshard": False}),
+    ({"ag_us": 1500, "reshard": False}, Knobs(reshard_after_forward=True), {"ag_us": 1500}),
+    ({}, Knobs(root_reshard_after_forward=True), {"root_reshard": True}),
+    ({"root_reshard": True}, Knobs(root_reshard_after_forward=False), {}),
+    (
+        {},
+        Knobs(batch_scale=2.0),
+        {"fwd_us": 2000, "bwd_us": 4000, "root_fwd_us": 1000, "root_bwd_us": 2000},
+    ),
+    (
+        {"ag_us": 900, "fwd_us": 600},
+        Knobs(batch_scale=0.5),
+        {"ag_us": 900, "fwd_us": 300, "bwd_us": 1000, "root_fwd_us": 250, "root_bwd_us": 500},
+    ),
+]
+
+
+@pytest.mark.parametrize(("first", "knobs", "second"), PAIRS, ids=lambda v: str(v)[:40])
+def test_prediction_matches_the_co_simulation(tmp_path, first, knobs, second):
+    before = analyzed(tmp_path, Sim(**AHEAD, **first), "before")
+    after = analyzed(tmp_path, Sim(**AHEAD, **second), "after")
+    p = predict(before, knobs)
+    assert p.measured_step_us == pytest.approx(measured_step(before), rel=1e-6)
+    assert p.predicted_step_us == pytest.approx(measured_step(after), rel=0.005)
+
+
+def test_an_exposed_gather_shows_in_the_predicted_breakdown(tmp_path):
+    """Resharding the root after forward adds its gather, unhidden, before the backward."""
+    before = analyzed(tmp_path, Sim(**AHEAD), "before")
+    p = predict(before, Knobs(root_reshard_after_forward=True))
+    slowest = max(p.ranks, key=lambda r: r.predicted_step_us)
+    exposed = sum(slowest.predicted[k] for k in ("exposed_transfer_us", "exposed_wait_us"))
+    was = sum(slowest.measured[k] for k in ("exposed_transfer_us", "exposed_wait_us"))
+    assert exposed - was == pytest.approx(Sim().root_ag_us, rel=0.01)
+
+
+def test_a_late_host_stays_late(tmp_path):
+    """A rank whose host starts every step late holds the others: the replay keeps it so
+    (launch times are inputs) and a compute change cannot hide it."""
+    run = analyzed(tmp_path, Sim(**AHEAD, delay={1: 3000.0}), "late")
+    p = predict(run, Knobs(batch_scale=0.5))
+    assert p.predicted_step_us > 3000.0
+    assert p.predicted_step_us < p.measured_step_us
+
+
+def test_nothing_changed_predicts_the_measured_step(tmp_path):
+    run = analyzed(tmp_path, Sim(**AHEAD, hsdp_replicas=2, ranks=4), "hsdp")
+    p = predict(run, Knobs())
+    assert p.predicted_step_us == pytest.approx(p.measured_step_us, rel=1e-6)
+    assert p.uncertainty_us >= 0
+
+
+@pytest.mark.parametrize(
+    "sample",
+    ["gpt-small-2gpu", "gpt-small-2gpu-fullac", "diagnosis/comm-bound", "diagnosis/straggler"],
+)
+def test_the_unchanged_replay_reproduces_real_steps(sample):
+    """Host times as traced: each rank's replayed step is its measured one (its window in
+    the analysis's step table) within 1 %."""
+    run = fsdp_trace.analyze(SAMPLES / sample, detailed=False).only
+    progs, offsets = programs(run)
+    for timeline in replay(progs, offsets):
+        rank = next(r for r in run.ranks if r.rank == timeline.program.rank)
+        window = float(rank.steps.set_index("step").at[timeline.program.step, "step_us"])
+        assert timeline.step_us == pytest.approx(window, rel=0.01)
+
+
+def test_cpu_traces_are_refused_in_one_line():
+    run = fsdp_trace.analyze(SAMPLES / "cpu-gloo-2proc", detailed=False).only
+    with pytest.raises(UserError, match="no GPU kernels"):
+        predict(run, Knobs(ac_coverage=1.0))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ac_coverage=2", "fraction in"),
+        ("ac_coverage", "KNOB=VALUE"),
+        ("nonsense=1", "KNOB=VALUE"),
+        ("reshard_after_forward=maybe", "true or false"),
+        ("reduce_dtype=int8", "reduce_dtype takes"),
+        ("batch_size=2.5", "whole number"),
+        ("batch_scale=-1", "positive"),
+    ],
+)
+def test_bad_knobs_are_one_line_errors(text, message):
+    with pytest.raises(UserError, match=message):
+        parse([text])
+
+
+def test_knobs_parse_with_dashes_and_words():
+    knobs = parse(["ac-coverage=0.5", "reshard_after_forward=False", "reduce_dtype=BF16"])
+    assert knobs == Knobs(ac_coverage=0.5, reshard_after_forward=False, reduce_dtype="bf16")
+    assert knobs.describe() == "ac_coverage=0.5, reshard_after_forward=false, reduce_dtype=bf16"
+
+
+def test_the_cli_names_every_knob_the_replay_takes():
+    import dataclasses
+
+    from fsdp_trace.knobs import KNOB_NAMES
+
+    assert tuple(f.name for f in dataclasses.fields(Knobs)) == KNOB_NAMES
