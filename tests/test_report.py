@@ -786,7 +786,15 @@ def test_cli_analyze_writes_the_report(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     text = out.read_text(encoding="utf-8")
-    assert len(payload(text)["figures"]) == 5
+    ids = [entry["id"] for entry in payload(text)["figures"]]
+    assert sorted(ids) == [
+        "fig-bandwidth",
+        "fig-blocks",
+        "fig-breakdown",
+        "fig-heatmap",
+        "fig-timeline",
+        "fig-whatif",
+    ]
     assert "Host-bound" in text and 'data-table="config"' in text
 
 

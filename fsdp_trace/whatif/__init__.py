@@ -250,27 +250,20 @@ def _predict(run, knobs: Knobs, progs, offsets, base: Baseline) -> Prediction:
     )
 
 
-def rank_candidates(run) -> list[tuple[Prediction, str]]:
-    """Every knob the findings name, predicted, best throughput gain first."""
-    progs, offsets = programs(run)
-    base = baseline(run, progs, offsets)
-    out = [(_predict(run, knobs, progs, offsets, base), rule) for knobs, rule in candidates(run)]
-    return sorted(out, key=lambda pr: -pr[0].throughput_gain_pct)
+STANDARD = "a standard FSDP2 knob"  # what names a candidate no finding named
 
 
-def candidates(run) -> list[tuple[Knobs, str]]:
+def candidates(run, standard: bool = False) -> list[tuple[Knobs, str]]:
     """The changes the diagnosis names, as knobs the replay models (each with the rule that
-    named it)."""
+    named it); with `standard`, then FSDP2's usual knobs too. Changes already in effect in
+    the run (run.json's options, else the inferred configuration) are left out."""
     out: list[tuple[Knobs, str]] = []
     config = run.config
-    knobs = run.run.config if run.run is not None else None
     for finding in run.diagnosis.all():
         rule = finding.rule
         if rule in ("first-allgather-exposed", "reduction-tail"):
-            if not (knobs and knobs.shard_embeddings):
-                out.append((Knobs(shard_embeddings=True), rule))
-            if str(config.reduce_dtype.value) in ("fp32", "Float", "None"):
-                out.append((Knobs(reduce_dtype="bf16"), rule))
+            out.append((Knobs(shard_embeddings=True), rule))
+            out.append((Knobs(reduce_dtype="bf16"), rule))
         elif rule == "last-unit-regathered":
             out.append((Knobs(keep_last_unsharded=True), rule))
         elif rule == "root-resharded":
@@ -278,8 +271,7 @@ def candidates(run) -> list[tuple[Knobs, str]]:
         elif rule == "communication-bound":
             out.append((Knobs(reshard_after_forward=False), rule))
             out.append((Knobs(batch_scale=2.0), rule))
-            if len(config.checkpointed.value or []) < len(config.blocks):
-                out.append((Knobs(ac_coverage=1.0), rule))
+            out.append((Knobs(ac_coverage=1.0), rule))
         elif rule == "ac-over-applied":
             n = len(config.blocks) or 1
             out.append((Knobs(ac_coverage=finding.metrics.get("keep", 0) / n), rule))
@@ -288,7 +280,63 @@ def candidates(run) -> list[tuple[Knobs, str]]:
         elif rule == "host-bound":
             out.append((Knobs(batch_scale=2.0), rule))
             out.append((Knobs(prefetch_forward=1), rule))
+    if standard:
+        out += [
+            (Knobs(reshard_after_forward=False), STANDARD),
+            (Knobs(keep_last_unsharded=True), STANDARD),
+            (Knobs(shard_embeddings=True), STANDARD),
+            (Knobs(reduce_dtype="bf16"), STANDARD),
+            (Knobs(prefetch_forward=1), STANDARD),
+            (Knobs(prefetch_backward=2), STANDARD),
+        ]
     unique: dict[str, tuple[Knobs, str]] = {}
     for k, rule in out:
-        unique.setdefault(k.describe(), (k, rule))
+        if not in_effect(k, run):
+            unique.setdefault(k.describe(), (k, rule))
     return list(unique.values())
+
+
+def current(run) -> dict[str, object]:
+    """The run's knob values: run.json's capture options, else what the trace showed."""
+    if run.run is not None:
+        c = run.run.config
+        return {
+            "ac_coverage": c.ac_coverage,
+            "reshard_after_forward": c.reshard_after_forward,
+            "keep_last_unsharded": c.keep_last_unsharded,
+            "root_reshard_after_forward": c.root_reshard_after_forward,
+            "shard_embeddings": c.shard_embeddings,
+            "prefetch_forward": c.prefetch_forward,
+            "prefetch_backward": c.prefetch_backward,
+            "reduce_dtype": c.reduce_dtype,
+            "accum_no_sync": c.accum_no_sync,
+        }
+    config = run.config
+    blocks = config.blocks or []
+    done = len(config.checkpointed.value or [])
+    return {
+        "ac_coverage": done / len(blocks) if blocks else 0.0,
+        "reduce_dtype": str(config.reduce_dtype.value or ""),
+        "prefetch_forward": config.forward_prefetch.value or 0,
+        "prefetch_backward": config.backward_prefetch.value or 0,
+    }
+
+
+def in_effect(knobs: Knobs, run) -> bool:
+    """Every change `knobs` makes is already the run's setting."""
+    now = current(run)
+    changes = {k: v for k, v in knobs.changed().items() if k not in ("batch_size", "batch_scale")}
+    if not changes or len(changes) != len(knobs.changed()):
+        return False
+    return all(k in now and now[k] == v for k, v in changes.items())
+
+
+def rank_candidates(run, standard: bool = False) -> list[tuple[Prediction, str]]:
+    """Every candidate change (`candidates`), predicted, best throughput gain first."""
+    progs, offsets = programs(run)
+    base = baseline(run, progs, offsets)
+    out = [
+        (_predict(run, knobs, progs, offsets, base), rule)
+        for knobs, rule in candidates(run, standard)
+    ]
+    return sorted(out, key=lambda pr: -pr[0].throughput_gain_pct)
