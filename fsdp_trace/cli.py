@@ -681,6 +681,19 @@ def whatif(
             announce([line])
 
 
+def passed_capture_options(args: list[str], overwrite: bool) -> dict[str, Any]:
+    """The capture options a sweep or tune passes on to every capture (its own options, such
+    as --out, never reach `args`), parsed as `capture` parses them."""
+    command = typer.main.get_command(app).commands["capture"]
+    try:
+        parsed = command.make_context("capture", list(args)).params
+    except Exception as exc:  # click's UsageError, vendored by typer
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        raise UserError(f"capture option: {message}") from None
+    parsed["overwrite"] = overwrite
+    return parsed
+
+
 @app.command(
     cls=PlainCommand,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
@@ -718,13 +731,7 @@ def sweep(
 
     with user_errors("sweep"):
         points = sweeping.parse_points(ac_coverage)
-        command = typer.main.get_command(app).commands["capture"]
-        try:  # the sweep's own options (--out, --ac-coverage, ...) never reach ctx.args
-            parsed = command.make_context("capture", list(ctx.args)).params
-        except Exception as exc:  # click's UsageError, vendored by typer
-            message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-            raise UserError(f"capture option: {message}") from None
-        parsed["overwrite"] = overwrite
+        parsed = passed_capture_options(ctx.args, overwrite)
         base = config_from_params(parsed)
         folder = Path(out)
         problem = out_dir_problem(folder, overwrite)
@@ -743,6 +750,72 @@ def sweep(
         except CaptureFailed as exc:
             raise fail("sweep", exc.message, exc.exit_code) from None
         write_efficiency(runs, folder / "efficiency.html", with_traces=True)
+
+
+@app.command(
+    cls=PlainCommand,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def tune(
+    ctx: typer.Context,
+    nproc_per_node: Annotated[
+        int, typer.Option(help="GPUs of the runs tuned (the baseline uses 1).", metavar="N")
+    ] = 2,
+    budget: Annotated[
+        int, typer.Option(help="Knob captures to spend at most.", metavar="STEPS")
+    ] = 4,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="Stop once scaling efficiency reaches this (0.9 or 90%).",
+            metavar="EFF",
+            show_default=False,
+        ),
+    ] = None,
+    out: Annotated[
+        str, typer.Option(help="Folder for the runs, tune.md and tune.html.", metavar="DIR")
+    ] = "fsdp-trace-tune",
+    overwrite: Annotated[bool, typer.Option(help="Reuse a non-empty --out.")] = False,
+) -> None:
+    """Capture, predict and keep the knobs that buy throughput.
+
+    Captures the 1-GPU baseline and the N-GPU eager run (twice: the run-to-run noise), then
+    repeatedly captures the knob the what-if replay predicts to gain most, keeping it when
+    its measured gain is beyond the noise, until --budget or --target. Writes the table of
+    which knob bought each point as tune.md and tune.html. Any other option is passed to
+    every capture, e.g. `fsdp-trace tune --model gpt-1.3b --nproc-per-node 8 --budget 3`.
+    """
+    from fsdp_trace import tune as tuning
+    from fsdp_trace.capture.launcher import CaptureFailed
+    from fsdp_trace.capture.outputs import out_dir_problem
+    from fsdp_trace.present.tune import folder_view
+    from fsdp_trace.render import tune as tune_render
+
+    with user_errors("tune"):
+        goal = tuning.parse_target(target)
+        if nproc_per_node < 1:
+            raise UserError(f"--nproc-per-node {nproc_per_node}: give 1 or more")
+        parsed = passed_capture_options(ctx.args, overwrite)
+        base = config_from_params(parsed)
+        folder = Path(out)
+        problem = out_dir_problem(folder, overwrite)
+        if problem:
+            raise UserError(problem.replace("--out", "tune --out"))
+        capture_run = tuning.launcher_capture(rendezvous_from_params(parsed))
+
+        def say(line: str) -> None:
+            print(f"fsdp-trace tune: {line}", file=sys.stderr, flush=True)
+
+        try:
+            result = tuning.tune(
+                base, nproc_per_node, folder, capture_run, budget=budget, target=goal, say=say
+            )
+        except CaptureFailed as exc:
+            raise fail("tune", exc.message, exc.exit_code) from None
+        view = folder_view(result, folder)
+        written = tune_render.write(view, folder)
+        tune_render.terminal(view)
+        announce([f"wrote {path}" for path in [folder / tuning.TUNE_FILE, *written]])
 
 
 def point_contents(run: Path) -> str:

@@ -33,7 +33,18 @@ from fsdp_trace.present.compare import compare_table as compare_view_table
 from tests.conftest import SAMPLES, run_cli
 
 CPU_SAMPLE = SAMPLES / "cpu-gloo-2proc"
-COMMANDS = ["capture", "analyze", "sweep", "plot", "compare", "view", "cache", "cache info"]
+COMMANDS = [
+    "capture",
+    "analyze",
+    "whatif",
+    "sweep",
+    "tune",
+    "plot",
+    "compare",
+    "view",
+    "cache",
+    "cache info",
+]
 
 
 def linked_run(source: Path, folder: Path, edit=None) -> Path:
@@ -356,7 +367,17 @@ def test_command_summaries_fit_one_line_at_80_columns():
     panel = done.stdout.split("Commands")[1]
     rows = [line for line in panel.splitlines() if line.startswith("│")]
     names = [row.split()[1] for row in rows]
-    assert names == ["capture", "analyze", "whatif", "sweep", "plot", "compare", "view", "cache"]
+    assert names == [
+        "capture",
+        "analyze",
+        "whatif",
+        "sweep",
+        "tune",
+        "plot",
+        "compare",
+        "view",
+        "cache",
+    ]
     for row in rows:  # one line each, a whole sentence
         assert row.rstrip(" │").endswith("."), row
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,7 @@ import pandas as pd
 from fsdp_trace import atomic
 from fsdp_trace.present import fmt
 from fsdp_trace.present.compare import compare_table, numeric
+from fsdp_trace.present.view import Table
 
 THROUGHPUT = "#4e79a7"
 CPU_BAR = "#bab0ac"
@@ -111,23 +113,29 @@ def figure(table: pd.DataFrame):
     return fig
 
 
-def table_html(table: pd.DataFrame) -> str:
-    view = compare_table(table)
+def view_html(view: Table, numeric: Callable[[str], bool]) -> str:
+    """A view model's table as plain HTML (long cells wrap; numbers are right-aligned)."""
     head = "".join(
         f'<th class="{"num" if numeric(h) else ""}">{html.escape(h)}</th>' for h in view.headers
     )
+    highlight = view.highlight or [False] * len(view.rows)
     rows = "".join(
-        "<tr>"
+        ('<tr class="hl">' if lit else "<tr>")
         + "".join(
             f'<td class="{"num" if numeric(h) else ""}">{html.escape(c)}</td>'
             for h, c in zip(view.headers, row, strict=True)
         )
         + "</tr>"
-        for row in view.rows
+        for row, lit in zip(view.rows, highlight, strict=True)
     )
     return (
-        f'<table data-table="compare"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+        f'<table data-table="{view.key}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{rows}</tbody></table>"
     )
+
+
+def table_html(table: pd.DataFrame) -> str:
+    return view_html(compare_table(table), numeric)
 
 
 CSS = """
@@ -143,6 +151,7 @@ td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-spac
 td { overflow-wrap:anywhere; }
 td:nth-child(2) { min-width:170px; }
 ul.notices { color:#8a6d1a; font-size:13px; }
+tr.hl td { background:#eef6ec; }
 """
 
 
