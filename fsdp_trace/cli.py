@@ -10,7 +10,7 @@ import shlex
 import sys
 import typing
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -127,7 +127,8 @@ def user_errors(command: str) -> Iterator[None]:
 
 
 def input_files(paths: list[str]) -> list[Path]:
-    """Every file an analysis of `paths` reads (traces and run.json), for the output checks."""
+    """Every local file an analysis of `paths` reads (traces and run.json), for the output
+    checks (a URL's objects are not files an output could replace)."""
     from fsdp_trace.analysis.inputs import resolve
     from fsdp_trace.runrecord import RUN_FILE
 
@@ -135,8 +136,40 @@ def input_files(paths: list[str]) -> list[Path]:
     files = list(found.loose)
     for run in found.runs:
         files += [t.path for t in run.traces]
-        files.append(run.run_dir / RUN_FILE)
-    return files
+        if isinstance(run.run_dir, Path):
+            files.append(run.run_dir / RUN_FILE)
+    return [f for f in files if isinstance(f, Path)]
+
+
+SCHEDULER_HELP = (
+    "Analyze the traces as tasks on a Dask cluster, where its workers read them: "
+    "tcp://HOST:PORT, a scheduler file (.json), or local:N (N worker processes here). Needs "
+    "fsdp-trace[dask]; results identical to --jobs 1."
+)
+
+
+def cluster_client(scheduler: str | None, jobs: int) -> AbstractContextManager[Any]:
+    """The Dask client `--scheduler` asks for (None without it), closed at the end."""
+    if scheduler is None:
+        return nullcontext(None)
+    if jobs != 1:
+        raise UserError(f"--jobs {jobs} and --scheduler: give one of them")
+    from fsdp_trace.analysis.cluster import connect
+
+    return connect(scheduler)
+
+
+def refuse_urls(paths: list[str], options: dict[str, bool]) -> None:
+    """Options that read every event of the traces here cannot take URL inputs."""
+    from fsdp_trace.analysis.remote import is_url
+
+    url = next((p for p in paths if is_url(p)), None)
+    given = [name for name, on in options.items() if on]
+    if url is not None and given:
+        raise UserError(
+            f"{given[0]} reads every event of the traces here, not through a URL ({url}): "
+            "copy the traces to a local folder, or leave it out"
+        )
 
 
 def _version(value: bool) -> None:
@@ -218,7 +251,9 @@ def dataclass_options(cls: type, panels: dict[str, str], metavars: dict[str, str
         default = spec.default
         if kind is str and hint is not str:  # several types, parsed from text: say it so
             default = option_text(default)
-        decls: tuple[str, ...] = ()
+        # Named explicitly: some typer/click pairs (typer 0.27 with click 8.5) otherwise name
+        # an option whose metavar is its name in capitals after the metavar (--DEVICE).
+        decls: tuple[str, ...] = (f"--{name.replace('_', '-')}",)
         if hint is bool:
             decls = ("/".join(switch_options(name)),)
         option = typer.Option(
@@ -340,6 +375,10 @@ def beside_inputs(paths: list[str], name: str, per_file: str | None = None) -> P
     """The default place of an output named `name`: inside a folder given alone (a run
     directory, a folder of traces or of runs), beside a trace file given alone (as
     `STEM.<per_file>`), else beside the first of several inputs."""
+    from fsdp_trace.analysis.remote import is_url
+
+    if is_url(paths[0]):  # nothing to write beside a URL: the current folder
+        return Placement(Path(name), "the inputs are URLs: in the current folder")
     first = Path(paths[0])
     if len(paths) == 1:
         if first.is_dir():
@@ -448,6 +487,9 @@ def analyze(
             metavar="N",
         ),
     ] = 1,
+    scheduler: Annotated[
+        str | None, typer.Option(help=SCHEDULER_HELP, metavar="ADDRESS", show_default=False)
+    ] = None,
     no_cache: Annotated[
         bool,
         typer.Option(
@@ -481,6 +523,7 @@ def analyze(
         conditions = [gate.parse(text) for text in fail_on or []]
         if jobs < 1:
             raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
+        refuse_urls(paths, {"--perfetto": perfetto is not None, "--hta": hta})
         inputs = input_files(paths)  # a bad input fails first, in one line
         folder = Path(out_dir) if out_dir else None
         placement = None
@@ -505,7 +548,10 @@ def analyze(
             export.check_outputs(outputs, {"--csv": csv_dir}, inputs=inputs)
         except UserError as exc:
             raise default_place_problem(exc, "--report", placement) from None
-        result = run_analysis(paths, jobs=jobs, detailed=detailed, cache=not no_cache, hta=hta)
+        with cluster_client(scheduler, jobs) as client:
+            result = run_analysis(
+                paths, jobs=jobs, detailed=detailed, cache=not no_cache, hta=hta, client=client
+            )
         # The gate can refuse a condition (a run metric without run.json): before any output.
         violated = gate.violations(conditions, result.runs)
         terminal.render(result, top=top)
@@ -624,6 +670,9 @@ def whatif(
     jobs: Annotated[
         int, typer.Option(help="Traces analyzed at once, one per process.", metavar="N")
     ] = 1,
+    scheduler: Annotated[
+        str | None, typer.Option(help=SCHEDULER_HELP, metavar="ADDRESS", show_default=False)
+    ] = None,
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Neither read nor write the cache.")
     ] = False,
@@ -652,7 +701,10 @@ def whatif(
         inputs = input_files(paths)
         target = Path(json_out) if json_out else None
         export.check_outputs({"--json": target}, {}, inputs=inputs)
-        result = run_analysis(paths, jobs=jobs, detailed=False, cache=not no_cache)
+        with cluster_client(scheduler, jobs) as client:
+            result = run_analysis(
+                paths, jobs=jobs, detailed=False, cache=not no_cache, client=client
+            )
         console = make_console()
         payloads = []
         for run in result.runs:
