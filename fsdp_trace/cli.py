@@ -514,6 +514,7 @@ def analyze(
     step is cut into where its time goes, and the cause to act on first is named.
     """
     with user_errors("analyze"):
+        from fsdp_trace.analysis.rank import keeping_cpu_slices
         from fsdp_trace.diagnose import gate
         from fsdp_trace.pipeline import analyze as run_analysis
         from fsdp_trace.render import export, terminal
@@ -548,7 +549,9 @@ def analyze(
             export.check_outputs(outputs, {"--csv": csv_dir}, inputs=inputs)
         except UserError as exc:
             raise default_place_problem(exc, "--report", placement) from None
-        with cluster_client(scheduler, jobs) as client:
+        # --perfetto: each analysis keeps its CPU slices, so the writer never parses again.
+        keep = keeping_cpu_slices(outputs["--perfetto"] is not None)
+        with cluster_client(scheduler, jobs) as client, keep:
             result = run_analysis(
                 paths, jobs=jobs, detailed=detailed, cache=not no_cache, hta=hta, client=client
             )
@@ -845,6 +848,14 @@ def tune(
 
     with user_errors("tune"):
         goal = tuning.parse_target(target)
+        try:  # each capture is analyzed: say what is missing before anything is captured
+            import fsdp_trace.pipeline
+            import fsdp_trace.whatif  # noqa: F401
+        except ImportError as exc:
+            raise UserError(
+                f"tune analyzes every capture, and {exc.name} is missing: install fsdp-trace "
+                "with its dependencies (pip install fsdp-trace)"
+            ) from None
         if nproc_per_node < 1:
             raise UserError(f"--nproc-per-node {nproc_per_node}: give 1 or more")
         parsed = passed_capture_options(ctx.args, overwrite)
