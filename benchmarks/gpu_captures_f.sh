@@ -50,6 +50,7 @@ for path in sorted(glob.glob("/tmp/captures/whatif/*/run.json")):
           f"sd {s['stdev']:.2f} n {s['n']}) host {h.get('median', 0):.2f} ms mem {f.get('peak_allocated_gib', 0):.1f} GiB")
 PY
 else
+  python3 -m pip install -q --no-index --find-links wheels msgspec xxhash plotly && echo "analysis wheels installed"
   T=/tmp/captures/tune
   rm -rf $T
   s=$(date +%s)
