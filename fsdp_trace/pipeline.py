@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,7 @@ from fsdp_trace.analysis.breakdown import collective_transfer, rank_breakdown
 from fsdp_trace.analysis.config import InferredConfig, infer
 from fsdp_trace.analysis.crossrank import CrossRank, match
 from fsdp_trace.analysis.inputs import Inputs, RunInput, resolve
-from fsdp_trace.analysis.perrank import TraceInput
+from fsdp_trace.analysis.perrank import Failure, TraceInput
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose import diagnose
 from fsdp_trace.diagnose.finding import Diagnosis
@@ -40,30 +41,77 @@ def analyze(
     detailed: bool = True,
     cache: bool = True,
     hta: bool = False,
+    client: Any = None,
 ) -> Result:
     """Analyze and diagnose every run behind `paths`: trace files, capture run directories,
-    or directories of per-rank traces.
+    directories of per-rank traces, or fsspec URLs of any of these (`s3://…`, `file://…`).
 
     `jobs`: traces analyzed at once, each in its own process (results identical to 1);
+    `client`: a `distributed.Client`: each trace analyzed as a task on its Dask cluster,
+    where the workers read it; a trace that fails there is left out of its run, which says
+    so (results otherwise identical to jobs=1);
     `detailed`: also read capture runs' detailed traces (attribution, profiler distortion);
     `cache`: reuse parsed traces and per-rank analyses of unchanged files (False: neither
     read nor write the cache); `hta`: cross-check overlap with holistictraceanalysis."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
+    if client is not None and jobs != 1:
+        raise UserError(f"--jobs {jobs} and a Dask cluster: give one of them")
     inputs = resolve(paths)
     work = [t for r in inputs.runs for t in r.traces if detailed or t.source != Source.DETAILED]
     work += [TraceInput(p) for p in inputs.loose]
-    analyses = perrank.analyze_all(work, jobs, cache)
+    if client is not None:
+        from fsdp_trace.analysis import cluster
+
+        outcomes = cluster.analyze_all(client, work, cache)
+    else:
+        outcomes = list(perrank.analyze_all(work, jobs, cache))
+    failed = [o for o in outcomes if isinstance(o, Failure)]
+    if len(failed) == len(work):
+        more = f" (and {len(failed) - 1} more traces failed)" if len(failed) > 1 else ""
+        raise UserError(failed[0].reason + more)
     runs_in: list[tuple[RunInput, list[RankAnalysis]]] = []
+    missing: list[list[Failure]] = []
+    notices: list[str] = []
     done = 0
     for run_in in inputs.runs:
         n = sum(1 for t in run_in.traces if detailed or t.source != Source.DETAILED)
-        runs_in.append((run_in, analyses[done : done + n]))
+        mine = outcomes[done : done + n]
         done += n
-    runs_in += _group_loose(inputs, analyses[done:], detailed)
-    runs = [analyze_run(r, a, hta=hta, cache=cache) for r, a in runs_in]
+        analyses = [a for a in mine if not isinstance(a, Failure)]
+        if not any(a.source != Source.DETAILED for a in analyses):  # no timing trace left
+            notices += [f"{run_in.name}: {f.line()}" for f in mine if isinstance(f, Failure)]
+            continue
+        runs_in.append((run_in, analyses))
+        missing.append([a for a in mine if isinstance(a, Failure)])
+    loose = [(f, a) for f, a in zip(inputs.loose, outcomes[done:], strict=True)]
+    ok = [(f, a) for f, a in loose if not isinstance(a, Failure)]
+    found = dataclasses.replace(inputs, loose=[f for f, _ in ok])
+    grouped = _group_loose(found, [a for _, a in ok], detailed)
+    lost = [a for _, a in loose if isinstance(a, Failure)]
+    runs_in += grouped
+    missing += [[f for f in lost if _near(f, run_in)] for run_in, _ in grouped]
+    runs = [
+        analyze_run(r, a, hta=hta, cache=cache, missing=m)
+        for (r, a), m in zip(runs_in, missing, strict=True)
+    ]
+    placed = {id(f) for m in missing for f in m}
     given = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
-    return Result(inputs=given, runs=runs, grouping=grouping_line(runs_in, len(work)))
+    grouping = grouping_line(runs_in, len(work))
+    if failed:
+        grouping += f"; {len(failed)} failed (left out)"
+    return Result(
+        inputs=given,
+        runs=runs,
+        grouping=grouping,
+        notices=notices + [f.line() for f in lost if id(f) not in placed],
+    )
+
+
+def _near(failure: Failure, run_in: RunInput) -> bool:
+    """Whether a failed loose trace lay beside a run's traces (then that run lacks it)."""
+    folder = failure.path.rstrip("/").rpartition("/")[0]
+    return any(str(t.path).rpartition("/")[0] == folder for t in run_in.traces)
 
 
 def _group_loose(
@@ -147,11 +195,17 @@ def grouping_line(runs: list[tuple[RunInput, list[RankAnalysis]]], files: int) -
 
 
 def analyze_run(
-    run_in: RunInput, analyses: list[RankAnalysis], *, hta: bool = False, cache: bool = True
+    run_in: RunInput,
+    analyses: list[RankAnalysis],
+    *,
+    hta: bool = False,
+    cache: bool = True,
+    missing: Sequence[Failure] = (),
 ) -> RunAnalysis:
     """One run from its traces' analyses: configuration, cross-rank view, breakdown,
-    diagnosis."""
+    diagnosis. `missing`: its traces that failed (each said in a notice)."""
     timing, notices = number_unnamed([r for r in analyses if r.source != Source.DETAILED])
+    notices = [f.line() for f in missing] + notices
     detailed, _ = number_unnamed([r for r in analyses if r.source == Source.DETAILED])
     config = infer(timing, run_in.run)
     notices += config.notices

@@ -271,6 +271,12 @@ def read_run(run_dir: str | Path) -> RunRecord:
     except OSError as exc:
         reason = exc.strerror or exc
         raise UserError(f"{path}: unreadable run.json ({reason}): re-run the capture") from None
+    return parse_run(text, str(path))
+
+
+def parse_run(text: bytes, path: str) -> RunRecord:
+    """A run.json's bytes as a record (`path` names it in errors): a local file's, or one
+    read through a URL (`fsdp_trace.analysis.remote`)."""
     if len(text) > RUN_FILE_MAX_BYTES:
         raise UserError(
             f"{path}: over {RUN_FILE_MAX_BYTES >> 20} MB, not a run.json fsdp-trace wrote "
@@ -281,7 +287,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
         raise UserError(f"{path}: unreadable run.json ({reason}): re-run the capture") from None
-    return RunRecord.from_json(data, str(path))
+    return RunRecord.from_json(data, path)
 
 
 # --- decoding -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsdp_trace.analysis import readers
+from fsdp_trace.analysis import readers, remote
 from fsdp_trace.analysis.perrank import TraceInput
 from fsdp_trace.analysis.trace import rank_from_name
 from fsdp_trace.errors import UserError
@@ -24,7 +24,7 @@ class RunInput:
     name: str
     traces: list[TraceInput]
     run: RunRecord | None = None
-    run_dir: Path | None = None
+    run_dir: Path | remote.Url | None = None
     sources: list[str] = field(default_factory=list)  # the user's paths behind it
 
 
@@ -72,6 +72,41 @@ def capture_run(path: Path) -> RunInput:
     )
 
 
+def _name_inside(folder: str, name: str) -> str:
+    """A run.json's trace name, refused when it leads out of its (URL) folder."""
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts or remote.is_url(name):
+        raise UserError(
+            f"{folder}/{RUN_FILE}: lists the trace {name!r}, which is outside the run "
+            "directory: refused (a run.json names its traces relative to its own folder)"
+        )
+    return name
+
+
+def capture_run_url(folder: remote.Url) -> RunInput:
+    """A capture run directory named by a URL, as `capture_run` reads a local one."""
+    run = remote.read_run_file(folder)
+    present = remote.listed_files(folder)  # name relative to the folder -> size
+
+    def traces(names: list[str], source: str) -> list[TraceInput]:
+        return [
+            TraceInput(remote.Url(folder.child(n).url, present.get(n, -1)), source)
+            for n in names
+            if _name_inside(folder.url, n) in present
+        ]
+
+    timing = traces(run.files.timing, Source.TIMING)
+    missing = [folder.child(n).url for n in run.files.timing if n not in present]
+    if missing or not timing:
+        raise UserError(
+            f"{folder}: run.json lists timing traces that are missing: {', '.join(missing[:3])}"
+            if missing
+            else f"{folder}: run.json lists no timing traces: re-run the capture"
+        )
+    detailed = traces(run.files.detailed, Source.DETAILED)
+    return RunInput(folder.name or folder.url, timing + detailed, run, folder, [folder.url])
+
+
 # How deep below a given folder run directories and traces are looked for (a sweep's folder,
 # torchtitan's profile_traces/iteration_N/, a parent of several runs).
 SEARCH_DEPTH = 3
@@ -83,8 +118,8 @@ class Inputs:
     content (`fsdp_trace.analysis.grouping`)."""
 
     runs: list[RunInput]
-    loose: list[Path]
-    sources: dict[Path, str]  # each loose file → the user's path that named it
+    loose: list[Path | remote.Url]
+    sources: dict[Path | remote.Url, str]  # each loose file → the user's path that named it
 
 
 def _walk(folder: Path, depth: int) -> tuple[list[Path], list[Path]]:
@@ -114,9 +149,27 @@ def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
     if not paths:
         raise UserError("no input: give trace files, run directories or trace directories")
     runs: list[RunInput] = []
-    loose: list[Path] = []
-    sources: dict[Path, str] = {}
+    loose: list[Path | remote.Url] = []
+    sources: dict[Path | remote.Url, str] = {}
     for raw in paths:
+        if remote.is_url(raw):  # found through its fsspec filesystem
+            url_runs, url_files = remote.find(str(raw), SEARCH_DEPTH)
+            if not url_runs and not url_files:
+                raise UserError(
+                    f"{raw}: no .json/.json.gz traces and no run.json here or "
+                    f"{SEARCH_DEPTH} folders below"
+                )
+            for folder in url_runs:
+                if all(folder != r.run_dir for r in runs):
+                    run = capture_run_url(folder)
+                    if any(r.name == run.name for r in runs):
+                        run.name = folder.url
+                    runs.append(run)
+            for file in url_files:
+                if file not in sources:
+                    loose.append(file)
+                    sources[file] = str(raw)
+            continue
         path = Path(raw)
         try:
             exists, is_file, is_dir = path.exists(), path.is_file(), path.is_dir()

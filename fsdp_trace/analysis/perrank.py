@@ -6,26 +6,48 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsdp_trace.analysis import cache as cache_mod
 from fsdp_trace.analysis.loader import raw_size, wants_progress
 from fsdp_trace.analysis.rank import analyze_trace
 from fsdp_trace.analysis.readers import load as load_trace  # through the reader registry
+from fsdp_trace.analysis.remote import is_url
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.analysis.trace import rank_from_name
 from fsdp_trace.vocab import Source
 
+if TYPE_CHECKING:
+    from fsdp_trace.analysis.remote import Url
+
 
 @dataclasses.dataclass(frozen=True)
 class TraceInput:
-    """One trace file to analyze, and what kind of trace it is."""
+    """One trace file to analyze (a local path, or a URL: `fsdp_trace.analysis.remote`), and
+    what kind of trace it is."""
 
-    path: Path
+    path: Path | Url
     source: str = Source.TRACE
 
 
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A trace whose analysis failed where it ran (a cluster worker): left out of its run,
+    which says so. `rank`: what the file name says (the trace could not be read to tell)."""
+
+    path: str
+    rank: int | None
+    reason: str  # one line: the loader's error, or how the worker died
+    source: str = Source.TRACE
+
+    def line(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else self.path.rpartition("/")[2]
+        kind = " (detailed trace)" if self.source == Source.DETAILED else ""
+        return f"{who}{kind} missing: {self.reason}"
+
+
 def analyze_file(
-    path: str | Path,
+    path: str | Path | Url,
     source: str = Source.TRACE,
     *,
     cache: bool = True,
@@ -40,8 +62,9 @@ def analyze_file(
     processes (None: when it is large).
 
     Only one trace's parsed events live here, and only until its analysis is done: the
-    result holds copies of the few columns it keeps, never the events."""
-    lookup = _Lookup.of(Path(path), source, cache)
+    result holds copies of the few columns it keeps, never the events. A URL is read through
+    fsspec (`fsdp_trace.analysis.remote`)."""
+    lookup = lookup_for(TraceInput(path if is_url(path) else Path(path), source), cache)
     if lookup.hit is not None:
         return lookup.hit
     return lookup.compute(progress=progress, parallel=parallel)
@@ -88,6 +111,15 @@ class _Lookup:
         return result
 
 
+def lookup_for(trace: TraceInput, cache: bool):  # -> _Lookup | remote.UrlLookup
+    """The cache lookup of one trace, local file or URL (fsspec imported only for a URL)."""
+    if is_url(trace.path):
+        from fsdp_trace.analysis.remote import UrlLookup
+
+        return UrlLookup.of(str(trace.path), trace.source, cache)
+    return _Lookup.of(Path(trace.path), trace.source, cache)
+
+
 # Worker processes pay off only for this much uncached JSON in all: below it, a pool's
 # interpreters (~60 MB of RSS each) cost more than the second core saves (shipped samples:
 # `--jobs 2` 1.04-1.13x faster, 2.2x the memory; benchmarks/results/speed.md).
@@ -101,10 +133,10 @@ def analyze_all(work: list[TraceInput], jobs: int = 1, cache: bool = True) -> li
     and analyzes one trace at a time (decoding it alone), so memory holds at most `jobs`
     traces' parsed events; results come back in submission order. With one job (or little
     to do), one at a time here, a large file decoded by two processes instead."""
-    lookups = [_Lookup.of(t.path, t.source, cache) for t in work]
+    lookups = [lookup_for(t, cache) for t in work]
     results: list[RankAnalysis | None] = [lookup.hit for lookup in lookups]
     todo = [i for i, lookup in enumerate(lookups) if lookup.hit is None]
-    raw = {i: raw_size(work[i].path) for i in todo}
+    raw = {i: _raw(work[i].path) for i in todo}
     jobs = max(1, min(jobs, len(todo)))
     if jobs == 1 or sum(raw.values()) < POOL_MIN_BYTES:
         for i in todo:
@@ -149,11 +181,23 @@ def _compute_in_worker(lookup: _Lookup) -> RankAnalysis:
     return lookup.compute(progress=False, parallel=False)
 
 
-def _size(path: Path) -> int:
+def _size(path: Path | Url) -> int:
+    if is_url(path):
+        return max(0, path.size)  # type: ignore[union-attr]
     try:
-        return path.stat().st_size
+        return path.stat().st_size  # type: ignore[union-attr]
     except OSError:
         return 0
+
+
+def _raw(path: Path | Url) -> int:
+    """Bytes of JSON to decode (for a URL: its size as listed, gzip estimated)."""
+    if not is_url(path):
+        return raw_size(path)  # type: ignore[arg-type]
+    from fsdp_trace.analysis.loader import GZIP_RATIO_GUESS
+
+    size = max(0, path.size)  # type: ignore[union-attr]
+    return size * GZIP_RATIO_GUESS if str(path).endswith(".gz") else size
 
 
 class _Progress:

@@ -1,0 +1,293 @@
+"""The per-rank map (`fsdp_trace.analysis.perrank`) as tasks on a Dask cluster: the executor
+beside the local process pool, for runs with more ranks than one machine analyzes in time.
+
+Each task reads one trace where its worker runs (a path on a shared filesystem, or a URL:
+`fsdp_trace.analysis.remote`), through the worker's own cache, and sends back only that rank's
+`RankAnalysis` (small tables, never its events); the client gathers results as they finish and
+drops each future at once, so its memory holds the results and nothing of the traces. A trace
+that fails, or whose worker dies, comes back as a `Failure` naming its rank: the run is analyzed
+without it and says so.
+
+`distributed` is imported only here, and this module only when a cluster is asked for
+(`--scheduler`, `analyze(..., client=)`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fsdp_trace.analysis.perrank import Failure, TraceInput, lookup_for
+from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.trace import rank_from_name
+from fsdp_trace.errors import UserError
+
+_LOCAL = re.compile(r"local:(\S+)")
+# How long the run waits to reach the scheduler, and with no worker on the cluster (none
+# yet, or all gone) before giving up: a cluster still scaling up gets this long.
+# FSDP_TRACE_DASK_WAIT_S overrides it.
+WAIT_S = 60.0
+_POLL_S = 0.05  # how often finished tasks are collected
+_CHECK_S = 2.0  # how often the workers are counted while none finishes
+
+SCHEDULER_FORMS = "tcp://HOST:PORT, a scheduler file (.json), or local:N"
+
+
+def _distributed() -> Any:
+    try:
+        import distributed
+    except ImportError:
+        raise UserError(
+            "--scheduler needs Dask's distributed: pip install 'fsdp-trace[dask]'"
+        ) from None
+    return distributed
+
+
+def _wait_s() -> float:
+    try:
+        return max(1.0, float(os.environ.get("FSDP_TRACE_DASK_WAIT_S", WAIT_S)))
+    except ValueError:
+        return WAIT_S
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+@contextlib.contextmanager
+def connect(scheduler: str) -> Iterator[Any]:
+    """A `distributed.Client` of the cluster `scheduler` names, closed at the end:
+    `local:N` starts a LocalCluster of N worker processes here (one thread each) and shuts it
+    down after; `tcp://HOST:PORT` (any address distributed takes) or a scheduler file joins a
+    running cluster, which is left running."""
+    text = scheduler.strip()
+    local = _LOCAL.fullmatch(text)
+    if local is not None:
+        try:
+            workers = int(local.group(1))
+        except ValueError:
+            workers = 0
+        if workers < 1:
+            raise UserError(f"--scheduler {text}: give local:N with N worker processes, 1 or more")
+        distributed = _distributed()
+        try:
+            cluster = distributed.LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,  # decoding holds the GIL: processes, not threads
+                processes=True,
+                dashboard_address=":0",  # a free port: never "8787 is in use" on stderr
+                silence_logs=logging.CRITICAL,  # failures come back as notices
+            )
+        except Exception as exc:
+            raise UserError(f"--scheduler {text}: cannot start ({_first_line(exc)})") from None
+        try:
+            with distributed.Client(cluster) as client:
+                yield client
+        finally:
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=10)
+        return
+    if "://" in text:
+        options: dict[str, Any] = {"address": text}
+    elif text.endswith(".json") and Path(text).is_file():
+        options = {"scheduler_file": text}
+    else:
+        raise UserError(f"--scheduler {text}: give {SCHEDULER_FORMS}")
+    distributed = _distributed()
+    try:
+        client = distributed.Client(**options, timeout=_wait_s())
+    except Exception as exc:
+        raise UserError(
+            f"--scheduler {text}: cannot reach the Dask scheduler ({_first_line(exc)}): is it "
+            "running? (`dask scheduler` starts one)"
+        ) from None
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(Exception):
+            client.close(timeout=10)
+
+
+def _version() -> str:
+    """This process's fsdp-trace version (run on each worker)."""
+    from fsdp_trace import __version__
+
+    return __version__
+
+
+def _check_workers(client: Any) -> None:
+    """Some worker is there, and every worker runs this fsdp-trace: results of another
+    version could differ from a local run's."""
+    from fsdp_trace import __version__
+
+    where = getattr(client, "scheduler", None)
+    where = getattr(where, "address", None) or "the scheduler"
+    wait = _wait_s()
+    try:
+        client.wait_for_workers(1, timeout=wait)
+    except Exception:
+        raise UserError(
+            f"no Dask worker joined {where} in {wait:.0f} s: start some with "
+            f"`dask worker {where}` (where fsdp-trace is installed)"
+        ) from None
+    try:
+        versions = client.run(_version)
+    except Exception as exc:
+        raise UserError(
+            f"the Dask workers of {where} cannot run fsdp-trace ({_first_line(exc)}): install "
+            f"fsdp-trace {__version__} where they run"
+        ) from None
+    other = {v for v in versions.values() if v != __version__}
+    if other:
+        raise UserError(
+            f"the Dask workers of {where} run fsdp-trace {', '.join(sorted(other))}, this client "
+            f"{__version__}: install the same version on both"
+        )
+
+
+def analyze_task(trace: TraceInput, cache: bool) -> RankAnalysis | Failure:
+    """One trace's analysis on a worker, through the worker's cache (its own
+    FSDP_TRACE_CACHE_DIR, else its home's). A trace that cannot be read is a Failure naming
+    it, not an exception: the other tasks and the run go on."""
+    try:
+        lookup = lookup_for(trace, cache)
+        if lookup.hit is not None:
+            return lookup.hit
+        return lookup.compute(progress=False, parallel=False)
+    except UserError as exc:
+        return _failure(trace, exc.message)
+
+
+def _failure(trace: TraceInput, reason: str) -> Failure:
+    rank = rank_from_name(Path(str(trace.path)))  # a URL's last part is its name too
+    return Failure(str(trace.path), rank, reason, trace.source)
+
+
+def _outcome(future: Any, trace: TraceInput) -> RankAnalysis | Failure:
+    """A finished task's result, or the Failure that says what went wrong, in one line."""
+    killed = _distributed().KilledWorker
+    status = future.status
+    if status == "finished":
+        try:
+            return future.result()
+        except Exception as exc:  # the result could not be brought back
+            return _failure(trace, f"{trace.path}: its result was lost ({_first_line(exc)})")
+    if status == "error":
+        exc = future.exception()
+        if isinstance(exc, killed):
+            return _failure(
+                trace,
+                f"{trace.path}: the Dask worker analyzing it died (out of memory? each worker "
+                "holds one trace's events, several times the file's size)",
+            )
+        return _failure(trace, f"{trace.path}: failed on a Dask worker ({_first_line(exc)})")
+    return _failure(trace, f"{trace.path}: not analyzed (its task was {status} on the cluster)")
+
+
+def analyze_all(client: Any, work: list[TraceInput], cache: bool) -> list[RankAnalysis | Failure]:
+    """Every trace's analysis (or Failure) in the order of `work`, computed on the cluster.
+
+    All tasks are submitted at once (the scheduler spreads them over the workers); each
+    result is taken as soon as its task finishes and its future released, so the cluster
+    frees it and the client keeps only the small `RankAnalysis`. A cluster left with no
+    worker for FSDP_TRACE_DASK_WAIT_S fails the traces not yet analyzed, never hangs."""
+    distributed = _distributed()
+    _check_workers(client)
+    token = uuid.uuid4().hex[:12]
+    futures = [
+        client.submit(analyze_task, trace, cache, key=f"fsdp-trace-analyze-{token}-{i}", pure=False)
+        for i, trace in enumerate(work)
+    ]
+    index = {f.key: i for i, f in enumerate(futures)}
+    outstanding = {f.key: f for f in futures}  # dropped one by one as they are taken
+    done = distributed.as_completed(futures, loop=client.loop)
+    del futures
+    results: list[RankAnalysis | Failure | None] = [None] * len(work)
+    wait = _wait_s()
+    checked = seen_worker = time.monotonic()
+    with _Progress(len(work)) as progress:
+        try:
+            while outstanding:
+                if not done.has_ready():
+                    time.sleep(_POLL_S)
+                    now = time.monotonic()
+                    if now - checked >= _CHECK_S:
+                        checked = now
+                        if _workers(client) > 0:
+                            seen_worker = now
+                        elif now - seen_worker > wait:
+                            break
+                    continue
+                for future in done.next_batch(block=False):
+                    if future.status in ("lost", "pending"):  # its worker died holding the
+                        done.add(future)  # result: the scheduler computes it again
+                        continue
+                    i = index[future.key]
+                    results[i] = _outcome(future, work[i])
+                    outstanding.pop(future.key, None)
+                    future.release()
+                    progress.advance()
+        finally:  # interrupted, or the cluster emptied: leave no task of ours behind
+            done.clear()
+            if outstanding:
+                with contextlib.suppress(Exception):
+                    client.cancel(list(outstanding.values()))
+    for i, result in enumerate(results):
+        if result is None:
+            results[i] = _failure(
+                work[i],
+                f"{work[i].path}: not analyzed: no Dask worker left on the cluster for "
+                f"{wait:.0f} s",
+            )
+    return results  # type: ignore[return-value]
+
+
+def _workers(client: Any) -> int:
+    """Workers on the cluster now; a lost scheduler is a one-line error."""
+    try:
+        return len(client.nthreads())
+    except Exception as exc:
+        raise UserError(
+            f"lost the Dask scheduler ({_first_line(exc)}): nothing written; run again"
+        ) from None
+
+
+class _Progress:
+    """Traces analyzed so far on the cluster, on stderr when it is a terminal."""
+
+    def __init__(self, total: int) -> None:
+        self.bar = None
+        if sys.stderr.isatty() and not os.environ.get("FSDP_TRACE_QUIET"):
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.bar = Progress(
+                TextColumn("analyzing traces on the cluster"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.task = self.bar.add_task("traces", total=total)
+
+    def __enter__(self) -> _Progress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,320 @@
+"""Scaling out on Dask (`--scheduler`, `analyze(client=)`) and fsspec URL inputs: results
+identical to `--jobs 1` on a LocalCluster of 2 worker processes and on `dask scheduler` +
+2 `dask worker` processes; a corrupt trace and a worker killed mid-task leave only their rank
+out, said in one line; nothing of Dask or fsspec is imported without them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed")
+pytest.importorskip("fsspec")
+
+import fsdp_trace
+from fsdp_trace.analysis import cluster
+from fsdp_trace.errors import UserError
+from tests.conftest import REPO, SAMPLES, run_cli
+from tests.dask_helpers import (
+    DIES,
+    DyingReader,
+    cli_cluster,
+    free_port,
+    register_dying_reader,
+    unregister_dying_reader,
+)
+
+HSDP = SAMPLES / "cpu-hsdp-2x2"
+GPT = SAMPLES / "gpt-small-2gpu"
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A LocalCluster of 2 worker processes (one thread each) and its client; workers read
+    `*.die.json` with a reader that ends their process."""
+    from distributed import Client, LocalCluster
+
+    register_dying_reader()
+    local = LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=":0",
+        silence_logs=logging.CRITICAL,
+    )
+    try:
+        with Client(local) as c:
+            c.register_plugin(DyingReader())
+            yield c
+    finally:
+        local.close(timeout=10)
+        unregister_dying_reader()
+
+
+def cli_json(tmp_path: Path, name: str, *args: str, env: dict | None = None) -> dict:
+    out = tmp_path / f"{name}.json"
+    done = run_cli("analyze", *args, "--no-report", "--json", str(out), timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return json.loads(out.read_text())
+
+
+def without_file_scheme(document: dict) -> dict:
+    return json.loads(json.dumps(document).replace("file://", ""))
+
+
+# --- nothing of Dask without --scheduler ----------------------------------------------------
+
+
+def test_a_normal_analyze_imports_nothing_of_dask_or_fsspec(tmp_path):
+    code = (
+        "import sys\n"
+        "from fsdp_trace import cli\n"
+        f"sys.argv = ['fsdp-trace', 'analyze', {str(GPT)!r}, '--no-report', '--json', "
+        f"{str(tmp_path / 'a.json')!r}]\n"
+        "try:\n    cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "import fsdp_trace\nfsdp_trace.analyze(sys.argv[2], cache=False)\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('dask', 'distributed', 'fsspec', 'tornado', 'cloudpickle'))\n"
+        "print('LOADED', bad)\n"
+    )
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "LOADED []" in done.stdout, done.stdout[-500:]
+
+
+# --- a LocalCluster of 2 worker processes -----------------------------------------------------
+
+
+def test_scheduler_local_gives_the_json_of_jobs_1(tmp_path):
+    env = {"FSDP_TRACE_CACHE": "0"}
+    one = cli_json(tmp_path, "one", str(HSDP), "--jobs", "1", env=env)
+    dask = cli_json(tmp_path, "dask", str(HSDP), "--scheduler", "local:2", env=env)
+    assert dask == one
+    assert len(one["ranks"]) == 4 and not any("missing" in n for n in one["notices"])
+
+
+def test_client_facade_gives_the_result_of_jobs_1(client):
+    alone = fsdp_trace.analyze(GPT, cache=False)
+    spread = fsdp_trace.analyze(GPT, client=client, cache=False)
+    assert json.dumps(spread.to_json(), sort_keys=True) == json.dumps(
+        alone.to_json(), sort_keys=True
+    )
+    assert [r.rank for r in spread.ranks] == [0, 1] and len(spread.detailed) == 2
+
+
+def test_a_corrupt_trace_on_the_cluster_leaves_out_its_rank_in_one_line(client, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(HSDP, run)
+    good = (run / "rank2.timing.json.gz").read_bytes()
+    (run / "rank2.timing.json.gz").write_bytes(good[: len(good) // 3])
+    result = fsdp_trace.analyze(run, client=client, cache=False)
+    assert [r.rank for r in result.ranks] == [0, 1, 3]
+    assert len(result.detailed) == 4
+    lines = [n for n in result.runs[0].notices if "missing" in n]
+    assert lines == [
+        f"rank 2 missing: {run}/rank2.timing.json.gz: truncated or corrupt gzip: re-copy or "
+        "re-export the trace"
+    ]
+    assert result.grouping.endswith("; 1 failed (left out)")
+    # the same input without the cluster stops at that trace, in one line (as before)
+    with pytest.raises(UserError, match=r"rank2\.timing\.json\.gz: truncated or corrupt gzip"):
+        fsdp_trace.analyze(run, cache=False)
+
+
+def test_a_worker_killed_mid_task_leaves_out_its_rank_and_the_rest_finishes(client, tmp_path):
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    for rank in (0, 1, 3):
+        shutil.copy(HSDP / f"rank{rank}.timing.json.gz", folder)
+    (folder / f"rank2.timing{DIES}").write_text("{}")  # its reader ends the worker process
+    result = fsdp_trace.analyze(folder, client=client, cache=False)
+    assert [r.rank for r in result.ranks] == [0, 1, 3]
+    lines = [n for n in result.runs[0].notices if "missing" in n]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"rank 2 missing: {folder}/rank2.timing{DIES}: the Dask worker analyzing it died"
+    )
+    # the workers came back (the nanny restarts them): the cluster still analyzes
+    again = fsdp_trace.analyze(GPT, client=client, cache=False)
+    assert [r.rank for r in again.ranks] == [0, 1]
+
+
+def test_every_trace_failing_is_one_error(client, tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    for rank in (0, 1):
+        (folder / f"rank{rank}.json").write_text('{"traceEvents": [')
+    with pytest.raises(UserError, match=r"rank\d\.json: .* \(and 1 more traces failed\)"):
+        fsdp_trace.analyze(folder, client=client, cache=False)
+
+
+def test_a_cluster_without_workers_is_one_error_not_a_hang(monkeypatch):
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setenv("FSDP_TRACE_DASK_WAIT_S", "1")
+    with (
+        LocalCluster(
+            n_workers=0, processes=False, dashboard_address=":0", silence_logs=logging.CRITICAL
+        ) as empty,
+        Client(empty) as c,
+        pytest.raises(UserError, match=r"no Dask worker joined .* in 1 s: start some"),
+    ):
+        fsdp_trace.analyze(GPT, client=c, cache=False)
+
+
+# --- dask scheduler + 2 dask worker processes --------------------------------------------------
+
+
+def test_dask_scheduler_and_workers_give_the_json_of_jobs_1_and_cache_on_the_workers(tmp_path):
+    worker_cache = tmp_path / "worker-cache"
+    client_cache = tmp_path / "client-cache"
+    one = cli_json(tmp_path, "one", str(GPT), env={"FSDP_TRACE_CACHE": "0"})
+    with cli_cluster(tmp_path, env={"FSDP_TRACE_CACHE_DIR": str(worker_cache)}) as address:
+        env = {"FSDP_TRACE_CACHE_DIR": str(client_cache)}
+        plain = cli_json(tmp_path, "plain", str(GPT), "--scheduler", address, env=env)
+        assert plain == one
+        url = cli_json(tmp_path, "url", f"file://{GPT}", "--scheduler", address, env=env)
+        assert without_file_scheme(url) == one
+    # the analyses were cached where they ran (local paths by content, URLs by what fsspec
+    # reports); the client parsed nothing, so cached nothing
+    entries = sorted(p.name for p in worker_cache.glob("analysis-*.fsdptrace"))
+    assert len([e for e in entries if "-url-" in e]) == 4
+    assert len([e for e in entries if "-url-" not in e]) == 4
+    assert not list(client_cache.glob("*.fsdptrace"))
+
+
+# --- fsspec URLs ---------------------------------------------------------------------------
+
+
+def test_memory_urls_are_copied_analyzed_and_cached_by_what_fsspec_reports(monkeypatch):
+    import fsspec
+
+    from fsdp_trace.analysis import loader
+
+    fs = fsspec.filesystem("memory")
+    for trace in GPT.glob("rank*.timing.json.gz"):
+        fs.pipe(f"/fsdp-trace-test/run/{trace.name}", trace.read_bytes())
+    local = fsdp_trace.analyze(sorted(GPT.glob("rank*.timing.json.gz")), cache=False)
+    first = fsdp_trace.analyze("memory://fsdp-trace-test/run")
+    assert [r.path for r in first.ranks] == [
+        f"memory:///fsdp-trace-test/run/rank{i}.timing.json.gz" for i in (0, 1)
+    ]
+    assert first.ranks[0].steps.equals(local.ranks[0].steps)
+    assert first.findings[0].cause == local.findings[0].cause
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(loader, "load_trace", no_parse)
+    cached = fsdp_trace.analyze("memory://fsdp-trace-test/run")
+    assert cached.ranks[0].steps.equals(first.ranks[0].steps)
+    # a changed object is another entry: parsed again
+    rank0 = (GPT / "rank0.timing.json.gz").read_bytes()
+    fs.pipe("/fsdp-trace-test/run/rank1.timing.json.gz", rank0)
+    with pytest.raises(AssertionError, match="parsed again"):
+        fsdp_trace.analyze("memory://fsdp-trace-test/run")
+    fs.rm("/fsdp-trace-test", recursive=True)
+
+
+def test_a_url_whose_backend_reports_no_version_is_cached_by_its_content(monkeypatch):
+    import fsspec
+
+    from fsdp_trace.analysis import loader, remote
+
+    monkeypatch.setattr(remote, "_VERSION_KEYS", ())
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/fsdp-trace-test2/rank0.json.gz", (HSDP / "rank0.timing.json.gz").read_bytes())
+    url = "memory://fsdp-trace-test2/rank0.json.gz"
+    first = fsdp_trace.analyze(url)
+    parse = loader.load_trace
+    calls = []
+    monkeypatch.setattr(loader, "load_trace", lambda *a, **k: calls.append(a) or parse(*a, **k))
+    fs.pipe("/fsdp-trace-test2/rank0.json.gz", (HSDP / "rank0.timing.json.gz").read_bytes())
+    again = fsdp_trace.analyze(url)  # rewritten, same bytes: downloaded, not parsed
+    assert not calls and again.ranks[0].steps.equals(first.ranks[0].steps)
+    fs.pipe("/fsdp-trace-test2/rank0.json.gz", (HSDP / "rank1.timing.json.gz").read_bytes())
+    fsdp_trace.analyze(url)
+    assert len(calls) == 1
+    fs.rm("/fsdp-trace-test2", recursive=True)
+
+
+def test_url_problems_are_one_line_exit_2():
+    unknown = run_cli("analyze", "nosuchproto://bucket/run", "--no-report")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == (
+        "fsdp-trace analyze: error: nosuchproto://bucket/run: Protocol not known: nosuchproto: "
+        "give a path or an fsspec URL"
+    )
+    missing = run_cli("analyze", f"file://{GPT}/nope", "--no-report")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "nope: no such file or folder" in missing.stderr
+    perfetto = run_cli("analyze", f"file://{GPT}", "--perfetto", "x.pftrace")
+    assert perfetto.returncode == 2 and "--perfetto reads every event" in perfetto.stderr
+
+
+def test_a_url_without_fsspec_installed_is_one_line_exit_2():
+    code = (
+        "import sys\nsys.modules['fsspec'] = None\nsys.modules['fsspec.core'] = None\n"
+        "from fsdp_trace import cli\n"
+        "sys.argv = ['fsdp-trace', 'analyze', 's3://bucket/run', '--no-report']\ncli.main()\n"
+    )
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "fsdp-trace analyze: error: s3://bucket/run: reading a URL needs fsspec: pip install "
+        "'fsdp-trace[dask]' (and the backend of its protocol, e.g. s3fs for s3://), or give a "
+        "local path"
+    )
+
+
+# --- --scheduler refused in one line -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "message"),
+    [
+        ("bogus", "--scheduler bogus: give tcp://HOST:PORT, a scheduler file (.json), or local:N"),
+        ("local:0", "--scheduler local:0: give local:N with N worker processes, 1 or more"),
+        ("local:x", "--scheduler local:x: give local:N with N worker processes, 1 or more"),
+    ],
+)
+def test_bad_scheduler_values(scheduler, message):
+    with pytest.raises(UserError) as caught, cluster.connect(scheduler):
+        pass
+    assert caught.value.message == message
+
+
+def test_an_unreachable_scheduler_is_one_line_exit_2():
+    done = run_cli(
+        "analyze",
+        str(GPT),
+        "--no-report",
+        "--scheduler",
+        f"tcp://127.0.0.1:{free_port()}",
+        env={"FSDP_TRACE_DASK_WAIT_S": "1"},
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "cannot reach the Dask scheduler" in done.stderr
+    both = run_cli("analyze", str(GPT), "--no-report", "--jobs", "2", "--scheduler", "local:2")
+    assert both.returncode == 2
+    assert both.stderr.strip().endswith("--jobs 2 and --scheduler: give one of them")
+
+
+def test_scheduler_without_distributed_installed_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    wanted = r"needs Dask's distributed: pip install 'fsdp-trace\[dask\]'"
+    with pytest.raises(UserError, match=wanted), cluster.connect("local:2"):
+        pass
