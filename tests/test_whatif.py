@@ -137,3 +137,61 @@ def test_the_cli_names_every_knob_the_replay_takes():
     from fsdp_trace.knobs import KNOB_NAMES
 
     assert tuple(f.name for f in dataclasses.fields(Knobs)) == KNOB_NAMES
+
+
+# Pairs of real captures where one knob differs: (measured run, the change, the run that has
+# it). whatif-1gpu: one H100 (benchmarks/gpu_captures_f.sh); the rest: two H100s.
+W = "whatif-1gpu/"
+REAL_PAIRS = [
+    (W + "gpt-small-b16-ac0", Knobs(ac_coverage=1.0), W + "gpt-small-b16-ac1"),
+    (W + "gpt-small-b16-ac0", Knobs(ac_coverage=0.5), W + "gpt-small-b16-ac0.5"),
+    (W + "gpt-small-b16-ac1", Knobs(ac_coverage=0.0), W + "gpt-small-b16-ac0"),
+    (W + "gpt-small-b16-ac0.5", Knobs(ac_coverage=1.0), W + "gpt-small-b16-ac1"),
+    (W + "gpt-small-b16-ac0", Knobs(batch_size=8), W + "gpt-small-b8-ac0"),
+    (W + "gpt-small-b8-ac0", Knobs(batch_size=16), W + "gpt-small-b16-ac0"),
+    (W + "gpt-1.3b-b2-ac0", Knobs(ac_coverage=1.0), W + "gpt-1.3b-b2-ac1"),
+    (W + "gpt-1.3b-b2-ac1", Knobs(ac_coverage=0.0), W + "gpt-1.3b-b2-ac0"),
+    (W + "gpt-1.3b-b2-ac0", Knobs(batch_size=4), W + "gpt-1.3b-b4-ac0"),
+    (W + "gpt-1.3b-b4-ac0", Knobs(batch_size=2), W + "gpt-1.3b-b2-ac0"),
+    ("gpt-small-2gpu", Knobs(ac_coverage=1.0), "gpt-small-2gpu-fullac"),
+    ("gpt-small-2gpu-fullac", Knobs(ac_coverage=0.0), "gpt-small-2gpu"),
+    (
+        "gpt-small-2gpu",
+        Knobs(shard_embeddings=True, keep_last_unsharded=True),
+        "diagnosis/tuned-b16",
+    ),
+    (
+        "diagnosis/tuned-b16",
+        Knobs(shard_embeddings=False, keep_last_unsharded=False),
+        "gpt-small-2gpu",
+    ),
+]
+
+
+def _p10_ms(name: str) -> tuple[float, float]:
+    """A run's 10th-percentile un-profiled step and its spread (2 × 1.25 σ/√n), from its
+    run.json, read here on its own."""
+    import json
+
+    stats = json.loads((SAMPLES / name / "run.json").read_text())
+    stats = stats["figures"]["step_time_ms"]
+    return stats["p10"], 2 * 1.25 * stats["stdev"] / np.sqrt(stats["n"])
+
+
+def test_predictions_on_real_pairs_are_within_five_percent():
+    """Predicted vs measured step on every real pair: median error ≤ 5 %, none over 10 %,
+    and the direction right wherever the measured change is beyond the two runs' noise.
+    (README 'What if' lists these figures.)"""
+    errors = []
+    for first, knobs, second in REAL_PAIRS:
+        run = fsdp_trace.analyze(SAMPLES / first, detailed=False).only
+        prediction = predict(run, knobs)
+        before, noise_before = _p10_ms(first)
+        after, noise_after = _p10_ms(second)
+        assert prediction.measured_step_us == pytest.approx(before * 1e3)
+        predicted = prediction.predicted_step_us / 1e3
+        errors.append(abs(predicted / after - 1))
+        assert errors[-1] <= 0.10, (first, knobs.describe(), predicted, after)
+        if abs(after - before) > noise_before + noise_after:
+            assert np.sign(predicted - before) == np.sign(after - before), (first, knobs)
+    assert np.median(errors) <= 0.05, errors
