@@ -136,7 +136,7 @@ def basis(p: Prediction) -> list[str]:
         "replayed for the split",
         f"host launch times × {host} ({b.host_basis}); compute beside NCCL "
         f"{fmt.fraction_pct(b.tax)} slower (measured overlap tax)",
-        f"uncertainty: run-to-run spread of a median ({fmt.ms(b.spread_us, ' ms')}) and "
+        f"uncertainty: run-to-run spread of the measured step ({fmt.ms(b.spread_us, ' ms')}) and "
         f"{fmt.fraction_pct(MODEL_ERROR)} of the change (the model's error on the validation "
         "pairs)",
     ]
