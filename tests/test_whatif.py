@@ -195,3 +195,9 @@ def test_predictions_on_real_pairs_are_within_five_percent():
         if abs(after - before) > noise_before + noise_after:
             assert np.sign(predicted - before) == np.sign(after - before), (first, knobs)
     assert np.median(errors) <= 0.05, errors
+
+
+def test_knobs_no_pair_has_checked_say_so():
+    run = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu", detailed=False).only
+    assert any("not yet checked" in n for n in predict(run, Knobs(reduce_dtype="bf16")).notes)
+    assert not predict(run, Knobs(ac_coverage=1.0)).notes

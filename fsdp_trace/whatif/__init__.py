@@ -255,7 +255,23 @@ def _predict(run, knobs: Knobs, progs, offsets, base: Baseline) -> Prediction:
         uncertainty_us=uncertainty,
         tokens_scale=scale,
         peak_memory_gib=memory,
+        notes=_unvalidated(knobs),
     )
+
+
+# Knobs the replay models whose predictions no real pair of captures (README 'What if') nor
+# the co-simulation (tests/fsdp_sim.py) has checked yet: said with every such prediction.
+UNVALIDATED = ("prefetch_forward", "prefetch_backward", "reduce_dtype", "accum_no_sync")
+
+
+def _unvalidated(knobs: Knobs) -> list[str]:
+    names = [name for name in UNVALIDATED if name in knobs.changed()]
+    if not names:
+        return []
+    return [
+        f"{', '.join(names)}: modelled, not yet checked against real captures (README "
+        "'What if'): treat the figure as a direction"
+    ]
 
 
 STANDARD = "a standard FSDP2 knob"  # what names a candidate no finding named
