@@ -143,7 +143,9 @@ def _with(rank: RankAnalysis, column: str, value) -> RankAnalysis:
         frame = getattr(rank, name)
         if column in frame:
             changes[name] = frame.assign(**{column: value})
-    return dataclasses.replace(rank, **changes)
+    out = dataclasses.replace(rank, **changes)
+    out.cpu_slices = rank.cpu_slices  # not a field: carried by hand (--perfetto's)
+    return out
 
 
 def relabel(rank: RankAnalysis, source: str) -> RankAnalysis:

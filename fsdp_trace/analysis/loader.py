@@ -48,7 +48,7 @@ import threading
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,7 @@ _PIECE = 256 << 10  # bytes of events decoded at a time: the structs of a piece 
 # header is a few KB and an event well under a megabyte; a file that keeps neither promise in
 # this many bytes is refused, so memory never grows with a hostile (or gzip-bomb) input.
 _LOOKAHEAD = 16 << 20
-_BATCH = 2 << 20  # bytes of events handed to the helper process at a time
+_BATCH = 8 << 20  # bytes of events per batch of the two-process decode
 # Files of this much raw JSON and more are decoded by two processes. Below it the second
 # process costs more than it gives: its interpreter and imports (~80 MB of RSS) and the
 # batches' transfer, for a second or less saved (measured in benchmarks/results/speed.md).
@@ -105,6 +105,7 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
 
 
 _NO_ARGS = _Args()  # shared by every event without args (structs are never mutated)
+_UNSEEN = object()  # a dict lookup's default: not seen before
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -151,6 +152,7 @@ _DENSE_ARGS = ("correlation", "external_id", "sequence_number", "stream")
 _get = {name: attrgetter(name) for name in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
 _get_arg = {name: attrgetter(name) for name in (*_DENSE_ARGS, *(r for r, _ in _RARE))}
 _get_rare = attrgetter(*(r for r, _ in _RARE))
+_get_dense = attrgetter(*_DENSE_ARGS)
 _get_input_dims = attrgetter("input_dims")
 
 
@@ -414,6 +416,7 @@ class _Columns:
         self.python_events = 0  # with_stack's python_function events (dropped)
         self.input_dims = False  # any operator carries `Input Dims` (record_shapes)
         self.too_big: dict[str, int] = {}  # column -> integers beyond int64 read as absent
+        self.raw_text: dict[bytes, str | None] = {b"": None}  # launch shapes' text, decoded once
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -469,12 +472,16 @@ class _Columns:
             args = [_NO_ARGS if a is None else a for a in args]
         if not self.input_dims:
             self.input_dims = any(map(_get_input_dims, args))
-        for name in _DENSE_ARGS:
-            try:
-                self.dense[name] += array("q", map(_get_arg[name], args))
-            except (TypeError, OverflowError):  # None, or integers beyond int64
+        try:  # the four dense columns in one pass over the args, as rows of 4
+            dense = array("q", chain.from_iterable(map(_get_dense, args)))
+        except (TypeError, OverflowError):  # None, or integers beyond int64
+            for name in _DENSE_ARGS:
                 values = map(_get_arg[name], args)
                 self.dense[name] += array("q", [self._int(name, v) for v in values])
+        else:
+            rows = np.frombuffer(dense, dtype=np.int64).reshape(-1, len(_DENSE_ARGS))
+            for j, name in enumerate(_DENSE_ARGS):
+                self.dense[name].frombytes(rows[:, j].tobytes())
         self._rare(args, row0)
         if self.names.watched and not self.names.watched.isdisjoint(name_codes):
             for i, code in enumerate(name_codes):
@@ -495,18 +502,30 @@ class _Columns:
         rows = np.flatnonzero(wanted)
         if not rows.size:
             return
-        self.rare_rows += array("q", (rows + row0).tolist())
-        picked = [_get_rare(args[i]) for i in rows.tolist()]
-        for j, (name, kind) in enumerate(_RARE):
+        self.rare_rows.frombytes((rows + row0).tobytes())
+        # One tuple of the rare fields per wanted row, transposed into one tuple per field.
+        fields = zip(*map(_get_rare, map(args.__getitem__, rows.tolist())), strict=True)
+        for (name, kind), values in zip(_RARE, fields, strict=True):
             if kind == "raw":  # JSON text, as str: batches cross process boundaries
-                self.rare[name] += [bytes(p[j]).decode() if len(p[j]) else None for p in picked]
+                texts = list(map(bytes, values))
+                found = list(map(self.raw_text.get, texts, repeat(_UNSEEN, len(texts))))
+                if _UNSEEN in found:  # a text not seen before
+                    found = [self._raw_text(t) for t in texts]
+                self.rare[name] += found
             elif kind == "int":
-                values = [p[j] for p in picked]
-                if not all(v is None or _fits(v) for v in values):
-                    values = [None if v is None else self._int(name, v) for v in values]
+                present = list(filter(None, values))  # zeros and absent ones fit anyway
+                if present and not (_fits(max(present)) and _fits(min(present))):
+                    values = tuple(None if v is None else self._int(name, v) for v in values)
                 self.rare[name] += values
             else:
-                self.rare[name] += [p[j] for p in picked]
+                self.rare[name] += values
+
+    def _raw_text(self, raw: bytes) -> str | None:
+        """A launch shape's JSON text as a str (None when absent), decoded once per text."""
+        text = self.raw_text.get(raw, _UNSEEN)
+        if text is _UNSEEN:
+            text = self.raw_text[raw] = raw.decode()
+        return text  # type: ignore[return-value]
 
     def _int(self, name: str, value: int | None) -> int:
         """An integer argument as stored: absent (MISSING) when missing or beyond int64."""
@@ -631,8 +650,12 @@ class _Columns:
                     columns[name] = column
                 else:
                     codes = _Codes()
+                    for value in dict.fromkeys(values):  # distinct, in first-appearance order
+                        if value is not None:
+                            codes.code(value)
+                    lookup = {**codes, None: -1}
                     full = np.full(len(ts), -1, dtype=np.int32)
-                    full[rows] = [-1 if v is None else codes.code(v) for v in values]
+                    full[rows] = np.fromiter(map(lookup.__getitem__, values), np.int32, len(rows))
                     columns[name] = codes.categorical(full)
         frame = pd.DataFrame(columns, copy=False)
         if self.names.watched:
@@ -927,21 +950,44 @@ def _decode_batch(text: bytes, tables: tuple[_Codes, _Codes]) -> _Columns:
 
 def _helper(tasks, results) -> None:
     """The second decoding process: batches in, columns out (None: a batch failed); last,
-    its string tables (the codes of its batches), then None."""
+    its string tables (the codes of its batches), then None. A batch is its text (gzip), or
+    where it lies in a plain file, which this process then reads itself: the text never
+    crosses the pipe."""
     tables = (_Codes(), _Codes(watch="gloo:"))
-    while True:
-        item = tasks.get()
-        if item is None:
-            results.put(("tables", list(tables[0]), list(tables[1])))
-            results.put(None)
-            return
-        index, text = item
-        try:
-            batch = _decode_batch(text, tables)
-            batch.cats = batch.names = None  # type: ignore[assignment]  (sent once, at the end)
-            results.put((index, batch))
-        except Exception:  # the main process falls back to decoding serially
-            results.put((index, None))
+    files: dict[str, Any] = {}
+    try:
+        while True:
+            item = tasks.get()
+            if item is None:
+                results.put(("tables", list(tables[0]), list(tables[1])))
+                results.put(None)
+                return
+            index, text = item
+            try:
+                if isinstance(text, tuple):  # (path, start, end) of a plain file
+                    name, start, end = text
+                    if name not in files:
+                        files[name] = open_regular(name)
+                    text = _read_range(files[name], start, end)
+                batch = _decode_batch(text, tables)
+                batch.cats = batch.names = None  # type: ignore[assignment]  (sent at the end)
+                results.put((index, batch))
+            except Exception:  # the main process falls back to decoding serially
+                results.put((index, None))
+    finally:
+        for handle in files.values():
+            handle.close()
+
+
+def _read_range(handle, start: int, end: int) -> bytes:
+    """Bytes [start, end) of an open plain file, checked to be UTF-8 (ValueError if not:
+    the serial path then names the byte)."""
+    text = os.pread(handle.fileno(), end - start, start)
+    if len(text) != end - start:
+        raise ValueError("the file changed while it was read")
+    if not text.isascii():
+        text.decode("utf-8")  # a cut is always at an ASCII brace: no sequence is split
+    return text
 
 
 class _Helper:
@@ -973,8 +1019,14 @@ def _stream_parallel(
 ) -> tuple[_TraceFile, _Columns] | None:
     """Decode with a helper process taking batches whenever it is free (the main process
     decodes the others); None when the file needs the serial path (odd layout, or a batch
-    that would not decode: the serial path then gives the exact error)."""
+    that would not decode: the serial path then gives the exact error). A plain file is cut
+    into batches by offsets that each process reads itself; gzip's text is sent to the
+    helper."""
     helper = helper or _Helper()
+    with _open(path) as raw:
+        plain = raw.read(2) != b"\x1f\x8b"
+    if plain:
+        return _stream_parallel_plain(path, on_progress, helper)
     tasks, results = helper.tasks, helper.results
     batches: dict[int, _Columns | None] = {}
     helper_batches: set[int] = set()
@@ -1053,6 +1105,121 @@ def _stream_parallel(
     finally:
         text_blocks.close()
         blocks.close()
+        helper.close()
+
+
+def _batch_edges(handle, start: int, size: int, step: int) -> list[tuple[int, int]] | None:
+    """The event boundaries that cut a plain file's events into batches: the first one at
+    or after each multiple of `step` past `start` (each batch is then `step` bytes or a
+    little more), the last one at least `step` bytes before the end (the rest, with the keys
+    after the events, is decoded with the header); each as (end of the event before it,
+    start of the event after it). None when no boundary shows within the look-ahead bound
+    (the serial path then says why)."""
+    edges: list[tuple[int, int]] = []
+    window = 1 << 16
+    nominal = start + step
+    while nominal + step < size:
+        at, found = nominal, None
+        while found is None and at - nominal < _LOOKAHEAD and at < size:
+            chunk = os.pread(handle.fileno(), window + 8, at)
+            found = _BOUNDARY.search(chunk)
+            if found is None:
+                at += window
+        if found is None:
+            return None
+        edges.append((at + found.start() + 1, at + found.end() - 1))  # after `}`, at `{`
+        nominal = max(nominal + step, edges[-1][1] + 1)
+    return edges
+
+
+def _stream_parallel_plain(
+    path: Path, on_progress, helper: _Helper
+) -> tuple[_TraceFile, _Columns] | None:
+    """`_stream_parallel` for a plain (not gzip) file: the main process reads the header,
+    cuts the events into batches at event boundaries by offset, and each process reads and
+    decodes the batches it takes (the helper whenever it is free); the rest, after the last
+    cut, is decoded with the header (its top-level keys)."""
+    tasks, results = helper.tasks, helper.results
+    batches: dict[int, _Columns | None] = {}
+    helper_batches: set[int] = set()
+    helper_tables: list[list[str]] = [[], []]
+    tables = (_Codes(), _Codes(watch="gloo:"))
+    helper_done = False
+
+    def collect(block: bool) -> None:
+        nonlocal helper_done
+        while not helper_done:
+            try:
+                item = results.get(timeout=1.0) if block else results.get_nowait()
+            except queue.Empty:
+                if not block:
+                    return
+                if not helper.process.is_alive():
+                    raise RuntimeError("the decoding helper died") from None
+                continue
+            if item is None:
+                helper_done = True
+            elif item[0] == "tables":
+                helper_tables[:] = item[1:]
+            else:
+                batches[item[0]] = item[1]
+                helper_batches.add(item[0])
+
+    blocks = _read_blocks(path, None)
+    text_blocks = _text(path, blocks)
+    try:
+        try:
+            kind, header, _, skipped = _after_header(path, text_blocks)
+        finally:
+            text_blocks.close()
+            blocks.close()
+        if kind == "whole":
+            return None  # an unusual layout: the serial path decodes it whole
+        with _open(path) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            edges = _batch_edges(handle, skipped + len(header), size, _BATCH)
+            if edges is None:
+                return None
+            starts = [skipped + len(header)] + [after for _, after in edges]
+            ends = [before for before, _ in edges]
+            sent = len(edges)
+            for index, (start, end) in enumerate(zip(starts, ends, strict=False)):
+                try:
+                    tasks.put_nowait((index, (str(path), start, end)))  # the helper is free
+                except queue.Full:  # the helper is busy: ours
+                    try:
+                        text = _read_range(handle, start, end)
+                        batches[index] = _decode_batch(text, tables)
+                    except (msgspec.DecodeError, RecursionError, ValueError, UserError):
+                        return None  # the serial path finds the real error (or the cut)
+                    collect(block=False)
+                if on_progress is not None:
+                    on_progress(end)
+            try:
+                tail = _read_range(handle, starts[-1], size)
+            except ValueError:
+                return None
+        if len(tail) > _LOOKAHEAD + _BATCH:
+            return None
+        _check_one_events_key(path, [header, tail])
+        parsed = _decode(path, header + tail)
+        last = _Columns(defer_metadata=True, tables=tables)
+        _add_all(last, parsed.traceEvents or [])
+        parsed.traceEvents = []
+        batches[sent] = last
+        tasks.put(None)
+        collect(block=True)
+        if any(batches.get(i) is None for i in range(sent + 1)):
+            return None
+        mine = [list(tables[0]), list(tables[1])]
+        for i in range(sent + 1):  # each batch names its process's string tables
+            batch = batches[i]
+            strings = helper_tables if i in helper_batches else mine
+            batch.cats, batch.names = strings  # type: ignore[assignment,union-attr]
+        return parsed, _Columns.merge([batches[i] for i in range(sent + 1)])  # type: ignore[misc]
+    except RuntimeError:
+        return None
+    finally:
         helper.close()
 
 

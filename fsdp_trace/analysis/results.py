@@ -4,7 +4,7 @@ The run-level result (`fsdp_trace.result`) holds these, one per trace."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -109,6 +109,10 @@ class RankAnalysis:
     streams: dict[int, str] = field(default_factory=dict)  # stream id -> role
     notices: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # The trace's CPU slices (fsdp_trace.analysis.rank.CpuSlices), set on the instance only
+    # while `rank.keeping_cpu_slices()` is on: a class attribute, not a field, so the cache
+    # never stores it.
+    cpu_slices: ClassVar[Any] = None
 
     def exposed_collectives(self) -> list[list[int]]:
         """For each exposed interval, the rows of `collectives` running during it."""

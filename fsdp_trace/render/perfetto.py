@@ -44,12 +44,14 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
 
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis.loader import load_trace
+from fsdp_trace.analysis.rank import CpuSlices
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.atomic import atomic_open
 from fsdp_trace.errors import UserError
 
 SEQUENCE_ID = 1  # trusted_packet_sequence_id: one writer, one sequence
 INTERNED_PER_PACKET = 10_000  # interned strings per packet (keeps each packet small)
+_COPY_EVENTS = 1 << 17  # events copied to the output at a time (bounds the gather's memory)
 PID_BASE = 1000  # synthetic pids (one per analyzed trace) and tids (globally unique)
 TID_BASE = 100_000
 
@@ -122,6 +124,280 @@ def _frame(size: int) -> bytes:
 
 _SHORT_FRAMES = [_frame(n) for n in range(1 << 14)]
 
+# -- bulk encoding ---------------------------------------------------------------------------
+# Most packets (every CPU and GPU slice's begin and end) are encoded many at a time with numpy,
+# in the wire format protobuf itself writes (fields in number order, unpacked repeated fields;
+# tests decode them with perfetto's protos). Tags of the fields written that way:
+_TAG_TIMESTAMP = b"\x40"  # TracePacket.timestamp = 8, varint
+_SEQUENCE = bytes([0x50, SEQUENCE_ID])  # TracePacket.trusted_packet_sequence_id = 10
+_TAG_TRACK_EVENT = b"\x5a"  # TracePacket.track_event = 11, length-delimited
+_NEEDS_FLAGS = bytes([0x68, TracePacket.SEQ_NEEDS_INCREMENTAL_STATE])  # sequence_flags = 13
+_TAG_CATEGORY = b"\x18"  # TrackEvent.category_iids = 3
+_TAG_ANNOTATION = b"\x22"  # TrackEvent.debug_annotations = 4
+_BEGIN_TYPE = bytes([0x48, _BEGIN])  # TrackEvent.type = 9
+_END_TYPE = bytes([0x48, _END])
+_TAG_NAME = b"\x50"  # TrackEvent.name_iid = 10
+_TAG_TRACK = b"\x58"  # TrackEvent.track_uuid = 11
+_TAG_TERMINATING = b"\x81\x03"  # TrackEvent.terminating_flow_ids = 48, fixed64
+_TAG_ARG_NAME = b"\x08"  # DebugAnnotation.name_iid = 1
+_TAG_ARG_BOOL = b"\x10"  # bool_value = 2
+_TAG_ARG_INT = b"\x20"  # int_value = 4 (int64: negative values take 10 bytes)
+_TAG_ARG_DOUBLE = b"\x29"  # double_value = 5, fixed64
+_TAG_ARG_STRING = b"\x88\x01"  # string_value_iid = 17
+_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
+
+
+def _varint_len(values: np.ndarray) -> np.ndarray:
+    """Bytes of each value's varint (uint64 view: negative int64 take 10)."""
+    return np.searchsorted(_VARINT_STEPS, values, side="right").astype(np.int64) + 1
+
+
+class _Bulk:
+    """N protobuf messages of one layout, encoded at once: a list of parts (a field's tag and
+    value, or constant bytes), each present in all messages or in those of a mask.
+
+    Encoding flattens the parts (nested messages included) into atoms: constant bytes, a
+    varint, 8 fixed bytes. Messages whose atoms all have the same byte lengths form a group;
+    a group is one 2-D byte array, filled a column at a time (no per-message work)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.parts: list[tuple[str, bytes, Any, np.ndarray | None]] = []
+
+    def const(self, data: bytes, present: np.ndarray | None = None) -> None:
+        self.parts.append(("const", data, None, present))
+
+    def varint(self, tag: bytes, values: np.ndarray, present: np.ndarray | None = None) -> None:
+        values = np.asarray(values).astype(np.int64, copy=False).view(np.uint64)
+        self.parts.append(("varint", tag, values, present))
+
+    def fixed64(self, tag: bytes, values: np.ndarray, present: np.ndarray | None = None) -> None:
+        """8 little-endian bytes: a double's, or an unsigned integer's (fixed64)."""
+        self.parts.append(("fixed64", tag, np.ascontiguousarray(values).view(np.uint64), present))
+
+    def message(self, tag: bytes, inner: _Bulk, present: np.ndarray | None = None) -> None:
+        """A length-delimited field holding `inner`'s message (one per message of this)."""
+        self.parts.append(("message", tag, inner, present))
+
+    def atoms(
+        self, mask: np.ndarray | None = None
+    ) -> tuple[list[tuple[str, Any, np.ndarray]], np.ndarray]:
+        """(kind, bytes or values, byte length per message) of every atom, in wire order,
+        and each message's total length; absent atoms have length 0."""
+        out: list[tuple[str, Any, np.ndarray]] = []
+        total = np.zeros(self.n, dtype=np.int64)
+
+        def add(kind: str, value: Any, length: np.ndarray, present: np.ndarray | None) -> None:
+            if present is not None:
+                length = np.where(present, length, 0)
+            out.append((kind, value, length))
+            total[:] += length
+
+        for kind, tag, value, present in self.parts:
+            if mask is not None:
+                present = mask if present is None else mask & present
+            add("const", tag, np.full(self.n, len(tag), dtype=np.int64), present)
+            if kind == "varint":
+                add("varint", value, _varint_len(value), present)
+            elif kind == "fixed64":
+                add("fixed64", value, np.full(self.n, 8, dtype=np.int64), present)
+            elif kind == "message":
+                inner, size = value.atoms(present)
+                add("varint", size.view(np.uint64), _varint_len(size.view(np.uint64)), present)
+                out.extend(inner)
+                total += size
+        return out, total
+
+    def encode(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The messages framed as `Trace.packet` entries: (bytes, each one's offset, each
+        one's size). Messages of one group lie together (offsets are not in message order)."""
+        framed = _Bulk(self.n)
+        framed.message(b"\x0a", self)
+        atoms, sizes = framed.atoms()
+        atoms = [a for a in atoms if a[2].any()]
+        key = np.zeros(self.n, dtype=np.int64)
+        for i, (_, _, length) in enumerate(atoms):  # lengths are at most 10: base 11
+            key = key * 11 + length
+            if i % 17 == 16:
+                key = np.unique(key, return_inverse=True)[1].astype(np.int64)
+        order = np.argsort(key, kind="stable")
+        edges = np.flatnonzero(np.diff(key[order])) + 1
+        buf = np.empty(int(sizes.sum()), dtype=np.uint8)
+        offsets = np.empty(self.n, dtype=np.int64)
+        at = 0
+        for rows in np.split(order, edges):
+            m, size = rows.size, int(sizes[rows[0]])
+            block = buf[at : at + m * size].reshape(m, size)
+            offsets[rows] = at + size * np.arange(m, dtype=np.int64)
+            col = 0
+            for kind, value, length in atoms:
+                width = int(length[rows[0]])
+                if not width:
+                    continue
+                if kind == "const":
+                    block[:, col : col + width] = np.frombuffer(value, dtype=np.uint8)
+                elif kind == "fixed64":
+                    raw = value[rows].astype("<u8", copy=False)
+                    block[:, col : col + 8] = raw.view(np.uint8).reshape(m, 8)
+                else:  # a varint: 7 bits a byte, the high bit set on all but the last
+                    part = (value[rows, None] >> _SHIFTS[:width]) & np.uint64(0x7F)
+                    part[:, :-1] |= np.uint64(0x80)
+                    block[:, col : col + width] = part
+                col += width
+            at += m * size
+        return buf, offsets, sizes
+
+
+class _Arg:
+    """One debug annotation over many slices, split by the type each value takes (as
+    `_Writer.begin` writes one): a string (interned), an integer, a double or a bool; None and
+    NaN leave it out."""
+
+    ABSENT, STRING, INT, DOUBLE, BOOL = range(5)
+
+    def __init__(self, writer: _Writer, values: pd.Series | np.ndarray) -> None:
+        array = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+        n = array.size
+        self.n = n
+        if array.dtype.kind in "iu":
+            self.kind = np.full(n, self.INT, dtype=np.int8)
+            self.value = array.astype(np.int64)
+        elif array.dtype.kind == "f":
+            self.kind = np.where(np.isnan(array), self.ABSENT, self.DOUBLE).astype(np.int8)
+            self.value = array.astype(np.float64)
+        elif array.dtype.kind == "b":
+            self.kind = np.full(n, self.BOOL, dtype=np.int8)
+            self.value = array.astype(np.int64)
+        else:  # typed value by value: each distinct one once where all are text (or absent)
+            strings: dict[str, int] = {}
+            codes, uniques = pd.factorize(array, use_na_sentinel=False)
+            values = uniques.tolist()
+            if not all(type(v) is str or v is None or v != v for v in values):
+                # Mixed types (1, 1.0 and True are one key to factorize): one at a time.
+                codes, values = np.arange(n), array.tolist()
+            typed = [self._one(writer, strings, value) for value in values]
+            self.kind = np.array([k for k, _ in typed], dtype=np.int8)[codes]
+            self.value = np.array([v for _, v in typed] or [0], dtype=object)[codes]
+            doubles = self.kind == self.DOUBLE
+            if doubles.any():
+                self.double = np.zeros(n)
+                self.double[doubles] = self.value[doubles].astype(np.float64)
+            self.value = np.where(doubles, 0, self.value).astype(np.int64)
+            return
+        if self.kind.size and (self.kind == self.DOUBLE).any():
+            self.double = self.value.astype(np.float64)
+            self.value = np.zeros(n, dtype=np.int64)
+
+    def _one(self, writer: _Writer, strings: dict[str, int], value: Any) -> tuple[int, Any]:
+        """(kind, number) of one value, as `_Writer.begin` types it."""
+        if value is None or value != value:  # None, NaN
+            return self.ABSENT, 0
+        kind = type(value)
+        if kind is str:
+            iid = strings.get(value)
+            if iid is None:
+                iid = strings[value] = writer._intern(writer._strings, value)
+            return self.STRING, iid
+        if kind is int:
+            return self.INT, value
+        if kind is float:
+            return self.DOUBLE, value
+        if kind is bool or isinstance(value, np.bool_):
+            return self.BOOL, int(bool(value))
+        if isinstance(value, numbers.Integral):
+            return self.INT, int(value)
+        if isinstance(value, numbers.Real):
+            return self.DOUBLE, float(value)
+        return self.STRING, writer._intern(writer._strings, str(value))
+
+    def add_to(self, event: _Bulk, name_iid: int) -> None:
+        """This annotation in `event` (a TrackEvent bulk), for the slices that have it."""
+        names = np.full(self.n, name_iid, dtype=np.int64)
+        for kind, tag in (
+            (self.STRING, _TAG_ARG_STRING),
+            (self.INT, _TAG_ARG_INT),
+            (self.DOUBLE, _TAG_ARG_DOUBLE),
+            (self.BOOL, _TAG_ARG_BOOL),
+        ):
+            mask = self.kind == kind
+            if not mask.any():
+                continue
+            inner = _Bulk(self.n)
+            inner.varint(_TAG_ARG_NAME, names)
+            if kind == self.DOUBLE:
+                inner.fixed64(tag, self.double)
+            else:
+                inner.varint(tag, self.value)
+            event.message(_TAG_ANNOTATION, inner, mask)
+
+
+def _nesting_sequence(
+    ts: np.ndarray, end: np.ndarray, lane: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The order to make the begin and end events of slices in, each lane's strictly nested:
+    by time; at one time, ends first (inner ones first), then begins (outer ones first),
+    then zero-length slices, each begun and ended. Returns (slice, is_end) per event, or
+    None when some lane's slices do not nest (they must go to more lanes: `_assign_lanes`).
+    Checked exactly: matching each end with the latest open begin of its lane (a stack, done
+    as pairs per depth level) must pair every slice with itself."""
+    one_lane = not lane.any()
+    o1 = np.argsort(-end, kind="stable")  # start order, parents (longer) first: a lexsort
+    order = o1[np.argsort(ts[o1], kind="stable")]
+    if not one_lane:
+        order = order[np.argsort(lane[order], kind="stable")]
+    zero = (end == ts)[order]
+    spans, points = order[~zero], order[zero]
+    # Laid out in the order wanted among events of one time (a stable sort by time keeps it):
+    # ends (innermost first), begins (outermost first), zero-length begin/end pairs.
+    slices = np.concatenate([spans[::-1], spans, np.repeat(points, 2)])
+    is_end = np.concatenate(
+        [
+            np.ones(spans.size, dtype=bool),
+            np.zeros(spans.size, dtype=bool),
+            np.tile(np.array([False, True]), points.size),
+        ]
+    )
+    time = np.where(is_end, end[slices], ts[slices])
+    seq = np.argsort(time, kind="stable")
+    if not one_lane:
+        seq = seq[np.argsort(lane[slices][seq], kind="stable")]
+    slices, is_end = slices[seq], is_end[seq]
+    depth = np.cumsum(np.where(is_end, -1, 1))  # per lane: each lane's events sum to 0
+    if depth.size and depth.min() < 0:
+        return None
+    level = np.where(is_end, depth + 1, depth)
+    if level.size and level.max() < np.iinfo(np.int16).max:
+        level = level.astype(np.int16)  # a radix sort
+    paired = np.argsort(level, kind="stable") if one_lane else np.lexsort((level, lane[slices]))
+    opened, closed = paired[0::2], paired[1::2]
+    if is_end[opened].any() or not is_end[closed].all():
+        return None
+    if (slices[opened] != slices[closed]).any():
+        return None
+    return slices, is_end
+
+
+def _assign_lanes(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Lane of each slice where they do not all nest: the first lane whose open slices it
+    nests in (in start order, parents first), a new one when none (as `_Lanes.place`)."""
+    lane = np.zeros(ts.size, dtype=np.int64)
+    stacks: list[list[int]] = [[]]
+    starts, ends = ts.tolist(), end.tolist()
+    for i in np.lexsort((-end, ts)).tolist():
+        t, e = starts[i], ends[i]
+        for k, stack in enumerate(stacks):
+            while stack and stack[-1] <= t:
+                stack.pop()
+            if not stack or e <= stack[-1]:
+                stack.append(e)
+                lane[i] = k
+                break
+        else:
+            stacks.append([e])
+            lane[i] = len(stacks) - 1
+    return lane
+
 
 class _Writer:
     """Writes TracePackets: track descriptors straight to the output; events to a spill file,
@@ -142,6 +418,7 @@ class _Writer:
         self._event_ts = array("q")  # per spilled event: timestamp, offset and size of its bytes
         self._event_offset = array("q")
         self._event_size = array("q")
+        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # bulk index entries
         self._spilled = 0
         self.packets = 0
         self.tracks = 0
@@ -181,22 +458,100 @@ class _Writer:
     def finish(self) -> None:
         """Write the interned strings, then every spilled event in timestamp order (stable:
         events of equal timestamp keep the order they were made in, so each track's begins and
-        ends stay balanced)."""
+        ends stay balanced). Events are copied a chunk at a time with numpy gathers."""
         self._write_interned()
         self._spill.flush()
-        if not self._event_ts:
+        ts, offsets, sizes = self._index()
+        if not ts.size:
             return
-        ts = np.frombuffer(self._event_ts, dtype=np.int64)
-        offsets = np.frombuffer(self._event_offset, dtype=np.int64)
-        sizes = np.frombuffer(self._event_size, dtype=np.int64)
         order = np.argsort(ts, kind="stable")
+        offsets, sizes = offsets[order], sizes[order]
         with mmap.mmap(self._spill.fileno(), 0, access=mmap.ACCESS_READ) as spilled:
-            view = memoryview(spilled)
-            write = self._out.write
-            for start, size in zip(offsets[order].tolist(), sizes[order].tolist(), strict=True):
-                write(view[start : start + size])
-            view.release()
-        self.packets += len(order)
+            data = np.frombuffer(spilled, dtype=np.uint8)
+            for first in range(0, order.size, _COPY_EVENTS):
+                chunk = slice(first, first + _COPY_EVENTS)
+                start, size = offsets[chunk], sizes[chunk]
+                ends = np.cumsum(size)
+                # Byte k of the chunk's output comes from the spill at k - (its event's output
+                # start - the event's spill offset).
+                shift = np.repeat(start - (ends - size), size)
+                self._out.write(data[np.arange(int(ends[-1]), dtype=np.int64) + shift].tobytes())
+            del data
+        self.packets += int(order.size)
+
+    def _index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every spilled event's timestamp, offset and size, in the order they were made."""
+        self._flush_index()
+        if not self._chunks:
+            return (np.empty(0, dtype=np.int64),) * 3  # type: ignore[return-value]
+        return tuple(np.concatenate(parts) for parts in zip(*self._chunks, strict=True))  # type: ignore[return-value]
+
+    def _flush_index(self) -> None:
+        """The one-at-a-time index entries so far as a chunk (keeps the order of making)."""
+        if self._event_ts:
+            self._chunks.append(
+                tuple(
+                    np.frombuffer(a, dtype=np.int64).copy()
+                    for a in (self._event_ts, self._event_offset, self._event_size)
+                )
+            )
+            self._event_ts, self._event_offset, self._event_size = (array("q") for _ in "tos")
+
+    def slices(
+        self,
+        ts: np.ndarray,
+        end: np.ndarray,
+        track: np.ndarray,
+        name: np.ndarray,
+        category: np.ndarray,
+        sequence: tuple[np.ndarray, np.ndarray],
+        args: Sequence[tuple[int, _Arg]] = (),
+        terminating: Sequence[np.ndarray] = (),
+    ) -> None:
+        """Many slices' begin and end packets at once, encoded with numpy. Per slice: `ts` and
+        `end` (ns), its lane's `track` uuid, `name` and `category` iids; `args`: (name iid,
+        values) per debug annotation; `terminating`: flow ids (0: none), one array per flow a
+        slice may end. `sequence` (slices, is_end): the order the events are made in
+        (`_nesting_sequence`), which the timestamp sort keeps at equal times."""
+        n = ts.size
+        if not n:
+            return
+        event = _Bulk(n)
+        event.varint(_TAG_CATEGORY, category)
+        for name_iid, arg in args:
+            arg.add_to(event, name_iid)
+        event.const(_BEGIN_TYPE)
+        event.varint(_TAG_NAME, name)
+        event.varint(_TAG_TRACK, track)
+        for flows in terminating:
+            event.fixed64(_TAG_TERMINATING, flows.astype(np.uint64), flows != 0)
+        begins = _Bulk(n)
+        begins.varint(_TAG_TIMESTAMP, ts)
+        begins.const(_SEQUENCE)
+        begins.message(_TAG_TRACK_EVENT, event)
+        begins.const(_NEEDS_FLAGS)
+        ending = _Bulk(n)
+        ending.const(_END_TYPE)
+        ending.varint(_TAG_TRACK, track)
+        ends = _Bulk(n)
+        ends.varint(_TAG_TIMESTAMP, end)
+        ends.const(_SEQUENCE)
+        ends.message(_TAG_TRACK_EVENT, ending)
+        offsets = []
+        for bulk in (begins, ends):
+            data, offset, size = bulk.encode()
+            offsets.append((offset + self._spilled, size))
+            self._spill.write(data.data)
+            self._spilled += data.size
+        rows, is_end = sequence
+        self._flush_index()
+        self._chunks.append(
+            (
+                np.where(is_end, end[rows], ts[rows]),
+                np.where(is_end, offsets[1][0][rows], offsets[0][0][rows]),
+                np.where(is_end, offsets[1][1][rows], offsets[0][1][rows]),
+            )
+        )
 
     def _write_interned(self) -> None:
         tables = (
@@ -272,6 +627,28 @@ class _Writer:
         if iid is None:
             iid = table[value] = len(table) + 1
         return iid
+
+    def category_iid(self, category: str) -> int:
+        return self._intern(self._categories, category)
+
+    def arg_name(self, name: str) -> int:
+        return self._intern(self._arg_names, name)
+
+    def name_iids(self, names: pd.Series | pd.Categorical) -> np.ndarray:
+        """The event-name iid of each value (strings; a categorical's missing ones: "")."""
+        values = pd.Categorical(names) if isinstance(names, pd.Series) else names
+        table = np.array(
+            [self._intern(self._names, str(c)) for c in values.categories] + [0], dtype=np.int64
+        )
+        codes = np.asarray(values.codes, dtype=np.int64)
+        if (codes < 0).any():
+            table[-1] = self._intern(self._names, "")
+        return table[codes]
+
+    def category_iids(self, categories: np.ndarray) -> np.ndarray:
+        values = pd.Categorical(categories)
+        table = np.array([self.category_iid(str(c)) for c in values.categories], dtype=np.int64)
+        return table[np.asarray(values.codes, dtype=np.int64)]
 
     def begin(
         self,
@@ -606,49 +983,74 @@ class _RankWriter:
         stream = kernels["stream"].to_numpy(dtype=np.int64)
         starts = to_ns(kernels["ts"].to_numpy(dtype=np.float64))
         ends = to_ns(kernels["end"].to_numpy(dtype=np.float64))
-        names = kernels["name"].astype(str).tolist()
-        kinds = kernels["kind"].tolist()
-        columns = {
-            name: kernels[name].tolist()
+        names = self.w.name_iids(kernels["name"].astype(str))
+        kinds = kernels["kind"].astype(object).to_numpy()
+        categories = self.w.category_iids(
+            np.array([CAT_KERNEL.get(k, "kernel") for k in kinds.tolist()], dtype=object)
+        )
+        args = [
+            (self.w.arg_name(name), _Arg(self.w, kernels[name]))
             for name in ("kind", "step", "block", "phase", "correlation")
             if name in kernels
-        }
+        ]
+        most = max((len(f) for f in flows.values()), default=0)
+        terminating = [np.zeros(len(kernels), dtype=np.int64) for _ in range(most)]
+        for row, ids in flows.items():
+            for k, flow in enumerate(ids):
+                terminating[k][row] = flow
         several_devices = np.unique(device).size > 1
         pairs = sorted(
             {(int(d), int(s)) for d, s in zip(device.tolist(), stream.tolist(), strict=True)},
             key=lambda p: self._stream_key(p[1], p[0]),
         )
-        order = _slice_order(starts, ends, device, stream)
-        bounds = np.flatnonzero(
-            np.diff(device[order]) | np.diff(stream[order])
-        ).tolist()  # group edges
-        groups = np.split(order, [b + 1 for b in bounds])
-        by_pair = {(int(device[g[0]]), int(stream[g[0]])): g for g in groups}
+        order = np.lexsort((stream, device))
+        bounds = np.flatnonzero(np.diff(device[order]) | np.diff(stream[order])) + 1
+        by_pair = {(int(device[g[0]]), int(stream[g[0]])): g for g in np.split(order, bounds)}
+        tracks = np.zeros(len(kernels), dtype=np.int64)
+        sequences = []
         for rank_in_process, (dev, sid) in enumerate(pairs):
             role = self.rank.streams.get(sid)
             name = f"stream {sid}" + (f" ({role})" if role else "")
             if several_devices:
                 name = f"GPU {dev} {name}"
-            order_rank = 10_000 + 100 * rank_in_process
-            uuid0 = self.w.track(
-                name, parent=self.process, pid=self.pid, tid=self.w.new_tid(), order=order_rank
+            rows = by_pair[(dev, sid)]
+            sequences.append(
+                self._thread(name, 10_000 + 100 * rank_in_process, rows, starts, ends, tracks)
             )
-            lanes = _Lanes(self.w, name, self.process, order_rank, uuid0)
-            for i in by_pair[(dev, sid)].tolist():
-                ts, end = int(starts[i]), int(ends[i])
-                uuid = lanes.place(ts, end)
-                args = [(key, values[i]) for key, values in columns.items()]
-                self.w.begin(
-                    ts,
-                    uuid,
-                    names[i],
-                    CAT_KERNEL.get(kinds[i], "kernel"),
-                    args,
-                    terminating=flows.get(i, ()),
-                )
-            lanes.close()
-            self.lanes += lanes.extra
+        rows, is_end = (np.concatenate(parts) for parts in zip(*sequences, strict=True))
+        self.w.slices(starts, ends, tracks, names, categories, (rows, is_end), args, terminating)
         self.counts["gpu"] += len(kernels)
+
+    def _thread(
+        self,
+        name: str,
+        order_rank: int,
+        rows: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        tracks: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Declare a thread track for the slices at `rows` (and more lanes where they do not
+        nest), set each one's track in `tracks`; returns the order of their events (rows)."""
+        uuid0 = self.w.track(
+            name, parent=self.process, pid=self.pid, tid=self.w.new_tid(), order=order_rank
+        )
+        ts, end = starts[rows], ends[rows]
+        lane = np.zeros(rows.size, dtype=np.int64)
+        sequence = _nesting_sequence(ts, end, lane)
+        if sequence is None:
+            lane = _assign_lanes(ts, end)
+            sequence = _nesting_sequence(ts, end, lane)
+            assert sequence is not None, "lanes always nest"
+        uuids = [uuid0]
+        for k in range(1, int(lane.max()) + 1):
+            uuids.append(
+                self.w.track(f"{name} [{k + 1}]", parent=self.process, order=order_rank + k)
+            )
+        tracks[rows] = np.array(uuids, dtype=np.int64)[lane]
+        self.lanes += len(uuids) - 1
+        local, is_end = sequence
+        return rows[local], is_end
 
     def _stream_key(self, stream: int, device: int) -> tuple[int, int, int]:
         role = self.rank.streams.get(stream, "")
@@ -656,43 +1058,43 @@ class _RankWriter:
         return (device, rank, stream)
 
     # -- CPU threads ------------------------------------------------------------------------
-    def _cpu_threads(self) -> None:
+    def _cpu_slices(self) -> CpuSlices:
+        """The rank's CPU slices: kept by its analysis (`rank.keeping_cpu_slices`), else read
+        from its trace again (through the cache when allowed)."""
+        kept = self.rank.cpu_slices
+        if kept is not None:
+            return kept
         trace = load_trace(self.rank.path, cache=self.cache)
-        events = trace.events
-        kinds = classify.event_kinds(events)
-        rows = np.flatnonzero((kinds == classify.CPU_OP) | (kinds == classify.ANNOTATION))
-        if rows.size == 0:
+        return CpuSlices.of(trace, classify.event_kinds(trace.events))
+
+    def _cpu_threads(self) -> None:
+        cpu = self._cpu_slices()
+        n = cpu.ts.size
+        if n == 0:
             return
-        pid = events["pid"].to_numpy()[rows]
-        tid = events["tid"].to_numpy()[rows]
-        starts = to_ns(events["ts"].to_numpy()[rows])
-        ends = to_ns(events["end"].to_numpy()[rows])
-        names = events["name"].array
-        categories = [str(c) for c in names.categories]
-        codes = names.codes[rows]
-        cats = [CAT_CPU[k] for k in kinds[rows].tolist()]
-        thread_names = trace.thread_names
-        del trace, events, names, kinds
-        order = _slice_order(starts, ends, pid, tid)
+        pid, tid = cpu.pid, cpu.tid
+        starts, ends = to_ns(cpu.ts), to_ns(cpu.end)
+        names = self.w.name_iids(pd.Categorical.from_codes(cpu.name, cpu.names, validate=False))
+        category = np.array(
+            [self.w.category_iid(CAT_CPU[k]) for k in (classify.CPU_OP, classify.ANNOTATION)]
+        )
+        categories = category[(cpu.kind == classify.ANNOTATION).astype(np.int64)]
+        order = np.lexsort((tid, pid))
         edges = np.flatnonzero(np.diff(pid[order]) | np.diff(tid[order])) + 1
-        groups = sorted(np.split(order, edges), key=lambda g: (int(starts[g[0]]), int(tid[g[0]])))
-        code_list = codes.tolist()
+        groups = sorted(
+            np.split(order, edges),
+            key=lambda g: (int(starts[g].min()), int(tid[g[0]])),
+        )
+        tracks = np.zeros(n, dtype=np.int64)
+        sequences = []
         for position, group in enumerate(groups):
             key = (int(pid[group[0]]), int(tid[group[0]]))
-            name = thread_names.get(key) or f"thread {key[1]}"
+            name = cpu.thread_names.get(key) or f"thread {key[1]}"
             order_rank = 100_000 + 100 * position
-            uuid0 = self.w.track(
-                name, parent=self.process, pid=self.pid, tid=self.w.new_tid(), order=order_rank
-            )
-            lanes = _Lanes(self.w, name, self.process, order_rank, uuid0)
-            for i in group.tolist():
-                ts, end = int(starts[i]), int(ends[i])
-                uuid = lanes.place(ts, end)
-                code = code_list[i]
-                self.w.begin(ts, uuid, categories[code] if code >= 0 else "", cats[i])
-            lanes.close()
-            self.lanes += lanes.extra
-        self.counts["cpu"] += int(rows.size)
+            sequences.append(self._thread(name, order_rank, group, starts, ends, tracks))
+        rows, is_end = (np.concatenate(parts) for parts in zip(*sequences, strict=True))
+        self.w.slices(starts, ends, tracks, names, categories, (rows, is_end))
+        self.counts["cpu"] += n
 
 
 def write_perfetto(
