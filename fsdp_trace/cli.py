@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 import shlex
 import sys
 import typing
@@ -22,6 +23,60 @@ from fsdp_trace.errors import UserError
 from fsdp_trace.knobs import KNOB_NAMES
 from fsdp_trace.present.fmt import plural
 
+_SLOW = object()
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+class _Coercion:
+    """A parameter's value coercion without pydantic where the value is plainly of its type
+    (text for `str`, decimal digits for `int`, texts for `list[str]`): typer (0.20+) builds a
+    pydantic TypeAdapter per parameter, and importing pydantic is ~60 ms of every command.
+    Any other value or type goes through typer's own coercion (its errors word for word)."""
+
+    def __init__(self, param: Any, slow: Any) -> None:
+        descriptor = param.type_descriptor
+        info = descriptor.parameter_info
+        plain = info.parser is None and info.min is None and info.max is None
+        annotation = descriptor.annotation
+        self.kind = None
+        if plain and annotation is str:
+            self.kind = "str"
+        elif plain and annotation is int:
+            self.kind = "int"
+        elif plain and typing.get_origin(annotation) is list and annotation == list[str]:
+            self.kind = "list[str]"
+        self.slow = slow  # typer's own, built on first use
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        multi = param.multiple or param.nargs == -1
+        fast = _SLOW
+        if value is None:
+            fast = () if multi else None
+        elif self.kind == "str" and type(value) is str and not multi:
+            fast = value
+        elif self.kind == "int" and not multi:
+            if type(value) is int:
+                fast = value
+            elif type(value) is str and _INTEGER.fullmatch(value):
+                fast = int(value)
+        elif (
+            self.kind == "list[str]"
+            and isinstance(value, list | tuple)
+            and all(type(v) is str for v in value)
+        ):
+            fast = list(value)
+        if fast is not _SLOW:
+            return fast
+        return self.slow().coerce(value, param=param, ctx=ctx)
+
+
+def _fast_runtime_param(param: Any, typer_runtime_param: Any) -> Any:
+    """`_TyperParameter.get_runtime_param` through `_Coercion` (typer 0.20+; older typers
+    never call it)."""
+    if getattr(param, "_fast_coercion", None) is None:
+        param._fast_coercion = _Coercion(param, typer_runtime_param)
+    return param._fast_coercion
+
 
 class _PlainOption(TyperOption):
     """An option whose help shows a plain value name (`INTEGER`, `DIR`, `true|false|N`), or
@@ -31,6 +86,9 @@ class _PlainOption(TyperOption):
         if self.is_flag or self.count:
             return None
         return self.metavar or _type_name(self.bare_type())
+
+    def get_runtime_param(self) -> Any:
+        return _fast_runtime_param(self, super().get_runtime_param)
 
 
 class _PlainArgument(TyperArgument):
@@ -48,6 +106,9 @@ class _PlainArgument(TyperArgument):
     def _usage_display_name(self) -> str:
         name = self._name() if self.required else f"[{self._name()}]"
         return name + ("..." if self.nargs != 1 else "")
+
+    def get_runtime_param(self) -> Any:
+        return _fast_runtime_param(self, super().get_runtime_param)
 
 
 TYPE_NAMES = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "bool": "BOOLEAN"}
