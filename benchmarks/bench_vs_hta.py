@@ -75,6 +75,7 @@ class Run:
     status: str  # "ok", "timeout", "rss cap", "failed (rc N)"
     out: dict = field(default_factory=dict)
     err: str = ""
+    cpu_s: float = 0.0  # user + system seconds of the child and the children it waited for
 
 
 def measure(
@@ -140,7 +141,8 @@ def measure(
             out = json.loads(stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             status[0] = "no result"
-    return Run(wall, peak[0], usage.ru_maxrss * 1024, status[0], out, stderr[-2000:])
+    cpu = usage.ru_utime + usage.ru_stime
+    return Run(wall, peak[0], usage.ru_maxrss * 1024, status[0], out, stderr[-2000:], cpu)
 
 
 def median_run(runs: list[Run]) -> Run:
