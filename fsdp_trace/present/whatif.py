@@ -100,7 +100,7 @@ def prediction_view(p: Prediction, run_name: str) -> PredictionView:
     table = Table(
         "whatif",
         f"What if {p.knobs.describe()} ({run_name}; ms per step, the slowest rank)",
-        ["", "measured", "predicted", "change"],
+        ["", "now", "predicted", "change"],
         rows,
     )
     return PredictionView(table.title, table, _rank_table(p), basis(p))
@@ -119,7 +119,7 @@ def _rank_table(p: Prediction) -> Table | None:
         ]
         for r in p.ranks
     ]
-    headers = ["rank", "step ms", "predicted", "exposed ms", "predicted exposed"]
+    headers = ["rank", "now ms (replay)", "predicted", "exposed ms (replay)", "predicted exposed"]
     return Table("whatif-ranks", "Per rank", headers, rows)
 
 
@@ -132,13 +132,14 @@ def basis(p: Prediction) -> list[str]:
         else f"{scale:.2f}"
     )
     lines = [
-        f"measured: {b.basis}; the traced step {p.step} ({fmt.ms(b.traced_step_us, ' ms')}) "
-        "replayed for the split",
+        f"now: {b.basis}; its split is the traced step {p.step} "
+        f"({fmt.ms(b.traced_step_us, ' ms')}) replayed unchanged (`fsdp-trace analyze` gives "
+        "that step's measured breakdown)",
         f"host launch times × {host} ({b.host_basis}); compute beside NCCL "
         f"{fmt.fraction_pct(b.tax)} slower (measured overlap tax)",
         f"uncertainty: run-to-run spread of the measured step ({fmt.ms(b.spread_us, ' ms')}) and "
-        f"{fmt.fraction_pct(MODEL_ERROR)} of the change (the model's error on the validation "
-        "pairs)",
+        f"{fmt.fraction_pct(MODEL_ERROR)} of the predicted step (the model's error on the real "
+        "validation pairs, README 'What if')",
     ]
     return lines + p.notes
 
@@ -218,8 +219,11 @@ def knob_change(base: RunRecord, other: RunRecord) -> Knobs | None:
 
 
 def measured_points(run, peers) -> dict[str, float]:
-    """Per change (its description), the median step another run of the same job measured
-    with it: the "measured point" beside a prediction."""
+    """Per change (its description), the step another run of the same job measured with it,
+    in the statistic predictions start from (`whatif.ANCHOR`): the "measured point" beside a
+    prediction."""
+    from fsdp_trace.whatif import ANCHOR
+
     if run.run is None:
         return {}
     out = {}
@@ -227,8 +231,10 @@ def measured_points(run, peers) -> dict[str, float]:
         if other is run or other.run is None or other.run.figures.step_time_ms is None:
             continue
         change = knob_change(run.run, other.run)
-        if change is not None and other.run.figures.step_time_ms.median:
-            out[change.describe()] = float(other.run.figures.step_time_ms.median) * 1e3
+        stats = other.run.figures.step_time_ms
+        value = getattr(stats, ANCHOR) or stats.median
+        if change is not None and value:
+            out[change.describe()] = float(value) * 1e3
     return out
 
 
@@ -255,7 +261,9 @@ def payload(p: Prediction, run_name: str) -> dict[str, Any]:
             "step_us": p.measured_step_us,
             "basis": b.basis,
             "traced_step_us": b.traced_step_us,
-            "breakdown": _parts(worst_before, p.residual_us),
+            # the traced step replayed unchanged (the measured step's split as the model
+            # sees it; the analysis's `ranks[].breakdown` is the trace's own)
+            "replayed_breakdown": _parts(worst_before, p.residual_us),
             "peak_memory_gib": p.peak_memory_gib,
         },
         "predicted": {
@@ -269,7 +277,7 @@ def payload(p: Prediction, run_name: str) -> dict[str, Any]:
         "ranks": [
             {
                 "rank": r.rank,
-                "measured": {
+                "replayed": {
                     "step_us": r.measured_step_us + p.residual_us,
                     "breakdown": _parts(r.measured, p.residual_us),
                 },

@@ -9,6 +9,7 @@ communication, FSDP's copies, the optimizer and the host's launch time as they w
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, fields
 
@@ -96,6 +97,8 @@ def _value(name: str, raw: str, text: str) -> object:
         number = float(raw)
     except ValueError:
         raise UserError(f"--set {text!r}: {name} takes a number") from None
+    if not math.isfinite(number):
+        raise UserError(f"--set {text!r}: {name} takes a finite number")
     if name == "ac_coverage" and not 0.0 <= number <= 1.0:
         raise UserError(f"--set {text!r}: ac_coverage is a fraction in [0, 1]")
     if name in ("prefetch_forward", "prefetch_backward", "batch_size"):
@@ -176,8 +179,10 @@ def _reshard_targets(knobs: Knobs, ctx: Context) -> dict[str, bool]:
     out: dict[str, bool] = {}
     if knobs.reshard_after_forward is not None:
         out.update(dict.fromkeys(ctx.blocks, knobs.reshard_after_forward))
-    if knobs.keep_last_unsharded and ctx.blocks:
-        out[ctx.blocks[-1]] = False
+    if knobs.keep_last_unsharded is not None and ctx.blocks:
+        # kept unsharded: no reshard; undone: the last block reshards like the others
+        last = ctx.blocks[-1]
+        out[last] = False if knobs.keep_last_unsharded else out.get(last, True)
     if knobs.root_reshard_after_forward is not None:
         out[ROOT] = knobs.root_reshard_after_forward
     return out
