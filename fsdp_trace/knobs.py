@@ -32,4 +32,5 @@ KNOB_NAMES = (
     "batch_size",
     "batch_scale",
     "accum_no_sync",
+    "unsharded_units",  # what-if only: these units keep their parameters after forward
 )

@@ -274,3 +274,16 @@ def test_a_run_with_the_change_is_the_measured_point_in_the_same_statistic(tmp_p
     points = measured_points(run, both.runs)
     other = json.loads((SAMPLES / "whatif-1gpu/gpt-small-b8-ac0/run.json").read_text())
     assert points == {"batch_size=8": pytest.approx(other["figures"]["step_time_ms"]["p10"] * 1e3)}
+
+
+def test_reshard_per_unit_matches_the_same_change_made_another_way():
+    """Keeping only the last block unsharded, named as a unit, is keep_last_unsharded."""
+    run = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu", detailed=False).only
+    last = run.config.blocks[-1]
+    by_unit = predict(run, parse([f"unsharded_units={last}"]))
+    by_knob = predict(run, Knobs(keep_last_unsharded=True))
+    assert by_unit.predicted_step_us == pytest.approx(by_knob.predicted_step_us)
+    both = predict(run, parse([f"unsharded_units={run.config.blocks[-2]},{last}"]))
+    assert both.predicted_step_us != pytest.approx(by_knob.predicted_step_us)
+    with pytest.raises(UserError, match="no unit 'layers\\.99'"):
+        predict(run, parse(["unsharded_units=layers.99"]))

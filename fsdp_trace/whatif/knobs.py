@@ -42,6 +42,9 @@ class Knobs:
     batch_size: int | None = None  # local batch (compute scales with tokens)
     batch_scale: float | None = None  # the same as a factor, when run.json has no batch
     accum_no_sync: bool | None = None  # reduce gradients on the last micro-batch only
+    # reshard_after_forward per unit: these units ("layers.6,layers.7") keep their parameters
+    # after forward (fully_shard(block, reshard_after_forward=False) on each)
+    unsharded_units: str | None = None
 
     def changed(self) -> dict[str, object]:
         return {
@@ -89,6 +92,11 @@ def _value(name: str, raw: str, text: str) -> object:
         if lower in ("false", "0", "no"):
             return False
         raise UserError(f"--set {text!r}: {name} takes true or false")
+    if name == "unsharded_units":
+        units = [u.strip() for u in raw.split(",") if u.strip()]
+        if not units:
+            raise UserError(f"--set {text!r}: name the units, e.g. unsharded_units=layers.7")
+        return ",".join(units)
     if name == "reduce_dtype":
         if lower not in DTYPE_BYTES:
             raise UserError(f"--set {text!r}: reduce_dtype takes {', '.join(DTYPE_BYTES)}")
@@ -185,6 +193,14 @@ def _reshard_targets(knobs: Knobs, ctx: Context) -> dict[str, bool]:
         out[last] = False if knobs.keep_last_unsharded else out.get(last, True)
     if knobs.root_reshard_after_forward is not None:
         out[ROOT] = knobs.root_reshard_after_forward
+    if knobs.unsharded_units:
+        for unit in knobs.unsharded_units.split(","):
+            if unit not in ctx.blocks and unit != ROOT:
+                raise UserError(
+                    f"--set unsharded_units: no unit {unit!r} in this run (its units: "
+                    f"{', '.join([*ctx.blocks, ROOT][:12])})"
+                )
+            out[unit] = False
     return out
 
 
