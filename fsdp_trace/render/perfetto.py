@@ -30,7 +30,7 @@ import numbers
 import tempfile
 import time
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -82,12 +82,29 @@ CONSUMER_PHASES = {
     "recompute": ("recompute", "backward"),
 }
 STREAM_ORDER = {"compute": 0, "compute (side)": 1}  # then NCCL streams, then copy streams
+# Arguments of the collective slices, in this order (algbw/busbw named with GBps).
+COLLECTIVE_ARGS = (
+    "collective",
+    "block",
+    "phase",
+    "step",
+    "issued_by",
+    "prefetched",
+    "bytes",
+    "dur_us",
+    "exposed_us",
+    "algbw_gbps",
+    "busbw_gbps",
+    "group_size",
+    "dtype",
+    "stream",
+    "kernel",
+)
 
 _BEGIN = TrackEvent.TYPE_SLICE_BEGIN
 _END = TrackEvent.TYPE_SLICE_END
 _COUNTER = TrackEvent.TYPE_COUNTER
 _CLEARED = TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-_NEEDS = TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 _EXPLICIT = TrackDescriptor.ChildTracksOrdering.Value("EXPLICIT")
 
 
@@ -138,6 +155,7 @@ _BEGIN_TYPE = bytes([0x48, _BEGIN])  # TrackEvent.type = 9
 _END_TYPE = bytes([0x48, _END])
 _TAG_NAME = b"\x50"  # TrackEvent.name_iid = 10
 _TAG_TRACK = b"\x58"  # TrackEvent.track_uuid = 11
+_TAG_FLOW = b"\xf9\x02"  # TrackEvent.flow_ids = 47, fixed64
 _TAG_TERMINATING = b"\x81\x03"  # TrackEvent.terminating_flow_ids = 48, fixed64
 _TAG_ARG_NAME = b"\x08"  # DebugAnnotation.name_iid = 1
 _TAG_ARG_BOOL = b"\x10"  # bool_value = 2
@@ -148,9 +166,19 @@ _VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 _SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
 
 
-def _varint_len(values: np.ndarray) -> np.ndarray:
-    """Bytes of each value's varint (uint64 view: negative int64 take 10)."""
-    return np.searchsorted(_VARINT_STEPS, values, side="right").astype(np.int64) + 1
+def _varint_len(values: np.ndarray) -> np.ndarray | int:
+    """Bytes of each value's varint (uint64 view: negative int64 take 10); one int when they
+    all take the same."""
+    if not values.size:
+        return 1
+    low, high = values.min(), values.max()
+    steps = _VARINT_STEPS[high >= _VARINT_STEPS]
+    if not steps.size or steps[-1] <= low:  # one length for all
+        return int(steps.size) + 1
+    out = np.ones(values.size, dtype=np.int8)
+    for step in steps:
+        out += values >= step
+    return out
 
 
 class _Bulk:
@@ -182,31 +210,34 @@ class _Bulk:
 
     def atoms(
         self, mask: np.ndarray | None = None
-    ) -> tuple[list[tuple[str, Any, np.ndarray]], np.ndarray]:
-        """(kind, bytes or values, byte length per message) of every atom, in wire order,
-        and each message's total length; absent atoms have length 0."""
-        out: list[tuple[str, Any, np.ndarray]] = []
-        total = np.zeros(self.n, dtype=np.int64)
+    ) -> tuple[list[tuple[str, Any, np.ndarray | int]], np.ndarray | int]:
+        """(kind, bytes or values, byte length: per message, or one int for all) of every
+        atom, in wire order, and each message's total length; absent atoms have length 0."""
+        out: list[tuple[str, Any, np.ndarray | int]] = []
+        total: np.ndarray | int = 0
 
-        def add(kind: str, value: Any, length: np.ndarray, present: np.ndarray | None) -> None:
+        def add(kind: str, value: Any, length: np.ndarray | int, present: Any) -> None:
+            nonlocal total
             if present is not None:
-                length = np.where(present, length, 0)
+                length = np.where(present, length, 0).astype(np.int8)
             out.append((kind, value, length))
-            total[:] += length
+            total = total + (length.astype(np.int64) if isinstance(length, np.ndarray) else length)
 
         for kind, tag, value, present in self.parts:
             if mask is not None:
                 present = mask if present is None else mask & present
-            add("const", tag, np.full(self.n, len(tag), dtype=np.int64), present)
+            add("const", tag, len(tag), present)
             if kind == "varint":
                 add("varint", value, _varint_len(value), present)
             elif kind == "fixed64":
-                add("fixed64", value, np.full(self.n, 8, dtype=np.int64), present)
+                add("fixed64", value, 8, present)
             elif kind == "message":
                 inner, size = value.atoms(present)
-                add("varint", size.view(np.uint64), _varint_len(size.view(np.uint64)), present)
+                sizes = np.broadcast_to(np.asarray(size, dtype=np.int64), (self.n,))
+                sizes = sizes.view(np.uint64)
+                add("varint", sizes, _varint_len(sizes), present)
                 out.extend(inner)
-                total += size
+                total = total + size
         return out, total
 
     def encode(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -214,10 +245,11 @@ class _Bulk:
         one's size). Messages of one group lie together (offsets are not in message order)."""
         framed = _Bulk(self.n)
         framed.message(b"\x0a", self)
-        atoms, sizes = framed.atoms()
-        atoms = [a for a in atoms if a[2].any()]
+        atoms, total = framed.atoms()
+        sizes = np.broadcast_to(np.asarray(total, dtype=np.int64), (self.n,))
         key = np.zeros(self.n, dtype=np.int64)
-        for i, (_, _, length) in enumerate(atoms):  # lengths are at most 10: base 11
+        varying = [length for _, _, length in atoms if not np.isscalar(length)]
+        for i, length in enumerate(varying):  # lengths are at most 10: base 11
             key = key * 11 + length
             if i % 17 == 16:
                 key = np.unique(key, return_inverse=True)[1].astype(np.int64)
@@ -226,40 +258,67 @@ class _Bulk:
         buf = np.empty(int(sizes.sum()), dtype=np.uint8)
         offsets = np.empty(self.n, dtype=np.int64)
         at = 0
-        for rows in np.split(order, edges):
+        for rows in np.split(order, edges) if self.n else []:
             m, size = rows.size, int(sizes[rows[0]])
             block = buf[at : at + m * size].reshape(m, size)
             offsets[rows] = at + size * np.arange(m, dtype=np.int64)
+            every = rows.size == self.n  # one group: the values need no gathering
             col = 0
             for kind, value, length in atoms:
-                width = int(length[rows[0]])
+                width = int(length if np.isscalar(length) else length[rows[0]])
                 if not width:
                     continue
                 if kind == "const":
                     block[:, col : col + width] = np.frombuffer(value, dtype=np.uint8)
                 elif kind == "fixed64":
-                    raw = value[rows].astype("<u8", copy=False)
+                    raw = (value if every else value[rows]).astype("<u8", copy=False)
                     block[:, col : col + 8] = raw.view(np.uint8).reshape(m, 8)
                 else:  # a varint: 7 bits a byte, the high bit set on all but the last
-                    part = (value[rows, None] >> _SHIFTS[:width]) & np.uint64(0x7F)
-                    part[:, :-1] |= np.uint64(0x80)
-                    block[:, col : col + width] = part
+                    _put_varint(block, col, width, value if every else value[rows])
                 col += width
             at += m * size
-        return buf, offsets, sizes
+        return buf, offsets, np.array(sizes)
+
+
+def _put_varint(block: np.ndarray, col: int, width: int, values: np.ndarray) -> None:
+    """Write `values` (uint64, each `width` bytes long as a varint) into columns col.. of
+    `block` (one row per value), a byte column at a time."""
+    part = np.empty(values.size, dtype=np.uint64)
+    for k in range(width):
+        np.right_shift(values, _SHIFTS[k], out=part)
+        np.bitwise_and(part, np.uint64(0x7F), out=part)
+        if k < width - 1:
+            np.bitwise_or(part, np.uint64(0x80), out=part)
+        block[:, col + k] = part
 
 
 class _Arg:
-    """One debug annotation over many slices, split by the type each value takes (as
-    `_Writer.begin` writes one): a string (interned), an integer, a double or a bool; None and
-    NaN leave it out."""
+    """One debug annotation over many slices, split by the type each value takes: a string
+    (interned), an integer, a double or a bool; None and NaN leave it out."""
 
     ABSENT, STRING, INT, DOUBLE, BOOL = range(5)
 
-    def __init__(self, writer: _Writer, values: pd.Series | np.ndarray) -> None:
-        array = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+    def __init__(
+        self, writer: _Writer, values: pd.Series | np.ndarray | list, integral: bool = False
+    ) -> None:
+        """`integral`: an integer-valued float is written as an integer (byte counts)."""
+        if isinstance(values, pd.Series):
+            array = values.to_numpy()
+        elif isinstance(values, list):
+            array = np.empty(len(values), dtype=object)
+            array[:] = values
+        else:
+            array = np.asarray(values)
         n = array.size
         self.n = n
+        if integral and array.dtype.kind == "f":
+            whole = np.isfinite(array) & (array == np.rint(array)) & (np.abs(array) < 2.0**63)
+            self.kind = np.where(
+                np.isnan(array), self.ABSENT, np.where(whole, self.INT, self.DOUBLE)
+            ).astype(np.int8)
+            self.value = np.where(whole, array, 0).astype(np.int64)
+            self.double = array.astype(np.float64)
+            return
         if array.dtype.kind in "iu":
             self.kind = np.full(n, self.INT, dtype=np.int8)
             self.value = array.astype(np.int64)
@@ -276,6 +335,8 @@ class _Arg:
             if not all(type(v) is str or v is None or v != v for v in values):
                 # Mixed types (1, 1.0 and True are one key to factorize): one at a time.
                 codes, values = np.arange(n), array.tolist()
+            if integral:
+                values = [_num(value) for value in values]
             typed = [self._one(writer, strings, value) for value in values]
             self.kind = np.array([k for k, _ in typed], dtype=np.int8)[codes]
             self.value = np.array([v for _, v in typed] or [0], dtype=object)[codes]
@@ -290,7 +351,7 @@ class _Arg:
             self.value = np.zeros(n, dtype=np.int64)
 
     def _one(self, writer: _Writer, strings: dict[str, int], value: Any) -> tuple[int, Any]:
-        """(kind, number) of one value, as `_Writer.begin` types it."""
+        """(kind, number) of one value: its Python type decides."""
         if value is None or value != value:  # None, NaN
             return self.ABSENT, 0
         kind = type(value)
@@ -380,7 +441,7 @@ def _nesting_sequence(
 
 def _assign_lanes(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Lane of each slice where they do not all nest: the first lane whose open slices it
-    nests in (in start order, parents first), a new one when none (as `_Lanes.place`)."""
+    nests in (in start order, parents first), a new one when none."""
     lane = np.zeros(ts.size, dtype=np.int64)
     stacks: list[list[int]] = [[]]
     starts, ends = ts.tolist(), end.tolist()
@@ -507,12 +568,13 @@ class _Writer:
         sequence: tuple[np.ndarray, np.ndarray],
         args: Sequence[tuple[int, _Arg]] = (),
         terminating: Sequence[np.ndarray] = (),
+        flows: Sequence[np.ndarray] = (),
     ) -> None:
         """Many slices' begin and end packets at once, encoded with numpy. Per slice: `ts` and
         `end` (ns), its lane's `track` uuid, `name` and `category` iids; `args`: (name iid,
-        values) per debug annotation; `terminating`: flow ids (0: none), one array per flow a
-        slice may end. `sequence` (slices, is_end): the order the events are made in
-        (`_nesting_sequence`), which the timestamp sort keeps at equal times."""
+        values) per debug annotation; `flows` / `terminating`: flow ids (0: none), one array
+        per flow a slice may start / end. `sequence` (slices, is_end): the order the events
+        are made in (`_nesting_sequence`), which the timestamp sort keeps at equal times."""
         n = ts.size
         if not n:
             return
@@ -523,8 +585,10 @@ class _Writer:
         event.const(_BEGIN_TYPE)
         event.varint(_TAG_NAME, name)
         event.varint(_TAG_TRACK, track)
-        for flows in terminating:
-            event.fixed64(_TAG_TERMINATING, flows.astype(np.uint64), flows != 0)
+        for ids in flows:
+            event.fixed64(_TAG_FLOW, ids.astype(np.uint64), ids != 0)
+        for ids in terminating:
+            event.fixed64(_TAG_TERMINATING, ids.astype(np.uint64), ids != 0)
         begins = _Bulk(n)
         begins.varint(_TAG_TIMESTAMP, ts)
         begins.const(_SEQUENCE)
@@ -650,62 +714,6 @@ class _Writer:
         table = np.array([self.category_iid(str(c)) for c in values.categories], dtype=np.int64)
         return table[np.asarray(values.codes, dtype=np.int64)]
 
-    def begin(
-        self,
-        ts: int,
-        track: int,
-        name: str,
-        category: str,
-        args: Iterable[tuple[str, Any]] = (),
-        flows: Sequence[int] = (),
-        terminating: Sequence[int] = (),
-    ) -> None:
-        """Open a slice; `args` become debug annotations (None / NaN values are left out)."""
-        packet = self._packet()
-        packet.timestamp = ts
-        packet.sequence_flags |= _NEEDS
-        e = packet.track_event
-        e.type = _BEGIN
-        e.track_uuid = track
-        intern = self._intern
-        e.name_iid = intern(self._names, name)
-        e.category_iids.append(intern(self._categories, category))
-        if args:
-            arg_names, strings, add = self._arg_names, self._strings, e.debug_annotations.add
-            for key, value in args:
-                if value is None or value != value:  # None, NaN
-                    continue
-                a = add()
-                a.name_iid = intern(arg_names, key)
-                kind = type(value)
-                if kind is str:
-                    a.string_value_iid = intern(strings, value)
-                elif kind is int:
-                    a.int_value = value
-                elif kind is float:
-                    a.double_value = value
-                elif kind is bool or isinstance(value, np.bool_):
-                    a.bool_value = bool(value)
-                elif isinstance(value, numbers.Integral):
-                    a.int_value = int(value)
-                elif isinstance(value, numbers.Real):
-                    a.double_value = float(value)
-                else:
-                    a.string_value_iid = intern(strings, str(value))
-        if flows:
-            e.flow_ids.extend(flows)
-        if terminating:
-            e.terminating_flow_ids.extend(terminating)
-        self._spill_event(ts, packet)
-
-    def end(self, ts: int, track: int) -> None:
-        packet = self._packet()
-        packet.timestamp = ts
-        e = packet.track_event
-        e.type = _END
-        e.track_uuid = track
-        self._spill_event(ts, packet)
-
     def counter(self, ts: int, track: int, value: float) -> None:
         packet = self._packet()
         packet.timestamp = ts
@@ -715,49 +723,6 @@ class _Writer:
         e.double_counter_value = value
         self._spill_event(ts, packet)
         self.counters += 1
-
-
-class _Lanes:
-    """One logical slice track, split into lanes so that each lane's slices nest strictly.
-
-    Feed slices in (start ascending, end descending) order; `place` closes what ended on the
-    lane it tries, and returns the lane track the slice must open on. Lane 0 is declared by the
-    caller (a thread track, say); later lanes are plain tracks declared on first use."""
-
-    def __init__(self, writer: _Writer, name: str, parent: int, order: int, first: int) -> None:
-        self.writer = writer
-        self.name = name
-        self.parent = parent
-        self.order = order
-        self.uuids = [first]
-        self.stacks: list[list[int]] = [[]]
-
-    def place(self, ts: int, end: int) -> int:
-        for uuid, stack in zip(self.uuids, self.stacks, strict=True):
-            while stack and stack[-1] <= ts:
-                self.writer.end(stack.pop(), uuid)
-            if not stack or end <= stack[-1]:
-                stack.append(end)
-                return uuid
-        k = len(self.uuids)
-        uuid = self.writer.track(f"{self.name} [{k + 1}]", parent=self.parent, order=self.order + k)
-        self.uuids.append(uuid)
-        self.stacks.append([end])
-        return uuid
-
-    def close(self) -> None:
-        for uuid, stack in zip(self.uuids, self.stacks, strict=True):
-            while stack:
-                self.writer.end(stack.pop(), uuid)
-
-    @property
-    def extra(self) -> int:
-        return len(self.uuids) - 1
-
-
-def _slice_order(ts: np.ndarray, end: np.ndarray, *groups: np.ndarray) -> np.ndarray:
-    """Row order by group(s), then start ascending, then end descending (parents first)."""
-    return np.lexsort((-end, ts, *reversed(groups)))
 
 
 PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "recompute": "recompute", "optimizer": "opt"}
@@ -895,73 +860,72 @@ class _RankWriter:
         exposed, coll = self.rank.exposed, self.rank.collectives
         if exposed.empty:
             return
-        lanes = _Lanes(self.w, EXPOSED_TRACK, self.process, 0, track)
         s_us = exposed["start_us"].to_numpy(dtype=np.float64)
         e_us = exposed["end_us"].to_numpy(dtype=np.float64)
         starts, ends = to_ns(s_us), to_ns(e_us)
-        order = _slice_order(starts, ends)
         names = [
             _label(c, b, p)
             for c, b, p in zip(coll["collective"], coll["block"], coll["phase"], strict=True)
         ]
         labels = [" + ".join(names[j] for j in rows) for rows in self.rank.exposed_collectives()]
-        steps = exposed["step"].to_numpy().tolist() if "step" in exposed else [None] * len(s_us)
-        dur = (e_us - s_us).tolist()
-        for i in order.tolist():
-            ts, end = int(starts[i]), int(ends[i])
-            uuid = lanes.place(ts, end)
-            name = f"exposed {labels[i]}" if labels[i] else "exposed"
-            args = (("step", steps[i]), ("dur_us", dur[i]), ("collectives", labels[i] or None))
-            self.w.begin(ts, uuid, name, CAT_EXPOSED, args)
-        lanes.close()
-        self.counts["exposed"] += len(order)
-        self.lanes += lanes.extra
+        n = len(exposed)
+        steps = exposed["step"] if "step" in exposed else np.full(n, None, dtype=object)
+        args = [
+            (self.w.arg_name("step"), _Arg(self.w, steps)),
+            (self.w.arg_name("dur_us"), _Arg(self.w, e_us - s_us)),
+            (self.w.arg_name("collectives"), _Arg(self.w, [x or None for x in labels])),
+        ]
+        titles = [f"exposed {x}" if x else "exposed" for x in labels]
+        tracks = np.zeros(n, dtype=np.int64)
+        rows = np.arange(n)
+        sequence = self._lanes(track, EXPOSED_TRACK, 0, rows, starts, ends, tracks)
+        category = np.full(n, self.w.category_iid(CAT_EXPOSED), dtype=np.int64)
+        self.w.slices(
+            starts, ends, tracks, self.w.name_iids(pd.Series(titles)), category, sequence, args
+        )
+        self.counts["exposed"] += n
 
     def _collectives(self, track: int, flows: dict[int, int]) -> None:
         coll = self.rank.collectives
         if coll.empty:
             return
-        lanes = _Lanes(self.w, COLLECTIVE_TRACK, self.process, 1_000, track)
+        n = len(coll)
         starts = to_ns(coll["start_us"].to_numpy(dtype=np.float64))
         ends = to_ns(coll["end_us"].to_numpy(dtype=np.float64))
-        columns = {
-            name: coll[name].tolist()
-            for name in (
-                "collective",
-                "block",
-                "phase",
-                "step",
-                "issued_by",
-                "prefetched",
-                "bytes",
-                "dur_us",
-                "exposed_us",
-                "algbw_gbps",
-                "busbw_gbps",
-                "group_size",
-                "dtype",
-                "stream",
-                "kernel",
+        names = [
+            collective_name(c, b, p, nbytes, bw, exposed)
+            for c, b, p, nbytes, bw, exposed in zip(
+                coll["collective"].tolist(),
+                coll["block"].tolist(),
+                coll["phase"].tolist(),
+                coll["bytes"].tolist(),
+                coll["busbw_gbps"].tolist(),
+                coll["exposed_us"].tolist(),
+                strict=True,
             )
-        }
+        ]
         arg_names = {"algbw_gbps": "algbw_GBps", "busbw_gbps": "busbw_GBps"}
-        for i in _slice_order(starts, ends).tolist():
-            ts, end = int(starts[i]), int(ends[i])
-            uuid = lanes.place(ts, end)
-            name = collective_name(
-                columns["collective"][i],
-                columns["block"][i],
-                columns["phase"][i],
-                columns["bytes"][i],
-                columns["busbw_gbps"][i],
-                columns["exposed_us"][i],
-            )
-            args = [(arg_names.get(key, key), _num(values[i])) for key, values in columns.items()]
-            flow = flows.get(i)
-            self.w.begin(ts, uuid, name, CAT_COLLECTIVE, args, flows=(flow,) if flow else ())
-        lanes.close()
-        self.counts["collective"] += len(coll)
-        self.lanes += lanes.extra
+        args = [
+            (self.w.arg_name(arg_names.get(key, key)), _Arg(self.w, coll[key], integral=True))
+            for key in COLLECTIVE_ARGS
+        ]
+        flow_ids = np.zeros(n, dtype=np.int64)
+        for row, flow in flows.items():
+            flow_ids[row] = flow
+        tracks = np.zeros(n, dtype=np.int64)
+        sequence = self._lanes(track, COLLECTIVE_TRACK, 1_000, np.arange(n), starts, ends, tracks)
+        category = np.full(n, self.w.category_iid(CAT_COLLECTIVE), dtype=np.int64)
+        self.w.slices(
+            starts,
+            ends,
+            tracks,
+            self.w.name_iids(pd.Series(names)),
+            category,
+            sequence,
+            args,
+            flows=[flow_ids],
+        )
+        self.counts["collective"] += n
 
     def _counter(self, track: int) -> None:
         steps = self.rank.steps
@@ -1035,6 +999,21 @@ class _RankWriter:
         uuid0 = self.w.track(
             name, parent=self.process, pid=self.pid, tid=self.w.new_tid(), order=order_rank
         )
+        return self._lanes(uuid0, name, order_rank, rows, starts, ends, tracks)
+
+    def _lanes(
+        self,
+        uuid0: int,
+        name: str,
+        order_rank: int,
+        rows: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        tracks: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The slices at `rows` on track `uuid0`, and on more lanes ("NAME [2]", ...) where
+        they do not nest; sets each one's track in `tracks`; returns the order of their events
+        (rows, is_end)."""
         ts, end = starts[rows], ends[rows]
         lane = np.zeros(rows.size, dtype=np.int64)
         sequence = _nesting_sequence(ts, end, lane)
