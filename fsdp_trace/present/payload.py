@@ -23,8 +23,15 @@ from fsdp_trace.present.view import notices
 from fsdp_trace.result import Result, RunAnalysis
 
 
+class _Cleaned(list):
+    """Rows `records` already made JSON-safe: `clean` passes them through (a table of a
+    large trace is ~10^5 cells, walked once, not twice)."""
+
+
 def clean(value: Any) -> Any:
     """JSON-safe: NaN and infinities → null, numpy scalars → Python, enums → their value."""
+    if type(value) is _Cleaned:
+        return value
     if isinstance(value, dict):
         return {str(k): clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -39,9 +46,27 @@ def clean(value: Any) -> Any:
 
 
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows as dicts of JSON-safe values (`clean`'s), built a column at a time: numeric
+    columns convert in bulk, and only text/object cells go through `clean` one by one."""
     if frame is None or frame.empty:
         return []
-    return [clean(r) for r in frame.astype(object).where(frame.notna(), None).to_dict("records")]
+    keys = [str(k) for k in frame.columns]
+    columns = [_column_values(frame.iloc[:, i]) for i in range(frame.shape[1])]
+    return _Cleaned(dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True))
+
+
+def _column_values(column: pd.Series) -> list[Any]:
+    """One column's cells as `records` gives them: missing (NaN, None, NA) and infinite
+    numbers → None, numpy scalars → Python ones, text as plain str."""
+    values = column.to_numpy()
+    if values.dtype.kind in "iub":
+        return values.tolist()
+    if values.dtype.kind == "f":
+        cells = values.astype(object)
+        cells[~np.isfinite(values)] = None
+        return cells.tolist()
+    cells = column.astype(object).where(column.notna(), None).tolist()
+    return [clean(v) for v in cells]
 
 
 def _item(item: Item) -> dict[str, Any]:

@@ -18,8 +18,13 @@ from fsdp_trace.result import Result
 
 
 def write_json(result: Result, path: Path) -> None:
-    """Everything (`Result.to_json()`), as --json writes it."""
-    atomic.write_text(path, json.dumps(result.to_json(), indent=1) + "\n")
+    """Everything (`Result.to_json()`), as --json writes it: `json.dumps(..., indent=1)`'s
+    text, made by its C encoder (compact) and indented by msgspec (the same bytes; the
+    indenting encoder is pure Python and ~10x slower)."""
+    import msgspec
+
+    text = msgspec.json.format(json.dumps(result.to_json()).encode(), indent=1)
+    atomic.write_text(path, text.decode() + "\n")
 
 
 CSV_NAMES = ("steps", "breakdown", "blocks", "collectives")  # tables, one NAME.csv each
