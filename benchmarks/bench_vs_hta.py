@@ -2,13 +2,18 @@
 
     python benchmarks/bench_vs_hta.py                      # everything; writes results/speed.md
     python benchmarks/bench_vs_hta.py --quick              # shipped samples only (a minute)
+    python benchmarks/bench_vs_hta.py --cases detailed --out results/speed_detailed.md
 
 Runs in about 35 minutes on 2 cores, most of it HTA on the 1 GB inputs (~13 min for one rank,
 15 min until the limit on eight).
 
 Each measurement is a fresh Python process (imports included):
-  HTA:  `TraceAnalysis(trace_files={rank: path, ...})` + `get_comm_comp_overlap()`;
-  ours: `fsdp_trace.analysis.analyze(paths, jobs=J, cache=False)`, which computes the same
+  HTA:  `TraceAnalysis(trace_files={rank: path, ...})` + `get_comm_comp_overlap()`, with
+        holistictraceanalysis 0.5.0 (installed) and, given --traceinsight DIR (or
+        $FSDP_TRACE_TRACEINSIGHT), with its successor traceinsight 0.6.1 installed apart in DIR
+        (`pip install --no-deps --target DIR traceinsight==0.6.1`: both install the module
+        `hta`) and put first on PYTHONPATH;
+  ours: `fsdp_trace.analyze(paths, jobs=J, cache=False)`, which computes the same
         overlap figure per step plus everything else (steps, per-collective attribution,
         per-block tables, exposed intervals).
 Wall time is the child's; peak RSS is the largest sum of RSS over the child's process tree,
@@ -16,13 +21,15 @@ sampled every 50 ms (HTA parses several ranks in a fork pool; so does `--jobs`),
 largest single process (wait4's ru_maxrss). A tree past --rss-cap or --timeout is killed and
 the row says so. The large inputs are generated under /tmp by make_large_trace.py (real steps of
 the shipped gpt-small capture, replicated); files are read once beforehand so both tools start
-from the page cache.
+from the page cache. The detailed case is the real 40.5 MB detailed trace in
+benchmarks/traces/ (record_shapes + with_stack), gunzipped under --work.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import platform
@@ -53,17 +60,18 @@ print(json.dumps({"in_process_s": time.perf_counter() - t, "overlap_pct": pct}))
 
 OURS_CODE = r"""
 import json, sys, time
-from fsdp_trace.analysis import analyze
+from fsdp_trace import analyze
 files, jobs, cache = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 t = time.perf_counter()
 result = analyze(list(files.values()), jobs=jobs, cache=cache)
+ranks = [r for run in result.runs for r in run.ranks]
 pct = {}
-for r in result.ranks:
+for r in ranks:
     comm = r.steps["comm_us"].sum()
     pct[r.rank] = round(100.0 * r.steps["overlap_us"].sum() / comm, 2) if comm else None
 print(json.dumps({"in_process_s": time.perf_counter() - t, "overlap_pct": pct,
-                  "steps": int(sum(len(r.steps) for r in result.ranks)),
-                  "collectives": int(sum(len(r.collectives) for r in result.ranks))}))
+                  "steps": int(sum(len(r.steps) for r in ranks)),
+                  "collectives": int(sum(len(r.collectives) for r in ranks))}))
 """
 
 
@@ -213,6 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="shipped samples only")
     parser.add_argument("--repeat", type=int, default=3, help="runs per small input (median)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "speed.md")
+    parser.add_argument(
+        "--cases", default="", help="only the inputs whose label holds one of these (comma list)"
+    )
+    parser.add_argument(
+        "--traceinsight",
+        type=Path,
+        default=os.environ.get("FSDP_TRACE_TRACEINSIGHT") or None,
+        help="a folder holding traceinsight 0.6.1 installed apart: HTA runs with it too",
+    )
     args = parser.parse_args(argv)
 
     env = {**os.environ, "FSDP_TRACE_CACHE": "0", "FSDP_TRACE_QUIET": "1", "PYTHONPATH": str(REPO)}
@@ -225,13 +242,33 @@ def main(argv: list[str] | None = None) -> int:
     hta_data = REPO / "tests" / "data" / "hta" / "nccl_data_a100_pt24.json.gz"
     if hta_data.exists():
         cases.append(("HTA's nccl_data_a100 test trace", [hta_data], True))
-    if not args.quick:
+    detailed = REPO / "benchmarks" / "traces" / "gpt-1.3b-b2-ac1.detailed.json.gz"
+    if detailed.exists():
+        plain = args.work / "detailed" / "rank0.json"
+        if not plain.exists():
+            plain.parent.mkdir(parents=True, exist_ok=True)
+            plain.write_bytes(gzip.decompress(detailed.read_bytes()))
+        cases.append(("real detailed trace gpt-1.3b (with_stack, record_shapes)", [plain], True))
+    wanted = [w for w in args.cases.split(",") if w]
+
+    def chosen(label: str) -> bool:
+        return not wanted or any(w in label for w in wanted)
+
+    big: list[Path] = []
+    if not args.quick:  # generated inputs, made only when chosen
         for mid in filter(None, args.mid_sizes.split(",")):
-            cases.append((f"generated {mid}, 1 rank", generate(args.work / mid, 1, mid), True))
-        big = generate(args.work / "big1", 1, args.size)
-        cases.append((f"generated {args.size}, 1 rank", big, True))
-        many = generate(args.work / f"big{args.big_ranks}", args.big_ranks, args.size)
-        cases.append((f"generated {args.size} × {args.big_ranks} ranks", many, True))
+            if chosen(label := f"generated {mid}, 1 rank"):
+                cases.append((label, generate(args.work / mid, 1, mid), True))
+        if chosen(label := f"generated {args.size}, 1 rank"):
+            big = generate(args.work / "big1", 1, args.size)
+            cases.append((label, big, True))
+        if chosen(label := f"generated {args.size} × {args.big_ranks} ranks"):
+            many = generate(args.work / f"big{args.big_ranks}", args.big_ranks, args.size)
+            cases.append((label, many, True))
+    cases = [c for c in cases if chosen(c[0])]
+    ti_env = None
+    if args.traceinsight is not None:
+        ti_env = {**env, "PYTHONPATH": f"{args.traceinsight}{os.pathsep}{REPO}"}
 
     from fsdp_trace.analysis.loader import raw_size  # in this process only (not measured)
 
@@ -267,11 +304,21 @@ def main(argv: list[str] | None = None) -> int:
             )
             if hta.status != "ok":
                 print(hta.err[-800:], file=sys.stderr)
-        rows.append((label, paths, raw, hta, ours))
+        ti = (
+            median_run([measure(HTA_CODE, [files], timeout, cap, ti_env) for _ in range(repeat)])
+            if with_hta and ti_env is not None
+            else None
+        )
+        if ti is not None:
+            print(
+                f"   traceinsight: {ti.wall_s:.2f}s {size_text(ti.tree_rss)} {ti.status}",
+                file=sys.stderr,
+            )
+        rows.append((label, paths, raw, hta, ours, ti))
         if len(paths) > 1:
             scaling.append((label, ours))
 
-    cached = measure_cache(args, env, cap, [] if args.quick else big)
+    cached = measure_cache(args, env, cap, big) if not wanted else []
 
     write_report(args, rows, scaling, cached, argv)
     print(f"wrote {args.out}", file=sys.stderr)
@@ -374,6 +421,14 @@ def _in_process(hta: Run | None, ours: Run) -> str:
     return f"{theirs:.2f} / {mine:.2f} s ({theirs / mine:.0f}×)"
 
 
+def _traceinsight(ti: Run | None, ours: Run) -> str:
+    if ti is None:
+        return "—"
+    wall, _ = fmt_run(ti)
+    speed, _ = _ratio(ti, ours)
+    return f"{wall} ({speed})"
+
+
 def _ratio(hta: Run | None, ours: Run) -> tuple[str, str]:
     if hta is None or ours.status != "ok":
         return "—", "—"
@@ -388,7 +443,7 @@ def write_report(args, rows, scaling, cached, argv) -> None:
     command = "python benchmarks/bench_vs_hta.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     load = os.getloadavg()
     lines = [
-        "# Speed and memory: fsdp-trace vs HTA 0.5.0",
+        "# Speed and memory: fsdp-trace vs HTA (holistictraceanalysis 0.5.0, traceinsight 0.6.1)",
         "",
         f"Command (from the repository root): `{command}`",
         "",
@@ -397,8 +452,10 @@ def write_report(args, rows, scaling, cached, argv) -> None:
         f"Load average at the end: {load[0]:.1f} (other jobs shared the machine).",
         "",
         "Each figure is one fresh process (Python start-up and imports included). HTA: "
-        "`TraceAnalysis(trace_files=...)` + `get_comm_comp_overlap()`. fsdp-trace: "
-        "`fsdp_trace.analysis.analyze(paths, jobs=J, cache=False)`, i.e. every per-step, "
+        "`TraceAnalysis(trace_files=...)` + `get_comm_comp_overlap()` (holistictraceanalysis "
+        "0.5.0; traceinsight 0.6.1, installed apart and first on PYTHONPATH, in its own "
+        "column). fsdp-trace: "
+        "`fsdp_trace.analyze(paths, jobs=J, cache=False)`, i.e. every per-step, "
         "per-collective and per-block figure, not only the overlap. Peak RSS is the largest sum "
         "over the process tree (sampled every 50 ms); both tools fork workers for several ranks "
         "(HTA a pool of min(ranks, cores) processes; fsdp-trace `--jobs`). Speed-up = HTA wall "
@@ -411,10 +468,10 @@ def write_report(args, rows, scaling, cached, argv) -> None:
         "",
         "| input | raw JSON | HTA wall | HTA peak RSS | fsdp-trace wall | fsdp-trace peak RSS "
         "| speed-up | memory | targets ≥10×, ≤⅓ | in-process HTA / ours | "
-        "overlap % rank 0: HTA / ours |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "overlap % rank 0: HTA / ours | traceinsight 0.6.1 wall (speed-up) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, _paths, raw, hta, ours in rows:
+    for label, _paths, raw, hta, ours, ti in rows:
         jobs = max(ours)
         run = ours[jobs]
         hta_wall, hta_rss = fmt_run(hta)
@@ -424,7 +481,7 @@ def write_report(args, rows, scaling, cached, argv) -> None:
         lines.append(
             f"| {name} | {size_text(raw)} | {hta_wall} | {hta_rss} | {our_wall} | {our_rss} "
             f"| {speed} | {memory} | {_targets(hta, run)} | {_in_process(hta, run)} "
-            f"| {_pct(hta)} / {_pct(run)} |"
+            f"| {_pct(hta)} / {_pct(run)} | {_traceinsight(ti, run)} |"
         )
     lines += [
         "",
