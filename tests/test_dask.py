@@ -37,16 +37,18 @@ GPT = SAMPLES / "gpt-small-2gpu"
 def client():
     """A LocalCluster of 2 worker processes (one thread each) and its client; workers read
     `*.die.json` with a reader that ends their process."""
+    import dask
     from distributed import Client, LocalCluster
 
     register_dying_reader()
-    local = LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=":0",
-        silence_logs=logging.CRITICAL,
-    )
+    with dask.config.set({cluster.TRIM_KEY: None}):  # as local:N: this process's env untouched
+        local = LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.CRITICAL,
+        )
     try:
         with Client(local) as c:
             c.register_plugin(DyingReader())
@@ -169,6 +171,33 @@ def test_a_cluster_without_workers_is_one_error_not_a_hang(monkeypatch):
         pytest.raises(UserError, match=r"no Dask worker joined .* in 1 s: start some"),
     ):
         fsdp_trace.analyze(GPT, client=c, cache=False)
+
+
+def test_a_scheduler_file_is_waited_for_then_joined(client, tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("FSDP_TRACE_DASK_WAIT_S", "1")
+    with (
+        pytest.raises(UserError, match=r"no scheduler file there after 1 s: start `dask sched"),
+        cluster.connect(str(tmp_path / "none.json")),
+    ):
+        pass
+    monkeypatch.setenv("FSDP_TRACE_DASK_WAIT_S", "30")
+    later = tmp_path / "scheduler.json"
+    writer = threading.Timer(0.5, client.write_scheduler_file, args=(str(later),))
+    writer.start()
+    try:
+        with cluster.connect(str(later)) as joined:
+            result = fsdp_trace.analyze(HSDP / "rank0.timing.json.gz", client=joined, cache=False)
+    finally:
+        writer.join()
+    assert [r.rank for r in result.ranks] == [0]
+
+
+def test_workers_of_another_fsdp_trace_version_are_refused(client, monkeypatch):
+    monkeypatch.setattr(fsdp_trace, "__version__", "0.0.0-client")
+    with pytest.raises(UserError, match=r"run fsdp-trace \S+, this client 0.0.0-client: install"):
+        fsdp_trace.analyze(GPT, client=client, cache=False)
 
 
 # --- dask scheduler + 2 dask worker processes --------------------------------------------------

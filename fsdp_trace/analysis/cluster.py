@@ -38,6 +38,14 @@ WAIT_S = 60.0
 _POLL_S = 0.05  # how often finished tasks are collected
 _CHECK_S = 2.0  # how often the workers are counted while none finishes
 
+# Dask's nannies start workers with MALLOC_TRIM_THRESHOLD_=65536, which also turns off glibc's
+# adaptive mmap threshold: every array over 128 KiB is then mmap'd and unmapped, and parsing a
+# trace page-faults ~13x as often (one worker 12 % slower on 100 MB ranks;
+# benchmarks/results/dask.md). Workers of `local:N` start without it (glibc's
+# defaults, as `--jobs`); README says how to start `dask worker` without it (malloc settings
+# in the shell's environment take precedence over Dask's).
+TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
+
 SCHEDULER_FORMS = "tcp://HOST:PORT, a scheduler file (.json), or local:N"
 
 
@@ -79,14 +87,17 @@ def connect(scheduler: str) -> Iterator[Any]:
         if workers < 1:
             raise UserError(f"--scheduler {text}: give local:N with N worker processes, 1 or more")
         distributed = _distributed()
+        import dask
+
         try:
-            cluster = distributed.LocalCluster(
-                n_workers=workers,
-                threads_per_worker=1,  # decoding holds the GIL: processes, not threads
-                processes=True,
-                dashboard_address=":0",  # a free port: never "8787 is in use" on stderr
-                silence_logs=logging.CRITICAL,  # failures come back as notices
-            )
+            with dask.config.set({TRIM_KEY: None}):  # see TRIM_KEY
+                cluster = distributed.LocalCluster(
+                    n_workers=workers,
+                    threads_per_worker=1,  # decoding holds the GIL: processes, not threads
+                    processes=True,
+                    dashboard_address=":0",  # a free port: never "8787 is in use" on stderr
+                    silence_logs=logging.CRITICAL,  # failures come back as notices
+                )
         except Exception as exc:
             raise UserError(f"--scheduler {text}: cannot start ({_first_line(exc)})") from None
         try:
@@ -98,7 +109,8 @@ def connect(scheduler: str) -> Iterator[Any]:
         return
     if "://" in text:
         options: dict[str, Any] = {"address": text}
-    elif text.endswith(".json") and Path(text).is_file():
+    elif text.endswith(".json"):
+        _wait_for_file(Path(text))
         options = {"scheduler_file": text}
     else:
         raise UserError(f"--scheduler {text}: give {SCHEDULER_FORMS}")
@@ -115,6 +127,20 @@ def connect(scheduler: str) -> Iterator[Any]:
     finally:
         with contextlib.suppress(Exception):
             client.close(timeout=10)
+
+
+def _wait_for_file(path: Path) -> None:
+    """A scheduler file that a batch job's `dask scheduler` has not written yet is waited
+    for (FSDP_TRACE_DASK_WAIT_S), so one job script can start both."""
+    wait = _wait_s()
+    deadline = time.monotonic() + wait
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"--scheduler {path}: no scheduler file there after {wait:.0f} s: start "
+                f"`dask scheduler --scheduler-file {path}` (or give tcp://HOST:PORT)"
+            )
+        time.sleep(0.2)
 
 
 def _version() -> str:
