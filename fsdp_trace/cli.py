@@ -892,6 +892,14 @@ def tune(
         str, typer.Option(help="Folder for the runs, tune.md and tune.html.", metavar="DIR")
     ] = "fsdp-trace-tune",
     overwrite: Annotated[bool, typer.Option(help="Reuse a non-empty --out.")] = False,
+    render_only: Annotated[
+        bool,
+        typer.Option(
+            "--render-only",
+            help="Capture nothing: re-measure the runs of --out (its tune.json and run "
+            "folders) and write tune.json, tune.md and tune.html again.",
+        ),
+    ] = False,
 ) -> None:
     """Capture, predict and keep the knobs that buy throughput.
 
@@ -900,6 +908,7 @@ def tune(
     its measured gain is beyond the noise, until --budget or --target. Writes the table of
     which knob bought each point as tune.md and tune.html. Any other option is passed to
     every capture, e.g. `fsdp-trace tune --model gpt-1.3b --nproc-per-node 8 --budget 3`.
+    `fsdp-trace tune --out DIR --render-only` writes the table of DIR again.
     """
     from fsdp_trace import tune as tuning
     from fsdp_trace.capture.launcher import CaptureFailed
@@ -908,6 +917,9 @@ def tune(
     from fsdp_trace.render import tune as tune_render
 
     with user_errors("tune"):
+        if render_only:
+            render_tune(Path(out), ctx.args)
+            return
         goal = tuning.parse_target(target)
         try:  # each capture is analyzed: say what is missing before anything is captured
             import fsdp_trace.pipeline
@@ -940,6 +952,27 @@ def tune(
         written = tune_render.write(view, folder)
         tune_render.terminal(view)
         announce([f"wrote {path}" for path in [folder / tuning.TUNE_FILE, *written]])
+
+
+def render_tune(folder: Path, extra: list[str]) -> None:
+    """`tune --render-only`: the tune folder's figures recomputed from its runs (run.json and
+    analysis.json or traces), written and printed as after the loop; nothing is captured."""
+    from fsdp_trace import tune as tuning
+    from fsdp_trace.present.tune import folder_view
+    from fsdp_trace.render import tune as tune_render
+
+    if extra:
+        raise UserError(
+            f"--render-only captures nothing: leave out the capture options ({' '.join(extra)})"
+        )
+    if not folder.is_dir():
+        raise UserError(f"--out {folder}: no such folder (give a tune folder to render)")
+    result = tuning.remeasure(tuning.read_tune(folder), folder)
+    view = folder_view(result, folder)
+    tuning.record_final(result, folder)
+    written = tune_render.write(view, folder)
+    tune_render.terminal(view)
+    announce([f"wrote {path}" for path in [folder / tuning.TUNE_FILE, *written]])
 
 
 def point_contents(run: Path) -> str:

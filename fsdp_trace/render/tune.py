@@ -53,9 +53,11 @@ def render_html(view: TuneView) -> str:
         f"<title>fsdp-trace tune</title><style>{CSS}</style></head><body><main>"
         f"<h1>{html.escape(TITLE)}</h1>"
         '<p class="caption">Each knob was captured on top of the knobs kept before it and '
-        "measured against the run kept then (tokens/s/GPU, un-profiled steps); predicted: "
+        "measured against the run kept then, on p10 tok/s/GPU (tokens per step per GPU ÷ the "
+        "10th-percentile un-profiled step, the statistic the replay predicts); predicted: "
         "the what-if replay of that run's trace. Kept rows are green. Efficiency = "
-        "tokens/s/GPU ÷ the 1-GPU baseline's.</p>"
+        "tok/s/GPU ÷ that of the 1-GPU baseline at the same batch (none on a 1-GPU tune)."
+        "</p>"
         f"<ul>{summary}</ul>{chart}{view_html(view.table, numeric)}"
         + (f'<ul class="notices">{notes}</ul>' if notes else "")
         + "</main></body></html>\n"
