@@ -4,6 +4,19 @@ reduce-scatter after each unit's backward, HSDP's all-reduce after it) with coll
 end together on every rank of their group. Every time is chosen by the test, so each
 diagnosis rule can be shown its problem, and a healthy run, with known numbers.
 
+The streams wait as torch 2.6-2.11's FSDP2 makes them (`_fsdp_param_group.py`
+`post_backward` / `finalize_backward`, `_fsdp_collectives.py` `foreach_reduce`,
+`_fsdp_state.py` `_root_pre_forward` / `_root_post_backward_final_callback`):
+- a unit's reduce-scatter runs on the reduce-scatter stream after its backward; before
+  issuing it, the compute stream waits for the previous reduce-scatter of that backward
+  (`comm_ctx.reduce_scatter_state.event`), so compute stalls behind slow reduce-scatters;
+- HSDP's all-reduce runs on its own all-reduce stream, after its unit's reduce-scatter
+  (`all_reduce_stream.wait_stream(reduce_scatter_stream)`); the next reduce-scatter does not
+  wait for it;
+- at the end of each backward the compute stream waits for every reduction of it
+  (`finalize_backward`), and each forward's first gather waits for the compute stream
+  (`_root_pre_forward`); with `accum_no_sync` only the last micro-batch reduces.
+
     sim = Sim(ranks=2, blocks=4)
     sim.delay[1] = 3000  # rank 1's host is late every step
     paths = sim.write(tmp_path)
@@ -44,6 +57,8 @@ class Sim:
     delay: dict[int, float] = field(default_factory=dict)  # per rank: host late at step start
     slow: dict[int, float] = field(default_factory=dict)  # per rank: compute ×
     micro_batches: int = 1
+    copy_in_us: float = 0.0  # a reduce-scatter's copy-in on the compute stream (its unit's)
+    accum_no_sync: bool = False  # gradients reduced on the last micro-batch only
     optimizer_us: float = 300.0
     world_size: int | None = None  # distributedInfo (default: ranks)
     # The host's speed against the GPU's: 1 launches each kernel just before it runs (the
@@ -108,7 +123,8 @@ class Sim:
         bs = [TraceBuilder(rank=r, world_size=world) for r in range(n)]
         clock = [0.0] * n  # GPU time each rank is at (compute stream free)
         comm_free = [0.0] * n
-        rs_free = [0.0] * n
+        rs_free = [0.0] * n  # the reduce-scatter stream
+        ar_free = [0.0] * n  # HSDP's all-reduce stream
         t_step = 0.0
         for step in range(1, self.steps + 1):
             step_start = [t_step + 100.0 + self.delay.get(r, 0.0) for r in range(n)]
@@ -116,12 +132,16 @@ class Sim:
                 bs[r].step(step, t_step, 1.0)  # ended below, when the step's end is known
                 clock[r] = max(clock[r], step_start[r])
                 comm_free[r] = max(comm_free[r], step_start[r])
-            for _micro in range(self.micro_batches):
+            for micro in range(self.micro_batches):
+                reduce = not self.accum_no_sync or micro == self.micro_batches - 1
                 self._forward(bs, clock, comm_free)
-                self._backward(bs, clock, comm_free, rs_free)
+                self._backward(bs, clock, comm_free, rs_free, ar_free, reduce)
+                if reduce:  # finalize_backward: compute waits for every reduction
+                    for r in range(n):
+                        clock[r] = max(clock[r], rs_free[r], ar_free[r])
             end = []
             for r in range(n):
-                start = max(clock[r], rs_free[r])
+                start = clock[r]
                 corr_ts = start - 20.0
                 bs[r].cpu("Optimizer.step#AdamW.step", corr_ts - 5, 30.0)
                 bs[r].kernel("multi_tensor_apply_kernel", start, self.optimizer_us, corr_ts - 2)
@@ -148,7 +168,7 @@ class Sim:
         starts: list[float],
         transfer: float,
         group_of,
-        label: str,
+        label: str | None,
         tid: int,
         stream: int,
         nelems: int,
@@ -170,7 +190,8 @@ class Sim:
                 done.add(g)
         for r, b in enumerate(bs):
             launch = launches[r] if launches is not None else starts[r] - 30.0
-            b.label(label, launch - 2.0, 6.0, tid=tid)
+            if label is not None:
+                b.label(label, launch - 2.0, 6.0, tid=tid)
             corr = b.nccl(
                 kind,
                 starts[r],
@@ -230,9 +251,11 @@ class Sim:
     def _forward(self, bs, clock, comm_free) -> None:
         n = len(bs)
         units = self.units()
-        for b, t in zip(bs, comm_free, strict=True):  # once per forward (micro-batch)
+        # Once per forward (micro-batch): the gather streams wait for the compute stream.
+        first = [max(comm_free[r], clock[r]) for r in range(n)]
+        for b, t in zip(bs, first, strict=True):
             b.label("FSDP::root_pre_forward", t - 60.0, 10.0)
-        gathered = self._gather(bs, units[0], list(comm_free), "pre_forward", MAIN)
+        gathered = self._gather(bs, units[0], first, "pre_forward", MAIN)
         for r in range(n):
             comm_free[r] = gathered[r]
         for i, unit in enumerate(units):
@@ -254,7 +277,7 @@ class Sim:
             if i + 1 < len(units):
                 gathered = next_gathered
 
-    def _backward(self, bs, clock, comm_free, rs_free) -> None:
+    def _backward(self, bs, clock, comm_free, rs_free, ar_free, reduce: bool = True) -> None:
         n = len(bs)
         order = [ROOT, *reversed(self.units()[1:])]  # backward starts with the head (root)
         needs = {u: (self.root_reshard if u == ROOT else self.reshard) for u in order}
@@ -265,6 +288,7 @@ class Sim:
             ready[first] = self._gather(bs, first, starts, "pre_backward", AUTOGRAD)
             for r in range(n):
                 comm_free[r] = ready[first][r]
+        previous_rs: list[float] | None = None  # this backward's last reduce-scatter's end
         for i, unit in enumerate(order):
             _, bwd, _, rs, nelems = self._sizes(unit)
             starts = [max(clock[r] + self.gap_us, ready[unit][r]) for r in range(n)]
@@ -280,6 +304,7 @@ class Sim:
                 for r in range(n):
                     comm_free[r] = ready[order[i + 1]][r]
             index = None if unit == ROOT else int(unit.split(".")[1])
+            issued = [0.0] * n  # post_backward on the CPU, right after the backward's launches
             for r, b in enumerate(bs):
                 t = starts[r]
                 if index in self.checkpointed:  # recompute: forward ops run inside backward
@@ -303,6 +328,23 @@ class Sim:
                     "bwd_gemm", t, self._compute(r, bwd), t - 25.0, stream=7, launch_tid=AUTOGRAD
                 )
                 clock[r] = t + self._compute(r, bwd)
+                issued[r] = t - 5.0
+            if not reduce:  # no_sync: the gradients accumulate, nothing is reduced
+                continue
+            if previous_rs is not None:  # compute waits for the previous reduce-scatter
+                for r in range(n):
+                    clock[r] = max(clock[r], previous_rs[r])
+            if self.copy_in_us:  # the gradients copied into the reduce-scatter's input
+                for r, b in enumerate(bs):
+                    b.kernel(
+                        "chunk_cat_cuda_kernel",
+                        clock[r],
+                        self.copy_in_us,
+                        issued[r] - 1.0,
+                        stream=7,
+                        launch_tid=AUTOGRAD,
+                    )
+                    clock[r] += self.copy_in_us
             label = (
                 "FSDP::post_backward_reduce"
                 if unit == ROOT
@@ -322,23 +364,28 @@ class Sim:
                 21,
                 nelems,
                 pg,
+                issued,
             )
-            if self.hsdp_replicas > 1:
+            previous_rs = ended
+            for r in range(n):
+                rs_free[r] = ended[r]
+            if self.hsdp_replicas > 1:  # its own stream, after this unit's reduce-scatter
                 ended = self._collective(
                     bs,
                     "AllReduce",
                     unit,
-                    ended,
+                    [max(ar_free[r], ended[r]) for r in range(n)],
                     self.ar_us,
                     self._replicate_group,
-                    label,
+                    None,  # issued inside the reduce-scatter's post_backward_reduce
                     AUTOGRAD,
                     22,
                     nelems // self._shard_size(),
                     "replicate",
+                    [t + 1.0 for t in issued],
                 )
-            for r in range(n):
-                rs_free[r] = ended[r]
+                for r in range(n):
+                    ar_free[r] = ended[r]
 
 
 def _compress_host(b: TraceBuilder, factor: float) -> None:

@@ -10,6 +10,8 @@ import pytest
 import fsdp_trace
 from fsdp_trace.errors import UserError
 from fsdp_trace.whatif import Knobs, parse, predict, programs
+from fsdp_trace.whatif.knobs import Context, apply
+from fsdp_trace.whatif.program import micro_batches, waits
 from fsdp_trace.whatif.replay import replay
 from tests.conftest import SAMPLES
 from tests.fsdp_sim import Sim
@@ -27,6 +29,15 @@ def measured_step(run) -> float:
     """The slowest rank's median step, read from the analysis's per-step table."""
     return max(float(np.median(r.steps["step_us"])) for r in run.ranks)
 
+
+MICRO = {"micro_batches": 2}
+NO_SYNC = {"accum_no_sync": True}
+HSDP = {"hsdp_replicas": 2, "ranks": 4}
+ALL_AC = {"checkpointed": {0, 1, 2, 3}}
+# The root reduces first in backward (the sim's head): a reduce-scatter longer than the next
+# unit's backward holds the compute of the unit after it.
+RS_BOUND = {"root_rs_us": 5000.0}
+COPY_IN = {"copy_in_us": 100.0}  # the reduce-scatter's copy-in: there the compute waits
 
 # (what the first run has, the change, what the second run has): the second is simulated,
 # never shown to the replay.
@@ -49,6 +60,34 @@ PAIRS = [
         Knobs(batch_scale=0.5),
         {"ag_us": 900, "fwd_us": 300, "bwd_us": 1000, "root_fwd_us": 250, "root_bwd_us": 500},
     ),
+    # Gradient accumulation: each micro-batch's backward recomputes its own forward; the
+    # compute waits for a backward's reductions before the next micro-batch (or none reduce
+    # before the last one, with no_sync).
+    (MICRO, Knobs(ac_coverage=1.0), {**MICRO, **ALL_AC}),
+    ({**MICRO, **ALL_AC}, Knobs(ac_coverage=0.0), MICRO),
+    ({**MICRO, **NO_SYNC}, Knobs(ac_coverage=1.0), {**MICRO, **NO_SYNC, **ALL_AC}),
+    # reduce-scatters longer than the backward: the next micro-batch waits for their tail
+    ({**MICRO, "rs_us": 2500.0}, Knobs(ac_coverage=1.0), {**MICRO, "rs_us": 2500.0, **ALL_AC}),
+    ({**MICRO, "rs_us": 2500.0}, Knobs(accum_no_sync=True), {**MICRO, "rs_us": 2500.0, **NO_SYNC}),
+    (
+        {**MICRO, **HSDP, "ar_us": 2500},
+        Knobs(accum_no_sync=True),
+        {**MICRO, **HSDP, "ar_us": 2500, **NO_SYNC},
+    ),
+    # HSDP: the replicate all-reduce on its own stream after its unit's reduce-scatter; the
+    # next reduce-scatter does not wait for it.
+    (HSDP, Knobs(ac_coverage=1.0), {**HSDP, **ALL_AC}),
+    ({**HSDP, "ar_us": 2500}, Knobs(ac_coverage=1.0), {**HSDP, "ar_us": 2500, **ALL_AC}),
+    (
+        {**HSDP, "ar_us": 1200},
+        Knobs(reduce_dtype="fp32"),  # the sim reduces in bf16: twice the bytes
+        {**HSDP, "ar_us": 2400, "rs_us": 800, "root_rs_us": 800},
+    ),
+    # A reduce-scatter longer than the next unit's backward: compute waits for it before
+    # issuing that unit's reduce-scatter, so the unit after cannot start.
+    (RS_BOUND, Knobs(ac_coverage=1.0), {**RS_BOUND, **ALL_AC}),
+    ({**RS_BOUND, **COPY_IN}, Knobs(ac_coverage=1.0), {**RS_BOUND, **COPY_IN, **ALL_AC}),
+    ({"root_rs_us": 2500.0}, Knobs(reduce_dtype="fp32"), {"root_rs_us": 5000.0, "rs_us": 800}),
 ]
 
 
@@ -59,6 +98,30 @@ def test_prediction_matches_the_co_simulation(tmp_path, first, knobs, second):
     p = predict(before, knobs)
     assert p.measured_step_us == pytest.approx(measured_step(before), rel=1e-6)
     assert p.predicted_step_us == pytest.approx(measured_step(after), rel=0.005)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {**MICRO, "rs_us": 2500.0},  # the next forward waits for the reductions' tail
+        {**MICRO, **NO_SYNC},
+        {**HSDP, "ar_us": 2500},
+        RS_BOUND,
+        {**RS_BOUND, **COPY_IN},
+        {**HSDP, **MICRO, **COPY_IN, "rs_us": 2500.0},
+    ],
+    ids=str,
+)
+def test_the_unchanged_replay_reproduces_the_co_simulation(tmp_path, config):
+    """Without a change nor a residual to lean on, every rank's replayed step is the
+    co-simulated one: the replay waits where FSDP2 (and so the co-simulation) waits."""
+    run = analyzed(tmp_path, Sim(**AHEAD, **config), "run")
+    progs, offsets = programs(run)
+    for timeline in replay(progs, offsets):
+        rank = next(r for r in run.ranks if r.rank == timeline.program.rank)
+        window = float(rank.steps.set_index("step").at[timeline.program.step, "step_us"])
+        assert timeline.step_us == pytest.approx(window, rel=1e-4)
 
 
 def test_an_exposed_gather_shows_in_the_predicted_breakdown(tmp_path):
@@ -89,7 +152,13 @@ def test_nothing_changed_predicts_the_measured_step(tmp_path):
 
 @pytest.mark.parametrize(
     "sample",
-    ["gpt-small-2gpu", "gpt-small-2gpu-fullac", "diagnosis/comm-bound", "diagnosis/straggler"],
+    [
+        "gpt-small-2gpu",
+        "gpt-small-2gpu-fullac",
+        "diagnosis/comm-bound",
+        "diagnosis/straggler",
+        "diagnosis/grad-accum",
+    ],
 )
 def test_the_unchanged_replay_reproduces_real_steps(sample):
     """Host times as traced: each rank's replayed step is its measured one (its window in
@@ -100,6 +169,37 @@ def test_the_unchanged_replay_reproduces_real_steps(sample):
         rank = next(r for r in run.ranks if r.rank == timeline.program.rank)
         window = float(rank.steps.set_index("step").at[timeline.program.step, "step_us"])
         assert timeline.step_us == pytest.approx(window, rel=0.01)
+
+
+def test_a_replay_that_does_not_settle_is_an_error_not_a_number(tmp_path):
+    """Dependencies with a cycle never settle: the replay says so instead of returning the
+    last pass's times (a reduce-scatter made the input of the backward it waits for)."""
+    run = analyzed(tmp_path, Sim(**AHEAD), "run")
+    progs, offsets = programs(run)
+    for p in progs:
+        ops = p.ops
+        j = int(np.flatnonzero((ops["collective"] == "ReduceScatter").to_numpy())[0])
+        ops.loc[j, "consumer"] = int(waits(p.segments, ops)[j, 0])
+    with pytest.raises(UserError, match="did not settle"):
+        replay(progs, offsets)
+
+
+def test_each_micro_batch_recomputes_its_own_forward(tmp_path):
+    """ac_coverage on two micro-batches: a recompute of each block in each backward, as long
+    as that micro-batch's forward of the block, before its backward."""
+    run = analyzed(tmp_path, Sim(**AHEAD, **MICRO, fwd_us=1000.0), "micro")
+    progs, _ = programs(run)
+    ctx = Context(run.config, run.run, list(run.config.blocks))
+    segs = apply(progs[0], Knobs(ac_coverage=1.0), ctx).segments
+    mb = micro_batches(segs)
+    recompute = segs[segs["kind"] == "recompute"]
+    assert sorted(zip(mb[recompute.index], recompute["unit"], strict=True)) == sorted(
+        (m, f"layers.{i}") for m in (0, 1) for i in range(4)
+    )
+    assert recompute["busy_us"].to_numpy() == pytest.approx(1000.0)
+    for i in recompute.index:
+        after = segs.loc[i + 1]
+        assert (after["unit"], after["phase"]) == (segs.at[i, "unit"], "backward")
 
 
 def test_cpu_traces_are_refused_in_one_line():

@@ -21,7 +21,7 @@ from fsdp_trace.errors import UserError
 from fsdp_trace.knobs import select_ac_blocks
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import ROOT, Collective, Phase
-from fsdp_trace.whatif.program import Program, SegmentKind
+from fsdp_trace.whatif.program import Program, SegmentKind, micro_batches
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 HEAD = "norm, output"  # the unit --shard-embeddings gives the head (torchtitan's layout)
@@ -234,15 +234,22 @@ def _set_segments(p: Program, segs: pd.DataFrame) -> Program:
 
 
 def _ac(p: Program, coverage: float, ctx: Context) -> Program:
+    """Blocks checkpointed or not, in every micro-batch: each backward recomputes (or stops
+    recomputing) that micro-batch's own forward of the block."""
     blocks = ctx.blocks
     want = {blocks[i] for i in select_ac_blocks(len(blocks), coverage)}
     have = set(p.segments.loc[p.segments["kind"] == SegmentKind.RECOMPUTE, "unit"])
     segs = p.segments.assign(orig=np.arange(len(p.segments)))
+    count = int(micro_batches(segs).max(initial=0)) + 1
     for unit in sorted(have - want):  # stop recomputing: its time and its launches go
-        rows = np.flatnonzero(
-            (segs["unit"] == unit).to_numpy() & (segs["kind"] == SegmentKind.RECOMPUTE).to_numpy()
-        )
-        if rows.size:
+        for m in range(count):  # each backward's rows on their own (positions move)
+            rows = np.flatnonzero(
+                (segs["unit"] == unit).to_numpy()
+                & (segs["kind"] == SegmentKind.RECOMPUTE).to_numpy()
+                & (micro_batches(segs) == m)
+            )
+            if not rows.size:
+                continue
             cost = _host_cost(segs, rows)
             start = float(segs["host_us"].to_numpy()[rows.min()])
             segs = segs.drop(index=segs.index[rows]).reset_index(drop=True)
@@ -250,53 +257,59 @@ def _ac(p: Program, coverage: float, ctx: Context) -> Program:
             _shift_host(p, start, -cost)
             segs = p.segments
     for unit in [b for b in blocks if b in want - have]:  # recompute its own forward
-        kind, unit_col = segs["kind"].to_numpy(), segs["unit"].to_numpy()
-        phase = segs["phase"].to_numpy()
-        forward = np.flatnonzero(
-            (unit_col == unit) & (phase == Phase.FORWARD) & (kind == SegmentKind.MODEL)
-        )
-        backward = np.flatnonzero(
-            (unit_col == unit) & (phase == Phase.BACKWARD) & (kind == SegmentKind.MODEL)
-        )
-        if not forward.size or not backward.size:
-            continue
-        at = int(backward[0])
-        costs = [_host_cost(segs, np.array([r])) for r in forward]
-        cost = sum(costs)
-        # Its kernels: the forward's, launched one after the other as the forward did.
-        starts = np.concatenate([[0.0], np.cumsum(costs)[:-1]])
-        k_off = np.concatenate(
-            [o + s for o, s in zip(segs["k_off"].to_numpy()[forward], starts, strict=True)]
-        )
-        k_dur = np.concatenate(list(segs["k_dur"].to_numpy()[forward]))
-        k_extra = np.concatenate(list(segs["k_extra"].to_numpy()[forward]))
-        k_extra[0] = 0.0
-        new = pd.DataFrame(
-            {
-                "unit": unit,
-                "phase": Phase.RECOMPUTE.value,
-                "kind": SegmentKind.RECOMPUTE,
-                "busy_us": float(segs["busy_us"].to_numpy()[forward].sum()),
-                "gap_us": float(segs["gap_us"].to_numpy()[forward].sum()),
-                "beside_us": float(segs["beside_us"].to_numpy()[forward].sum()),
-                "kernels": int(segs["kernels"].to_numpy()[forward].sum()),
-                "k_off": [k_off],
-                "k_dur": [k_dur],
-                "k_extra": [k_extra],
-                "host_us": float(segs["host_us"].to_numpy()[at]),
-                "start_us": np.nan,
-                "end_us": np.nan,
-                "orig": -1,
-            },
-            index=[0],
-        )
-        p.segments = segs
-        _shift_host(p, float(segs["host_us"].to_numpy()[at]), cost)
-        segs = p.segments
-        new["host_us"] = float(segs["host_us"].to_numpy()[at]) - cost
-        segs = pd.concat([segs.iloc[:at], new, segs.iloc[at:]], ignore_index=True)
+        for m in range(count):  # in each micro-batch's backward, that micro-batch's forward
+            mine = (
+                (segs["unit"] == unit).to_numpy()
+                & (segs["kind"] == SegmentKind.MODEL).to_numpy()
+                & (micro_batches(segs) == m)
+            )
+            phase = segs["phase"].to_numpy()
+            forward = np.flatnonzero(mine & (phase == Phase.FORWARD))
+            backward = np.flatnonzero(mine & (phase == Phase.BACKWARD))
+            if forward.size and backward.size:
+                segs = _insert_recompute(p, segs, unit, forward, int(backward[0]))
     p = _set_segments(p, segs)
     return _recompute_after_gather(p)
+
+
+def _insert_recompute(
+    p: Program, segs: pd.DataFrame, unit: str, forward: np.ndarray, at: int
+) -> pd.DataFrame:
+    """The unit's `forward` segments run again before segment `at` (its backward), launched
+    one after the other as the forward launched them; later launches move by that time."""
+    costs = [_host_cost(segs, np.array([r])) for r in forward]
+    cost = sum(costs)
+    starts = np.concatenate([[0.0], np.cumsum(costs)[:-1]])
+    k_off = np.concatenate(
+        [o + s for o, s in zip(segs["k_off"].to_numpy()[forward], starts, strict=True)]
+    )
+    k_dur = np.concatenate(list(segs["k_dur"].to_numpy()[forward]))
+    k_extra = np.concatenate(list(segs["k_extra"].to_numpy()[forward]))
+    k_extra[0] = 0.0
+    new = pd.DataFrame(
+        {
+            "unit": unit,
+            "phase": Phase.RECOMPUTE.value,
+            "kind": SegmentKind.RECOMPUTE,
+            "busy_us": float(segs["busy_us"].to_numpy()[forward].sum()),
+            "gap_us": float(segs["gap_us"].to_numpy()[forward].sum()),
+            "beside_us": float(segs["beside_us"].to_numpy()[forward].sum()),
+            "kernels": int(segs["kernels"].to_numpy()[forward].sum()),
+            "k_off": [k_off],
+            "k_dur": [k_dur],
+            "k_extra": [k_extra],
+            "host_us": float(segs["host_us"].to_numpy()[at]),
+            "start_us": np.nan,
+            "end_us": np.nan,
+            "orig": -1,
+        },
+        index=[0],
+    )
+    p.segments = segs
+    _shift_host(p, float(segs["host_us"].to_numpy()[at]), cost)
+    segs = p.segments
+    new["host_us"] = float(segs["host_us"].to_numpy()[at]) - cost
+    return pd.concat([segs.iloc[:at], new, segs.iloc[at:]], ignore_index=True)
 
 
 def _recompute_after_gather(p: Program) -> Program:

@@ -7,10 +7,11 @@ else), and the collectives on their own streams. Each piece keeps:
   transfer time (the cross-rank match's, without waiting; its duration when unmatched);
 - its launch time on the host, relative to the step's first launch: the GPU cannot start it
   earlier, which is how a host-bound step stays host-bound in the replay;
-- its dependencies (`waits`: FSDP2's stream waits, below); the segment that needs an
-  all-gather is its unit's first segment in that phase after it; an HSDP all-reduce follows
-  its reduce-scatter; the optimizer needs every gradient reduction; a collective's copy-in
-  on a side stream runs after its wait, before its NCCL kernel (`setup_us`);
+- its dependencies, per micro-batch (`waits`: the collective streams' waits on compute;
+  `compute_waits`: the compute stream's on collectives; FSDP2's, below); the segment that
+  needs an all-gather is its unit's first segment in that phase after it; an HSDP
+  all-reduce follows its reduce-scatter on its own stream; a collective's copy-in on a side
+  stream runs after its wait, before its NCCL kernel (`setup_us`);
 - its cross-rank identity (the match id): matched collectives end together on every rank.
 """
 
@@ -302,29 +303,66 @@ def _after(ops: pd.DataFrame) -> list[int]:
     return out
 
 
+def micro_batches(segs: pd.DataFrame) -> np.ndarray:
+    """Per segment, its micro-batch (0, 1, ...): a new one starts where the compute stream
+    goes from a backward (or its recompute) back to forward; the optimizer is the last's."""
+    phase = segs["phase"].to_numpy()
+    backward = np.isin(phase, [Phase.BACKWARD.value, Phase.RECOMPUTE.value])
+    forward = phase == Phase.FORWARD
+    side = pd.Series(np.where(forward, 1.0, np.where(backward, 2.0, np.nan)))
+    before = side.ffill().shift(1).fillna(0.0).to_numpy()  # the last side before each
+    starts = forward & (before == 2.0)
+    return np.cumsum(starts).astype(np.int64)
+
+
+def op_micro_batches(segs: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
+    """Per collective, its micro-batch: a forward one's is the next segment's launched after
+    it (the forward it gathers for), any other's the last segment's launched before it."""
+    mb = micro_batches(segs)
+    if not len(ops):
+        return np.zeros(0, dtype=np.int64)
+    host = segs["host_us"].to_numpy(dtype=np.float64)
+    op_host = ops["host_us"].to_numpy(dtype=np.float64)
+    nxt = np.minimum(np.searchsorted(host, op_host, side="left"), len(host) - 1)
+    before = np.maximum(np.searchsorted(host, op_host, side="left") - 1, 0)
+    forward = (ops["phase"] == Phase.FORWARD).to_numpy()
+    return np.where(forward, mb[nxt], mb[before])
+
+
 def waits(segs: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
     """Per collective, the compute segments its streams wait for (two columns, -1: none),
-    as FSDP2 makes them wait:
+    as FSDP2 makes them wait, each micro-batch (`micro_batches`) on its own:
 
-    - a reduce-scatter (and HSDP's all-reduce) waits for the compute stream as it is issued:
-      every segment launched before it (segments are cut at every collective's launch);
+    - a reduce-scatter (and HSDP's all-reduce, issued with it) waits for the compute stream
+      as it is issued: every segment launched before it (segments are cut at every
+      collective's launch);
     - an all-gather waits for the copy-out its streams were last told to wait for: in
       backward each unit's copy-out makes them wait for itself (the buffer is freed at once);
       in forward the wait is deferred by one unit (unit i's copy-out makes them wait for
-      unit i−1's); before any copy-out of the step (the root's pre-forward) they wait for
-      the compute stream as a reduce-scatter does;
-    - a gather in backward also waits for its unit's reshard after forward (recorded as the
-      unit's forward ends; the root's forward ends with the model's)."""
+      unit i−1's), afresh in each forward; each forward's root pre-forward makes them wait
+      for the compute stream as a reduce-scatter does (before its first gather);
+    - a gather in backward also waits for its unit's forward in the same micro-batch (the
+      root's: that micro-batch's whole forward), which resharded it. (torch records that as
+      an event with a post-forward mesh; otherwise the root's post-forward makes the streams
+      wait for the forward's last copy-out, which this bound also covers.)"""
     host = segs["host_us"].to_numpy(dtype=np.float64)
     op_host = ops["host_us"].to_numpy(dtype=np.float64)
     before = np.searchsorted(host, op_host, side="left") - 1  # launched before each op
     gather = (ops["collective"] == Collective.ALL_GATHER).to_numpy()
     consumers = sorted({int(c) for c in ops["consumer"].to_numpy()[gather] if c >= 0})
     phase = segs["phase"].to_numpy()
+    mb, op_mb = micro_batches(segs), op_micro_batches(segs, ops)
     told: list[tuple[float, int]] = []  # (when the streams were told, the segment to wait for)
-    last_forward = -1
+    for m in np.unique(op_mb[gather]):  # each forward's root pre-forward, before its gather
+        first = np.flatnonzero(gather & (op_mb == m) & (ops["phase"] == Phase.FORWARD).to_numpy())
+        if first.size:
+            j = first[np.argmin(op_host[first])]
+            told.append((op_host[j], int(before[j])))
+    last_forward, last_mb = -1, -1
     for c in consumers:
         if phase[c] == Phase.FORWARD:
+            if mb[c] != last_mb:  # a new forward: nothing deferred from the last one
+                last_forward, last_mb = -1, int(mb[c])
             if last_forward >= 0:
                 told.append((host[c], last_forward))
             last_forward = c
@@ -332,23 +370,99 @@ def waits(segs: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
             told.append((host[c], c))
     out = np.full((len(ops), 2), -1, dtype=np.int64)
     out[:, 0] = before
-    if gather.any():  # before any copy-out: the root's pre-forward wait, before its gather
-        out[gather, 0] = before[np.flatnonzero(gather)[np.argmin(op_host[gather])]]
     if told:
+        told.sort()
         when = np.array([t for t, _ in told])
-        target = np.array([c for _, c in told])
+        # streams wait in order: a later wait adds to the earlier ones (the latest segment)
+        target = np.maximum.accumulate(np.array([c for _, c in told]))
         latest = np.searchsorted(when, op_host, side="right") - 1
         has = gather & (latest >= 0)
         out[has, 0] = target[latest[has]]
     forward = np.flatnonzero(phase == Phase.FORWARD)
     if forward.size:
         unit = segs["unit"].to_numpy()
-        last = {u: int(forward[unit[forward] == u].max()) for u in set(unit[forward])}
-        last[ROOT] = int(forward.max())
+        last: dict[tuple[int, str], int] = {}
+        for i in forward:  # in order: the last one wins
+            last[(int(mb[i]), str(unit[i]))] = int(i)
+            last[(int(mb[i]), ROOT)] = int(i)  # the root's forward ends with the model's
         backward = gather & (ops["phase"] != Phase.FORWARD).to_numpy()
         for j in np.flatnonzero(backward):
-            out[j, 1] = last.get(str(ops["unit"].iat[j]), -1)
+            out[j, 1] = last.get((int(op_mb[j]), str(ops["unit"].iat[j])), -1)
     return out
+
+
+def op_waits(segs: pd.DataFrame, ops: pd.DataFrame) -> list[list[int]]:
+    """Per collective, the collectives its stream waits for through the compute stream's own
+    waits (beyond `after`): a forward's root pre-forward makes the gather streams wait for the
+    compute stream, whose end-of-backward wait (`compute_waits`) was for every reduction of
+    the micro-batches before, so that forward's first gather waits for them too."""
+    out: list[list[int]] = [[] for _ in range(len(ops))]
+    if not len(ops) or not len(segs):
+        return out
+    op_host = ops["host_us"].to_numpy(dtype=np.float64)
+    op_mb = op_micro_batches(segs, ops)
+    gather = (ops["collective"] == Collective.ALL_GATHER).to_numpy()
+    forward = (ops["phase"] == Phase.FORWARD).to_numpy()
+    reduction = ops["collective"].isin(GRADIENT_REDUCTIONS).to_numpy()
+    for m in np.unique(op_mb[gather & forward]):
+        first = np.flatnonzero(gather & forward & (op_mb == m))
+        j = int(first[np.argmin(op_host[first])])
+        out[j] = np.flatnonzero(reduction & (op_mb < m)).tolist()
+    return out
+
+
+def compute_waits(segs: pd.DataFrame, ops: pd.DataFrame) -> list[list[int]]:
+    """Per segment, the collectives the compute stream waits for before it, as FSDP2 (torch
+    2.6 on) makes it wait:
+
+    - an all-gather's consumer waits for it (its copy-out reads the gathered buffer);
+    - post_backward, before issuing a unit's reduce-scatter, makes the compute stream wait
+      for the previous reduce-scatter of that backward (`comm_ctx.reduce_scatter_state`,
+      recorded as its NCCL kernel ends, before HSDP's all-reduce): the unit's copy-in (the
+      FSDP segment of the unit launched just before the reduce-scatter) waits, or where the
+      trace has none, the first segment launched after the reduce-scatter;
+    - at the end of each backward the root's post-backward callback (`finalize_backward`)
+      makes it wait for every reduction of that backward (HSDP's all-reduces too): the first
+      segment launched after them outside backward waits; the optimizer waits for every
+      reduction of the step."""
+    needs: list[list[int]] = [[] for _ in range(len(segs))]
+    for j, consumer in enumerate(ops["consumer"].to_numpy()):
+        if consumer >= 0:
+            needs[int(consumer)].append(j)
+    if not len(ops) or not len(segs):
+        return needs
+    host = segs["host_us"].to_numpy(dtype=np.float64)
+    op_host = ops["host_us"].to_numpy(dtype=np.float64)
+    before = np.searchsorted(host, op_host, side="left") - 1
+    phase, kind = segs["phase"].to_numpy(), segs["kind"].to_numpy()
+    unit = segs["unit"].to_numpy().astype(str)
+    in_backward = np.isin(phase, [Phase.BACKWARD.value, Phase.RECOMPUTE.value])
+    op_mb = op_micro_batches(segs, ops)
+    collective = ops["collective"].to_numpy()
+    order = np.argsort(op_host, kind="stable")
+    previous: dict[int, int] = {}  # micro-batch → its last reduce-scatter so far
+    for j in order:
+        if collective[j] != Collective.REDUCE_SCATTER:
+            continue
+        m = int(op_mb[j])
+        if m in previous:
+            b = int(before[j])
+            mine = b >= 0 and unit[b] == str(ops["unit"].iat[j]) and in_backward[b]
+            at = b if mine and kind[b] == SegmentKind.FSDP else b + 1  # its copy-in, or next
+            if 0 <= at < len(segs):
+                needs[at].append(previous[m])
+        previous[m] = int(j)
+    reduction = np.isin(collective, GRADIENT_REDUCTIONS)
+    for m in np.unique(op_mb[reduction]):
+        mine = np.flatnonzero(reduction & (op_mb == m))
+        last = int(before[mine[np.argmax(op_host[mine])]])
+        later = np.flatnonzero(~in_backward[last + 1 :]) + last + 1
+        if later.size:
+            needs[int(later[0])] += mine.tolist()
+    optimizer = np.flatnonzero(kind == SegmentKind.OPTIMIZER)
+    if optimizer.size:
+        needs[int(optimizer[0])] += reductions(ops).tolist()
+    return [sorted(set(n)) for n in needs]
 
 
 def reductions(ops: pd.DataFrame) -> np.ndarray:

@@ -5,8 +5,9 @@
 Each piece starts when its stream is free, its host launch has happened (a host-bound rank
 stays host-bound), and what it depends on is done; a matched collective ends at the last
 member's start plus its transfer time, so a late rank makes the others wait in the replay as
-it did in the trace. The ranks' times are found by repeating passes until none moves (the
-dependencies have no cycle, so this settles)."""
+it did in the trace. The ranks' times are found by repeating passes until none moves; the
+dependencies have no cycle, so this settles, and where it does not (a cycle: a modelling
+bug) the replay is an error rather than the last pass's times."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import numpy as np
 
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.breakdown import Spans, partition
+from fsdp_trace.errors import UserError
 from fsdp_trace.vocab import Collective
-from fsdp_trace.whatif.program import Program, SegmentKind, reductions, waits
+from fsdp_trace.whatif.program import Program, SegmentKind, compute_waits, op_waits, waits
 
 MAX_PASSES = 200
 TAX_ROUNDS = 12  # damped rounds of the overlap-tax correction
@@ -97,6 +99,7 @@ class _Plan:
     needs: list[list[int]]  # per segment: ops it waits for
     streams: list[str]  # per op
     waits: np.ndarray  # per op: the segments its streams wait for (-1: none)
+    op_waits: list[list[int]]  # per op: ops its stream waits for through the compute stream
 
 
 def _plan(
@@ -107,13 +110,6 @@ def _plan(
     host_scale: float,
 ) -> _Plan:
     segs, ops = program.segments, program.ops
-    needs: list[list[int]] = [[] for _ in range(len(segs))]
-    for j, consumer in enumerate(ops["consumer"].to_numpy()):
-        if consumer >= 0:
-            needs[int(consumer)].append(j)
-    optimizer = np.flatnonzero(segs["kind"].to_numpy() == SegmentKind.OPTIMIZER)
-    if optimizer.size:
-        needs[int(optimizer[0])] += reductions(ops).tolist()
     work, paced = _pacing(segs, host_scale)
     nodes = [(float(h), 0, i) for i, h in enumerate(segs["host_us"].to_numpy())]
     nodes += [(float(h), 1, j) for j, h in enumerate(ops["host_us"].to_numpy())]
@@ -127,9 +123,10 @@ def _plan(
         order=[(kind, i) for _, kind, i in nodes],
         work=work,
         paced=paced,
-        needs=needs,
+        needs=compute_waits(segs, ops),
         streams=[_stream(c) for c in ops["collective"]],
         waits=waits(segs, ops),
+        op_waits=op_waits(segs, ops),
     )
 
 
@@ -194,13 +191,20 @@ def replay(
 
 
 def _settle(plans, seg_start, seg_end, op_start, op_end, members) -> None:
-    """Passes over every rank until no time moves (the dependencies have no cycle)."""
+    """Passes over every rank until no time moves; UserError where MAX_PASSES do not settle
+    (a dependency cycle), rather than the last pass's times."""
+    moved = 0.0
     for _ in range(MAX_PASSES):
         moved = 0.0
         for r, plan in enumerate(plans):
             moved = max(moved, _pass(r, plan, seg_start, seg_end, op_start, op_end, members))
         if moved < SETTLED_US:
             return
+    raise UserError(
+        f"what-if: the replay did not settle in {MAX_PASSES} passes (times still moved "
+        f"{moved:.0f} µs): its stream dependencies form a cycle, a bug in fsdp-trace's model "
+        "of this step; please report it"
+    )
 
 
 def _members(programs: list[Program]) -> dict[int, list[tuple[int, int]]]:
@@ -245,6 +249,8 @@ def _pass(r, plan: _Plan, seg_start, seg_end, op_start, op_end, members) -> floa
                 ready = max(ready, seg_end[r][w])
         if after[i] >= 0:
             ready = max(ready, op_end[r][after[i]])
+        for j in plan.op_waits[i]:
+            ready = max(ready, op_end[r][j])
         ready += setup[i]
         op_start[r][i] = ready
         last = ready
