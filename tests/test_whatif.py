@@ -253,6 +253,7 @@ REAL_PAIRS = [
     (W + "gpt-1.3b-b2-ac1", Knobs(ac_coverage=0.0), W + "gpt-1.3b-b2-ac0"),
     (W + "gpt-1.3b-b2-ac0", Knobs(batch_size=4), W + "gpt-1.3b-b4-ac0"),
     (W + "gpt-1.3b-b4-ac0", Knobs(batch_size=2), W + "gpt-1.3b-b2-ac0"),
+    ("tune-1gpu/eager", Knobs(batch_size=32), "tune-1gpu/trial1-batch-scale-2"),
     ("gpt-small-2gpu", Knobs(ac_coverage=1.0), "gpt-small-2gpu-fullac"),
     ("gpt-small-2gpu-fullac", Knobs(ac_coverage=0.0), "gpt-small-2gpu"),
     (
