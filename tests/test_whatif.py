@@ -388,3 +388,15 @@ def test_reshard_per_unit_matches_the_same_change_made_another_way():
     assert both.predicted_step_us != pytest.approx(by_knob.predicted_step_us)
     with pytest.raises(UserError, match="no unit 'layers\\.99'"):
         predict(run, parse(["unsharded_units=layers.99"]))
+
+
+def test_unit_moves_with_several_micro_batches_are_refused_not_garbage():
+    run = fsdp_trace.analyze(SAMPLES / "diagnosis/grad-accum", detailed=False).only
+    for text in ("reshard_after_forward=false", "prefetch_forward=1", "shard_embeddings=true"):
+        with pytest.raises(UserError, match="micro-batches per step"):
+            predict(run, parse([text]))
+    from fsdp_trace.whatif import candidates
+
+    names = {k.describe() for k, _ in candidates(run, standard=True)}
+    assert "reshard_after_forward=false" not in names and "prefetch_forward=1" not in names
+    assert predict(run, Knobs(ac_coverage=1.0)).predicted_step_us > 0

@@ -262,6 +262,19 @@ def _predict(run, knobs: Knobs, progs, offsets, base: Baseline) -> Prediction:
     )
 
 
+# Changes whose program edits assume one micro-batch per step (they move or add gathers by
+# unit across the whole step).
+PER_STEP_ONLY = (
+    "reshard_after_forward",
+    "keep_last_unsharded",
+    "root_reshard_after_forward",
+    "unsharded_units",
+    "shard_embeddings",
+    "prefetch_forward",
+    "prefetch_backward",
+)
+
+
 def modelled_notes(knobs: Knobs, run) -> list[str]:
     """Notes on changes that change nothing (already the run's setting); UserError for a
     change the replay does not model (undoing embedding units, gradient sync back on, a
@@ -291,7 +304,15 @@ def modelled_notes(knobs: Knobs, run) -> list[str]:
                 f"--set {name}={value}: a shallower explicit prefetch than the run's "
                 f"({now.get(name)}) is not modelled (the replay only issues gathers earlier)"
             )
-    if knobs.accum_no_sync and run.config.micro_batches.value in (None, 1):
+    micro = run.config.micro_batches.value or 1
+    per_step = [name for name in PER_STEP_ONLY if name in knobs.changed()]
+    if micro > 1 and per_step:
+        raise UserError(
+            f"--set {per_step[0]}: with {micro} micro-batches per step this change is not "
+            "modelled yet (it moves gathers across micro-batches); AC coverage, batch, reduce "
+            "dtype and no-sync are"
+        )
+    if knobs.accum_no_sync and micro == 1:
         notes.append("accum_no_sync: the step has one micro-batch, so there is nothing to skip")
     return notes
 
@@ -352,9 +373,17 @@ def candidates(run, standard: bool = False) -> list[tuple[Knobs, str]]:
         ]
     unique: dict[str, tuple[Knobs, str]] = {}
     for k, rule in out:
-        if not in_effect(k, run):
+        if not in_effect(k, run) and _modelled(k, run):
             unique.setdefault(k.describe(), (k, rule))
     return list(unique.values())
+
+
+def _modelled(knobs: Knobs, run) -> bool:
+    try:
+        modelled_notes(knobs, run)
+    except UserError:
+        return False
+    return True
 
 
 def _doubled_batch(run) -> Knobs:
