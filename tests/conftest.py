@@ -1,13 +1,21 @@
 """Shared fixtures: one real CPU/gloo capture per test session, the shipped samples, and a
-one-process gloo group; `free_port` for rendezvous and servers. No test touches the user's
-own cache or home: the cache, XDG_CACHE_HOME and HOME point into the session's tmp folder."""
+one-process gloo group; `free_port` for rendezvous and servers.
+
+No test touches the user's own cache or home: before collection, the test run points
+FSDP_TRACE_CACHE_DIR, XDG_CACHE_HOME and HOME into a scratch folder of its own, inherited by
+every process a test starts and removed at the end. pytest-xdist workers share the run's
+folder: the cache is safe under concurrent writers (atomic renames, checksums, entries bound to
+their key), so a sample one worker parsed is read back by the others; tests of the cache itself
+use folders of their own."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,21 +46,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(autouse=True, scope="session")
-def isolated_cache(tmp_path_factory):
-    """Every test (and every process it starts) caches into a folder of this session, and a
-    cache path that falls back to ~ lands in a scratch home, never the user's."""
-    saved = {k: os.environ.get(k) for k in ("FSDP_TRACE_CACHE_DIR", "XDG_CACHE_HOME", "HOME")}
-    home = tmp_path_factory.mktemp("home")
-    os.environ["FSDP_TRACE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    os.environ["XDG_CACHE_HOME"] = str(home / ".cache")
-    os.environ["HOME"] = str(home)
-    yield
-    for key, value in saved.items():
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per core this process may run on (its CPU affinity, and a cgroup
+    v2 CPU quota where one is set), not psutil's count of the host's physical cores (1 on a
+    2-vCPU machine with SMT, 64 in a container limited to 2). PYTEST_XDIST_AUTO_NUM_WORKERS
+    still wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores or 1, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores or 1)
+
+
+ISOLATED = ("FSDP_TRACE_CACHE_DIR", "XDG_CACHE_HOME", "HOME")
+SCRATCH_VARIABLE = "FSDP_TRACE_TEST_SCRATCH"  # the run's scratch folder, for xdist workers
+_saved_environment: dict[str, str | None] = {}
+_own_scratch: list[Path] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every test (and every process it starts) caches into the run's scratch folder, and a
+    cache path that falls back to ~ lands in a scratch home, never the user's. Done before
+    collection, so that nothing collected at import time escapes it either. The process that
+    starts the run makes the folder; its xdist workers (which inherit the variables) use it."""
+    _saved_environment.update({key: os.environ.get(key) for key in (*ISOLATED, SCRATCH_VARIABLE)})
+    inherited = os.environ.get(SCRATCH_VARIABLE)
+    if os.environ.get("PYTEST_XDIST_WORKER") and inherited and Path(inherited).is_dir():
+        scratch = Path(inherited)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix="pytest-fsdp-trace-"))
+        _own_scratch.append(scratch)
+        for name in ("cache", "home"):
+            (scratch / name).mkdir(mode=0o700)
+    os.environ[SCRATCH_VARIABLE] = str(scratch)
+    os.environ["FSDP_TRACE_CACHE_DIR"] = str(scratch / "cache")
+    os.environ["XDG_CACHE_HOME"] = str(scratch / "home" / ".cache")
+    os.environ["HOME"] = str(scratch / "home")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The user's environment back, and the scratch folder gone (by the process that made
+    it, once its workers are done)."""
+    for key, value in _saved_environment.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    for folder in _own_scratch:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

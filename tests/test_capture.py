@@ -107,6 +107,7 @@ def test_run_json_holds_the_knobs_and_figures(cpu_run):
     assert run["model"]["seq_len"] == 64
 
 
+@pytest.mark.slow
 def test_under_torchrun_too(tmp_path):
     out = tmp_path / "run"
     done = subprocess.run(
@@ -158,6 +159,7 @@ def test_under_torchrun_too(tmp_path):
     assert len(timing) == 1
 
 
+@pytest.mark.slow
 def test_a_user_model_factory(tmp_path):
     out = tmp_path / "run"
     done = run_cli(
@@ -200,6 +202,7 @@ def test_existing_output_directory_is_refused(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     out = tmp_path / "run"
     start = time.monotonic()
@@ -227,6 +230,7 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     assert not out.exists()  # no half-written output
 
 
+@pytest.mark.slow
 def test_out_of_memory_names_the_knobs_to_lower(tmp_path):
     out = tmp_path / "run"
     done = run_cli(
@@ -250,6 +254,7 @@ def test_out_of_memory_names_the_knobs_to_lower(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_out_of_memory_while_building_names_the_knobs_too(tmp_path):
     """init_weights after to_empty runs out of memory: the same one message, real sizes."""
     out = tmp_path / "run"
@@ -306,6 +311,7 @@ def test_version():
     assert done.returncode == 0 and done.stdout.startswith("fsdp-trace ")
 
 
+@pytest.mark.slow
 def test_capture_output_is_the_phase_bars_and_the_files_written_never_usdt(tmp_path):
     """With the progress bars on (piped: each bar's last state), stderr holds one bar per
     phase with its own count, the line naming what was written, and none of PyTorch's

@@ -91,6 +91,7 @@ def test_capture_without_torch_says_how_to_install_it(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_an_earlier_killed_run_with_torch_typer_rich_only(tmp_path):
     """--overwrite removes the previous run's files (a stale rank 3 from a bigger world, the
     temp files a killed run left) and keeps the user's; the whole capture path runs with
@@ -150,6 +151,7 @@ def start_stalling_capture(out: Path, pid_dir: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "code", "line"),
     [
@@ -201,6 +203,7 @@ def test_a_killed_run_leaves_no_traces_and_no_run_json(tmp_path, how, code, line
     assert not out.exists()  # no final-named trace, no temp file, no run.json, no empty dir
 
 
+@pytest.mark.slow
 def test_a_hung_rank_ends_the_job_at_the_process_group_timeout(tmp_path):
     """Rank 1 never produces a batch; rank 0 waits in the first all-gather until --timeout-s,
     then the job ends with one line instead of hanging."""
@@ -278,6 +281,7 @@ def lock_line(out: Path, pid: int) -> re.Pattern:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("first", "second"),
     [
@@ -337,6 +341,7 @@ def test_a_second_capture_into_a_running_captures_out_fails_and_touches_nothing(
     assert not out.exists() or (first == "torchrun" and list(out.iterdir()) == [])
 
 
+@pytest.mark.slow
 def test_a_stale_lock_file_neither_blocks_nor_counts_as_a_previous_run(tmp_path):
     """A lock file a killed capture left (no process holds it) is not "a non-empty --out", and
     the capture that reuses it removes it at the end: the run directory holds only the run."""
@@ -392,6 +397,7 @@ def test_the_lock_is_released_when_its_holder_is_killed(tmp_path):
 # -- a killed rank is named, not the rank that lost its connection to it ----------------------
 
 
+@pytest.mark.slow
 def test_a_rank_killed_mid_collective_is_blamed_not_rank_0s_connection_error(tmp_path):
     """Rank 0 waits in the first all-gather for rank 1; rank 1 is killed (the OOM killer, a
     user): rank 0's collective fails at once with a connection error, but the line names
@@ -470,6 +476,7 @@ def test_a_factory_that_cannot_be_imported_fails_before_the_ranks_start(tmp_path
         assert imports.read_text().split() == ["parent"]  # no rank ever imported it
 
 
+@pytest.mark.slow
 def test_a_factory_that_cannot_be_imported_is_one_line_under_torchrun_too(tmp_path):
     out = tmp_path / "run"
     target = "tests.broken_factory:build"

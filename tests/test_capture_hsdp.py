@@ -70,6 +70,7 @@ def root_reshard_run(tmp_path_factory) -> Path:
 # --- HSDP -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_hsdp_run_json_records_the_mesh(hsdp_run):
     run = json.loads((hsdp_run / "run.json").read_text())
     assert run["config"]["hsdp"] == 2
@@ -91,6 +92,7 @@ def test_hsdp_run_json_records_the_mesh(hsdp_run):
     assert run["files"]["timing"] == [f"rank{r}.timing.json.gz" for r in range(4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
 def test_hsdp_process_groups_in_distributed_info(hsdp_run, rank):
     info = load(hsdp_run / f"rank{rank}.timing.json.gz")["distributedInfo"]
@@ -105,6 +107,7 @@ def test_hsdp_process_groups_in_distributed_info(hsdp_run, rank):
     assert groups["mesh_replicate"]["ranks"] == REPLICATE_GROUPS[rank]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 3])
 def test_hsdp_all_gathers_in_fsdp_all_gather_labels(hsdp_run, rank):
     events = spans(load(hsdp_run / f"rank{rank}.timing.json.gz"))
@@ -120,6 +123,7 @@ def test_hsdp_all_gathers_in_fsdp_all_gather_labels(hsdp_run, rank):
     assert len(gathers) == len(calls)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 3])
 def test_hsdp_all_reduce_in_post_backward_reduce(hsdp_run, rank):
     events = spans(load(hsdp_run / f"rank{rank}.timing.json.gz"))
@@ -171,6 +175,7 @@ def root_gathers_per_step(run: Path, rank: int) -> list[list[str]]:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_root_reshard_true_gathers_the_root_twice_per_step(root_reshard_run, rank):
     per_step = root_gathers_per_step(root_reshard_run, rank)
@@ -183,6 +188,7 @@ def test_root_reshard_true_gathers_the_root_twice_per_step(root_reshard_run, ran
     assert "--root-reshard-after-forward true" in run["command"]
 
 
+@pytest.mark.slow
 def test_root_default_gathers_the_root_once_per_step(hsdp_run):
     assert root_gathers_per_step(hsdp_run, 0) == [["FSDP::pre_forward"]] * 2
 

@@ -227,6 +227,7 @@ def _shard_with_int_reshard(rank: int, world_size: int, port: int, results) -> N
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_integer_reshard_reaches_fully_shard_on_four_ranks():
     """`--reshard-after-forward 2` on 4 ranks: every block is sharded over 4, and after forward
     kept sharded over groups of 2 (the last block, kept unsharded, keeps no post-forward mesh)."""

@@ -565,6 +565,7 @@ def insane_numbers(payload: str) -> list[str]:
     return problems
 
 
+@pytest.mark.slow  # ~80 processes: CI runs it (-m slow); the focused tests below run always
 @pytest.mark.parametrize("name", list(CORPUS))
 def test_corpus_case(corpus_results, name):
     case, got = CORPUS[name], corpus_results[name]

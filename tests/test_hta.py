@@ -100,6 +100,7 @@ def test_cpu_run_names_the_hta_and_checks_nothing():
     assert notices == [f"HTA cross-check: {hta_tool()} — no GPU rank with collectives to check"]
 
 
+@pytest.mark.slow
 def test_with_traceinsight():
     """This file's tests again, with traceinsight 0.6.1 as `hta` (a process of its own)."""
     if hta_tool() == TRACEINSIGHT:
@@ -111,9 +112,9 @@ def test_with_traceinsight():
         )
     path = os.pathsep.join(filter(None, [TRACEINSIGHT_DIR, os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "FSDP_TRACE_EXPECT_HTA": TRACEINSIGHT}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
     done = subprocess.run(
-        [*command, "-k", "not test_with_traceinsight"],
+        [*command, "-m", "", "-k", "not test_with_traceinsight", __file__],
         cwd=REPO,
         env=env,
         capture_output=True,

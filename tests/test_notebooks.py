@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes(path):
+    import nbformat  # here, not at collection: importing it takes ~1 s (jsonschema)
+    from nbclient import NotebookClient
+
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(
         notebook,

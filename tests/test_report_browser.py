@@ -31,11 +31,14 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 BROWSER = os.environ.get("FSDP_TRACE_CHROMIUM") or next(
     (found for name in BROWSERS if (found := shutil.which(name))), None
 )
-pytestmark = pytest.mark.skipif(
-    BROWSER is None,
-    reason="no Chromium found (apt-get install chromium; .ci/run installs it): "
-    "the report is not checked in a browser",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        BROWSER is None,
+        reason="no Chromium found (apt-get install chromium; .ci/run installs it): "
+        "the report is not checked in a browser",
+    ),
+]
 FLAGS = [
     "--headless",
     "--no-sandbox",

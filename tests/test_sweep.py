@@ -237,6 +237,7 @@ def test_compare_without_a_1gpu_run_uses_run_json_and_names_it(tmp_path):
     assert table["baseline"].iloc[0].startswith("run.json")
 
 
+@pytest.mark.slow
 def test_sweep_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "sweep"
     done = run_cli(
