@@ -30,6 +30,7 @@ from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose import diagnose
 from fsdp_trace.diagnose.finding import Diagnosis
 from fsdp_trace.errors import UserError
+from fsdp_trace.present.fmt import agree, plural
 from fsdp_trace.result import Result, RunAnalysis
 from fsdp_trace.vocab import Kind, Source
 
@@ -168,7 +169,7 @@ def number_unnamed(analyses: list[RankAnalysis]) -> tuple[list[RankAnalysis], li
         out[i] = _with(out[i], "rank", number)
         given.append(f"{Path(out[i].path).name if out[i].path else i} as rank {number}")
     return out, [
-        f"{len(unnamed)} trace{'s' * (len(unnamed) != 1)} name no rank (no "
+        f"{plural(len(unnamed), 'trace')} {agree(len(unnamed), 'names', 'name')} no rank (no "
         f"distributedInfo.rank, no rank in the file name): read {', '.join(given)}"
     ]
 
@@ -188,12 +189,9 @@ def grouping_line(runs: list[tuple[RunInput, list[RankAnalysis]]], files: int) -
             if ranks
             else "no rank"
         )
-        text = f"{run_in.name} ({kind}, {who}: {timing} trace{'s' * (timing != 1)}"
+        text = f"{run_in.name} ({kind}, {who}: {plural(timing, 'trace')}"
         parts.append(text + (f" + {detailed} detailed)" if detailed else ")"))
-    return (
-        f"{files} file{'s' * (files != 1)} → {len(runs)} run{'s' * (len(runs) != 1)}: "
-        + "; ".join(parts)
-    )
+    return f"{plural(files, 'file')} → {plural(len(runs), 'run')}: " + "; ".join(parts)
 
 
 def analyze_run(

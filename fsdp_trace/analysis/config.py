@@ -32,6 +32,7 @@ from fsdp_trace.analysis import context
 from fsdp_trace.analysis.context import display_name
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.analysis.trace import pg_sizes
+from fsdp_trace.present.fmt import plural
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import NON_BLOCK_UNITS, ROOT, UNATTRIBUTED, Collective, MeshKind, Phase
 
@@ -366,7 +367,7 @@ def _prefetch(coll: pd.DataFrame, order: list[str], phase: str, run: RunRecord |
     ]
     if pairs:
         depth = int(max(pairs))
-        return Item(depth, From.TRACE, f"gathers issued up to {depth} unit(s) ahead")
+        return Item(depth, From.TRACE, f"gathers issued up to {plural(depth, 'unit')} ahead")
     if phase == Phase.FORWARD:
         return Item(0, From.TRACE, "each unit gathers its own parameters (implicit prefetch)")
     return Item(default, From.DEFAULT)

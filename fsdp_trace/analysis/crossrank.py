@@ -32,6 +32,7 @@ import pandas as pd
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.present import fmt
 from fsdp_trace.vocab import Device
 
 # Matched collectives end within a few µs of each other on one host (NCCL's own completion
@@ -292,7 +293,8 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
     if len(partial):
         g = partial.index[0]
         notices.append(
-            f"{len(partial)} process group(s) have ranks whose traces were not given (e.g. "
+            f"{fmt.plural(len(partial), 'process group')} {fmt.agree(len(partial), 'has', 'have')} "
+            "ranks whose traces were not given (e.g. "
             f"group {group_info.loc[g, 'pg']}: {expected[g]} of {partial[g]} ranks): their "
             "collectives are matched among the ranks given, so transfer times are upper bounds "
             "and waiting lower bounds"
@@ -349,7 +351,7 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
     offsets, unreached = _clock_offsets(rows, ids)
     if unreached:
         notices.append(
-            "no matched collective links rank(s) "
+            f"no matched collective links {fmt.agree(len(unreached), 'rank', 'ranks')} "
             + ", ".join(map(str, unreached[:8]))
             + " to the others: their clocks are taken as is"
         )

@@ -34,6 +34,7 @@ from fsdp_trace.capture.outputs import (
     remove_incomplete_outputs,
 )
 from fsdp_trace.errors import UserError
+from fsdp_trace.present.fmt import agree, plural
 
 # The signals torchrun's agent turns into SignalException (its default list).
 AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -339,9 +340,10 @@ def launch(cfg: CaptureConfig, nproc_per_node: int | None, rendezvous: Rendezvou
 
     nproc = nproc_per_node or default_nproc()
     if cfg.device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        visible = torch.cuda.device_count()
         raise UserError(
-            f"--nproc-per-node {nproc} but only {torch.cuda.device_count()} GPUs are visible: "
-            "lower it (or pass --device cpu)"
+            f"--nproc-per-node {nproc} but only {plural(visible, 'GPU')} "
+            f"{agree(visible, 'is', 'are')} visible: lower it (or pass --device cpu)"
         )
     out = Path(cfg.out)
     existed = out.exists()

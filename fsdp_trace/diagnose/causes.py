@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from fsdp_trace.diagnose.context import ms
 from fsdp_trace.diagnose.finding import Diagnosis, Finding, FindingKind
+from fsdp_trace.present.fmt import plural, ranks_text
 
 _EXPOSED_COMMUNICATION = (
     "communication-bound",
@@ -107,9 +108,9 @@ def verdict(causes: list[Finding]) -> str:
     top = causes[0]
     where = ""
     if top.ranks and len(top.ranks) <= 4:
-        where = f" (rank{'s' * (len(top.ranks) > 1)} {', '.join(map(str, top.ranks))})"
+        where = f" ({ranks_text(top.ranks)})"
     cost = f"{ms(top.cost_us)} per step ({top.cost_pct:.1f} % of the step)"
     if top.upper_bound:
         cost = f"up to {cost}: waiting for peers not told apart"
-    more = f"; {len(causes) - 1} more cause{'s' * (len(causes) > 2)}" if len(causes) > 1 else ""
+    more = f"; {plural(len(causes) - 1, 'more cause')}" if len(causes) > 1 else ""
     return f"{top.title}{where}: {cost}{more}"

@@ -65,8 +65,17 @@ def spread(values: Sequence[float], scale: float = 1.0, spec: str = ".1f") -> tu
     return f"{median:{spec}}", f"{clean[0]:{spec}}–{clean[-1]:{spec}}"
 
 
-def plural(n: int, word: str, suffix: str = "s") -> str:
-    return f"{n} {word}{suffix * (n != 1)}"
+def plural(n: float, word: str, many: str | None = None) -> str:
+    """The count and the word that agrees with it: "1 finding", "2 findings", "0 files",
+    "1.5 reductions", plural(3, "retry", "retries"). `many` is the plural form (`word` + "s"
+    unless given); a float count is written as %g."""
+    count = f"{n:g}" if isinstance(n, float) else str(n)
+    return f"{count} {word if n == 1 else many or word + 's'}"
+
+
+def agree(n: float, one: str, many: str) -> str:
+    """The form that agrees with a count: agree(1, "is", "are") is "is", agree(2, ...) "are"."""
+    return one if n == 1 else many
 
 
 def ranks_text(ranks: Sequence[int], limit: int = 6) -> str:
@@ -74,4 +83,4 @@ def ranks_text(ranks: Sequence[int], limit: int = 6) -> str:
     if not ranks:
         return ""
     shown = ", ".join(map(str, ranks[:limit])) + (", …" if len(ranks) > limit else "")
-    return f"rank{'s' * (len(ranks) > 1)} {shown}"
+    return f"{agree(len(ranks), 'rank', 'ranks')} {shown}"

@@ -41,17 +41,29 @@ def description(record: RunRecord) -> str:
     )
 
 
+# What a CPU (gloo) run shows for a scaling efficiency that run.json may still hold (captures
+# before the capture stopped computing it on CPU): not a figure.
+CPU_SCALING = "not meaningful on CPU: every rank shares the host's cores"
+
+
+def on_cpu(record: RunRecord) -> bool:
+    """A CPU run: device "cpu" (or, where run.json names none, the gloo backend)."""
+    world = record.world
+    return world.device == "cpu" or (world.device is None and world.backend == "gloo")
+
+
 def figures(record: RunRecord) -> list[Figure]:
     """The capture's own measurements of the un-profiled steps, in reading order."""
     f = record.figures
     out: list[Figure] = []
     if f.step_time_ms is not None:
+        n = f.step_time_ms.n
         out.append(
             Figure(
                 "step_ms_unprofiled",
                 "Step (un-profiled)",
                 f"{f.step_time_ms.median:.2f} ms",
-                f"median of {f.step_time_ms.n} timed steps" if f.step_time_ms.n else "median",
+                f"median of {fmt.plural(n, 'timed step')}" if n else "median",
             )
         )
     if fmt.finite(f.tokens_per_s_per_gpu):
@@ -67,7 +79,9 @@ def figures(record: RunRecord) -> list[Figure]:
         out.append(Figure("mfu", "MFU", fmt.fraction_pct(f.mfu), sub))
     elif f.omitted("MFU omitted"):
         out.append(Figure("mfu", "MFU", fmt.DASH, f.omitted("MFU omitted").removeprefix("MFU ")))
-    if fmt.finite(f.scaling_efficiency):
+    if fmt.finite(f.scaling_efficiency) and on_cpu(record):
+        out.append(Figure("scaling_efficiency", "Scaling efficiency", fmt.DASH, CPU_SCALING))
+    elif fmt.finite(f.scaling_efficiency):
         sub = (
             f"vs 1 GPU at {f.baseline_tokens_per_s:,.0f} tokens/s"
             if fmt.finite(f.baseline_tokens_per_s)
@@ -86,7 +100,7 @@ def figures(record: RunRecord) -> list[Figure]:
         if fmt.finite(f.peak_reserved_gib):
             sub += f"; {f.peak_reserved_gib:.2f} GiB reserved"
         if f.num_alloc_retries:
-            sub += f"; {f.num_alloc_retries} allocator retries"
+            sub += f"; {fmt.plural(f.num_alloc_retries, 'allocator retry', 'allocator retries')}"
         out.append(
             Figure(
                 "peak_memory",
@@ -126,7 +140,7 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
             spread = f" (p10-p90 {stats.p10:.2f}-{stats.p90:.2f}"
             if stats.min is not None and stats.max is not None:
                 spread += f", min-max {stats.min:.2f}-{stats.max:.2f}"
-            spread += f", {stats.n} steps)"
+            spread += f", {fmt.plural(stats.n, 'step')})"
         rows.append(("step time", f"{stats.median:.2f} ms median{spread}"))
         rows.append(("tokens/s/GPU", fmt.num(f.tokens_per_s_per_gpu, ",.0f")))
         if f.mfu is not None:
@@ -141,7 +155,9 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
         else:
             why = f.omitted("MFU omitted")
             rows.append(("MFU", why.removeprefix("MFU ") if why else "omitted"))
-        if f.scaling_efficiency is not None:
+        if f.scaling_efficiency is not None and on_cpu(record):
+            rows.append(("scaling efficiency", CPU_SCALING))
+        elif f.scaling_efficiency is not None:
             rows.append(
                 (
                     "scaling efficiency",
@@ -157,7 +173,8 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
             "reserved (max over ranks)"
         )
         if f.num_alloc_retries is not None:
-            memory += f"; {f.num_alloc_retries} allocator retries in the timed steps"
+            retries = fmt.plural(f.num_alloc_retries, "allocator retry", "allocator retries")
+            memory += f"; {retries} in the timed steps"
         rows.append(("peak memory", memory))
     elif f.peak_rss_gib is not None:
         rows.append(("peak memory", f"{fmt.gib(f.peak_rss_gib)} RSS (max over ranks)"))

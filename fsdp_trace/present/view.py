@@ -335,7 +335,7 @@ def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
 def _prefetch(depth: Any, forward: bool) -> str:
     if depth in (None, 0) and forward:
         return "implicit"
-    return f"{depth} unit{'s' * (depth != 1)} ahead" if depth is not None else fmt.DASH
+    return f"{fmt.plural(depth, 'unit')} ahead" if depth is not None else fmt.DASH
 
 
 def _names(names: list[str], limit: int = 4) -> str:

@@ -14,6 +14,7 @@ import pandas as pd
 from fsdp_trace.diagnose.context import Context, ms, pct, per_step
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
+from fsdp_trace.present.fmt import agree, plural
 from fsdp_trace.vocab import (
     GRADIENT_REDUCTIONS,
     NON_BLOCK_UNITS,
@@ -248,9 +249,11 @@ def reduction_tail(ctx: Context) -> Finding | None:
     return Finding(
         "reduction-tail",
         "Gradient-reduction tail exposed at the end of backward",
-        cause=f"{count:g} gradient reduction(s) ({units}) are still running when backward's "
-        "compute is done, and the optimizer waits for them",
-        evidence=f"rank {rank}: {count:g} reduce-scatter/all-reduce kernel(s) still run after the "
+        cause=f"{plural(count, 'gradient reduction')} ({units}) {agree(count, 'is', 'are')} "
+        "still running when backward's compute is done, and the optimizer waits for "
+        f"{agree(count, 'it', 'them')}",
+        evidence=f"rank {rank}: {plural(count, 'reduce-scatter/all-reduce kernel')} still "
+        f"{agree(count, 'runs', 'run')} after the "
         f"last backward kernel, {ms(exposed)} exposed per step ({pct(exposed / step)}; threshold "
         f"{pct(TAIL_EXPOSED)}; {ms(raw)} before taking out waiting for peers){hsdp}",
         why="the optimizer waits for every gradient; about one reduction at the end is "

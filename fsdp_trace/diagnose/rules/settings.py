@@ -12,6 +12,7 @@ import pandas as pd
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
+from fsdp_trace.present.fmt import agree, plural
 from fsdp_trace.vocab import ROOT, Basis, Collective, Phase
 
 PAIR = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
@@ -205,7 +206,7 @@ def root_resharded(ctx: Context) -> Finding | None:
         "Root unit resharded after forward",
         cause="the root unit reshards after forward, so backward gathers it again at once "
         f"(reshard_after_forward=True on the root, from {setting.source})",
-        evidence=f"rank {rank}: the root is all-gathered {count:g} more time(s) per step in "
+        evidence=f"rank {rank}: the root is all-gathered {plural(count, 'more time')} per step in "
         f"backward ({size}{ms(transfer)} of transfer per step, {ms(exposed)} of it exposed)",
         why="backward starts with the root's own layers (the output head), so its parameters "
         "are needed right after forward ends: resharding them frees memory for an instant and "
@@ -324,8 +325,10 @@ def ac_over_applied(ctx: Context) -> Finding | None:
     return Finding(
         "ac-over-applied",
         "Activation checkpointing costs more than it hides",
-        cause=f"{len(spare)} checkpointed block(s) recompute their forward although their own "
-        "backward compute already hides the gathers: the recompute is pure cost",
+        cause=f"{plural(len(spare), 'checkpointed block')} "
+        f"{agree(len(spare), 'recomputes its', 'recompute their')} forward although "
+        f"{agree(len(spare), 'its', 'their')} own backward compute already hides the gathers: "
+        "the recompute is pure cost",
         evidence=f"{len(spare)} of {len(checkpointed)} checkpointed blocks recompute "
         f"{ms(cost)} per step ({pct(cost / step)}) while their backward compute alone "
         f"(e.g. {shown}: {ms(example['compute'])}) hides the backward all-gather it "
