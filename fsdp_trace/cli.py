@@ -187,6 +187,19 @@ def user_errors(command: str) -> Iterator[None]:
         raise fail(command, "interrupted (Ctrl-C): nothing written", 130) from None
 
 
+@contextmanager
+def no_cache_if(no_cache: bool) -> Iterator[None]:
+    """`--no-cache`: caching off for the whole command, so that nothing is read from or written
+    to the cache folder (parsed traces, analyses, the packed plotly.js of the pages)."""
+    if not no_cache:
+        yield
+        return
+    from fsdp_trace.analysis import cache
+
+    with cache.off("--no-cache"):
+        yield
+
+
 def input_files(paths: list[str]) -> list[Path]:
     """Every local file an analysis of `paths` reads (traces and run.json), for the output
     checks (a URL's objects are not files an output could replace)."""
@@ -554,7 +567,8 @@ def analyze(
     no_cache: Annotated[
         bool,
         typer.Option(
-            "--no-cache", help="Neither read nor write the cache (parsed traces and analyses)."
+            "--no-cache",
+            help="Neither read nor write the cache (parsed traces, analyses, packed plotly.js).",
         ),
     ] = False,
     top: Annotated[
@@ -574,7 +588,7 @@ def analyze(
     Every AllGather / ReduceScatter is attributed to its FSDP2 block and phase, each rank's
     step is cut into where its time goes, and the cause to act on first is named.
     """
-    with user_errors("analyze"):
+    with user_errors("analyze"), no_cache_if(no_cache):
         from fsdp_trace.analysis.rank import keeping_cpu_slices
         from fsdp_trace.diagnose import gate
         from fsdp_trace.pipeline import analyze as run_analysis
@@ -748,7 +762,7 @@ def whatif(
     at its speed without the profiler) under the changed knobs, beside the measured step and
     its split, with an uncertainty. README "What if" gives the model's error on real pairs.
     """
-    with user_errors("whatif"):
+    with user_errors("whatif"), no_cache_if(no_cache):
         import json
 
         from fsdp_trace import atomic

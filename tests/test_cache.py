@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import json
 import os
 import shutil
 import struct
 import time
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -580,3 +582,96 @@ def test_cache_commands_show_and_clear_the_folder(cache_dir, trace_file):
     assert cleared.returncode == 0, cleared.stderr
     assert "deleted 2 files" in cleared.stdout
     assert entries(cache_dir) == []
+
+
+# --- the packed plotly.js kept in the cache folder --------------------------------------------
+
+
+def plant_packed_plotly(folder) -> str:
+    """A well-formed packed plotly.js in `folder`'s cache under the real plotly.js' key, holding
+    a stand-in script; returns its packed text (a page holding it read it from the cache)."""
+    from plotly.offline import get_plotlyjs
+
+    from fsdp_trace.render import plotlyjs
+
+    key = hashlib.sha256(get_plotlyjs().encode("utf-8")).hexdigest()[:32]
+    stand_in = b"/* planted */ window.Plotly = {newPlot: function () {}};"
+    text, packed_length = plotlyjs.pack(stand_in)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    path = folder / cache.PACKED_PLOTLYJS / f"{cache.PACKED_PREFIX}{plotlyjs.PACK_FORMAT}-{key}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{packed_length} {digest}\n{text}", encoding="utf-8")
+    path.chmod(0o600)
+    return text
+
+
+def test_no_cache_never_reads_the_packed_plotly_js(tmp_path):
+    """`analyze --no-cache` inlines plotly.js packed on the spot, whatever the cache folder
+    holds, and writes nothing there; without it, the folder's copy is the one used."""
+    from plotly.offline import get_plotlyjs
+
+    from fsdp_trace.render import plotlyjs
+
+    folder = tmp_path / "cache"
+    planted = plant_packed_plotly(folder)
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    trace = str(_small_traces(tmp_path, 1)[0])
+    env = {"FSDP_TRACE_CACHE_DIR": str(folder), "FSDP_TRACE_CACHE": "1"}
+    page = tmp_path / "r.html"
+    done = run_cli("analyze", trace, "--no-cache", "--report", str(page), env=env)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text(encoding="utf-8")
+    assert plotlyjs.unpack_element(text, plotlyjs.PLOTLY_ID) == get_plotlyjs().encode("utf-8")
+    assert planted not in text
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+    done = run_cli("analyze", trace, "--report", str(page), env=env)
+    assert done.returncode == 0, done.stderr
+    assert planted in page.read_text(encoding="utf-8")  # read from the cache: the checks can fail
+
+
+def test_a_packed_plotly_js_others_can_write_is_never_read(cache_dir):
+    from fsdp_trace.render import plotlyjs
+
+    data = b"plotly.js stand-in " * 1000
+    first = plotlyjs._pack_cached(data)
+    (stored,) = (cache_dir / cache.PACKED_PLOTLYJS).iterdir()
+    assert stored.stat().st_mode & 0o777 == 0o600
+    planted = plotlyjs.pack(b"planted")
+    digest = hashlib.sha256(planted[0].encode("utf-8")).hexdigest()
+    stored.write_text(f"{planted[1]} {digest}\n{planted[0]}", encoding="utf-8")
+    assert plotlyjs._pack_cached(data) == planted  # ours and private: read
+    stored.chmod(0o620)  # writable by the group: anyone in it could have written it
+    assert plotlyjs._pack_cached(data) == first
+    assert stored.stat().st_mode & 0o777 == 0o600  # packed anew and rewritten
+    with cache.off():
+        stored.unlink()
+        assert plotlyjs._pack_cached(data) == first
+        assert not stored.exists()  # nothing written either
+
+
+def test_cache_clear_deletes_the_packed_plotly_js(cache_dir, trace_file):
+    from fsdp_trace.render import plotlyjs
+
+    perrank.analyze_file(trace_file, cache=True)
+    plotlyjs._pack_cached(b"plotly.js stand-in " * 1000)
+    (cache_dir / cache.PACKED_PLOTLYJS / ".tmp-crashed").write_bytes(b"x")
+    info = cache.info()
+    assert (info.traces, info.analyses, info.plotlyjs, info.temporary) == (1, 1, 1, 1)
+    shown = run_cli("cache", "info")
+    assert "packed plotly.js (for the HTML pages): 1" in shown.stdout, shown.stderr
+    cleared = run_cli("cache", "clear")
+    assert cleared.returncode == 0, cleared.stderr
+    assert "deleted 4 files" in cleared.stdout
+    assert list((cache_dir / cache.PACKED_PLOTLYJS).iterdir()) == []
+    assert entries(cache_dir) == [] and cache.info().total_bytes == 0
+
+
+def test_the_suite_caches_into_its_scratch_folder_never_the_users():
+    """tests/conftest.py points this test process, and every process a test starts, at the
+    run's scratch folder (one for all xdist workers), never at ~/.cache/fsdp-trace."""
+    scratch = Path(os.environ["FSDP_TRACE_TEST_SCRATCH"])
+    assert Path(os.environ["FSDP_TRACE_CACHE_DIR"]) == scratch / "cache"
+    assert Path(os.environ["HOME"]) == scratch / "home" and scratch.is_dir()
+    assert cache.directory() == scratch / "cache" and cache.enabled()
+    shown = run_cli("cache", "info")
+    assert shown.stdout.startswith(f"cache: {scratch / 'cache'} (on)"), shown.stdout

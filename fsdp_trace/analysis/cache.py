@@ -6,7 +6,12 @@ Two kinds of entry per trace file: the loader's columns (`Trace`), and one rank'
 (Perfetto view, HTA cross-check) reads the columns back.
 
 Where: $FSDP_TRACE_CACHE_DIR, else ~/.cache/fsdp-trace (under $XDG_CACHE_HOME when set).
-Off: `analyze(..., cache=False)` / `fsdp-trace analyze --no-cache`, or FSDP_TRACE_CACHE=0.
+The folder also keeps the packed plotly.js the HTML pages inline (`PACKED_PLOTLYJS/`, written
+and read by fsdp_trace/render/plotlyjs.py under the same trust rules, keyed by plotly.js'
+content): `clear` and the size budget treat it like the entries.
+Off: `analyze(..., cache=False)` (parsed traces and analyses), `fsdp-trace analyze --no-cache`
+(`off()`: nothing is read or written for the whole command, the packed plotly.js included), or
+FSDP_TRACE_CACHE=0.
 Under pytest (PYTEST_CURRENT_TEST is set) the cache is off unless FSDP_TRACE_CACHE_DIR names
 a directory, so a test run never writes to the user's home.
 Size: FSDP_TRACE_CACHE_MAX_GB (default 20); beyond it the least recently used entries go.
@@ -67,6 +72,8 @@ SUFFIX = ".fsdptrace"
 TMP_PREFIX = ".tmp-"
 TMP_MAX_AGE_S = 3600.0  # older temporary files are a crashed writer's: deleted
 MAX_GB_DEFAULT = 20.0
+PACKED_PLOTLYJS = "plotlyjs"  # subfolder: the packed plotly.js (render/plotlyjs.py)
+PACKED_PREFIX = "packed-"
 
 try:  # a declared dependency; the fallback keeps a broken install working, only slower
     import xxhash
@@ -89,8 +96,24 @@ except ImportError:  # pragma: no cover - depends on the environment
     HASH_NAME = "b2b"
 
 
+_off_here: list[str] = []  # why `off()` turned caching off in this process, innermost last
+
+
+@contextlib.contextmanager
+def off(reason: str = "--no-cache") -> Iterator[None]:
+    """Caching off in this process while the block runs (`--no-cache`): nothing is read from
+    or written to the cache folder, the packed plotly.js included."""
+    _off_here.append(reason)
+    try:
+        yield
+    finally:
+        _off_here.pop()
+
+
 def _switched_off() -> str | None:
-    """Why the environment turns caching off, or None."""
+    """Why the environment (or `off()`) turns caching off, or None."""
+    if _off_here:
+        return _off_here[-1]
     if os.environ.get("FSDP_TRACE_CACHE", "1").strip().lower() in ("0", "no", "false", "off"):
         return "FSDP_TRACE_CACHE=0"
     if "PYTEST_CURRENT_TEST" in os.environ and not os.environ.get("FSDP_TRACE_CACHE_DIR"):
@@ -227,7 +250,7 @@ class _Entry:
         try:
             with open_regular(self.file, follow_symlinks=False) as fh:
                 info = os.fstat(fh.fileno())
-                if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                if not _own(info):
                     return None  # another user's file (a shared sticky folder), or writable
                 data = np.empty(info.st_size, dtype=np.uint8)  # not zeroed
                 if fh.readinto(memoryview(data)) != data.size:
@@ -261,6 +284,43 @@ class _Entry:
                     os.unlink(tmp)
         evict(self.file.parent, keep=self.file)
         return True
+
+
+def _own(info: os.stat_result) -> bool:
+    """A file of the current user that no one else can write: the only kind the cache reads."""
+    return info.st_uid == os.geteuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def read_own(path: Path) -> bytes | None:
+    """A cache file's bytes (other than entries: the packed plotly.js), read under the rules
+    entries are read under (a regular file of ours, writable by no one else); None when it is
+    missing, unreadable or not trusted."""
+    try:
+        with open_regular(path, follow_symlinks=False) as fh:
+            return fh.read() if _own(os.fstat(fh.fileno())) else None
+    except OSError:
+        return None
+
+
+def write_own(path: Path, data: bytes) -> bool:
+    """Write a cache file (other than entries) atomically, as entries are written: mode 0600, a
+    temporary name `clear` and the size budget know; False (nothing left) when it cannot."""
+    tmp = None
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        return False
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    evict(keep=path)
+    return True
 
 
 class TraceEntry(_Entry):
@@ -561,18 +621,25 @@ class _File:
 
 
 def _files(folder: Path) -> list[_File]:
-    """The cache's files in `folder`: entries and temporary files, nothing else."""
+    """The cache's files in `folder`: entries, the packed plotly.js (in its subfolder) and
+    temporary files, nothing else."""
     found = []
-    try:
-        with os.scandir(folder) as items:
-            for item in items:
-                if not (item.name.endswith(SUFFIX) or item.name.startswith(TMP_PREFIX)):
-                    continue
-                with contextlib.suppress(OSError):
-                    stat = item.stat(follow_symlinks=False)
-                    found.append(_File(item.path, item.name, stat.st_size, stat.st_mtime))
-    except OSError:
-        pass
+    for where, prefix, suffix in (
+        (folder, "", SUFFIX),
+        (folder / PACKED_PLOTLYJS, PACKED_PREFIX, ""),
+    ):
+        try:
+            with os.scandir(where) as items:
+                for item in items:
+                    name = item.name
+                    ours = name.startswith(prefix) and name.endswith(suffix)
+                    if not (ours or name.startswith(TMP_PREFIX)):
+                        continue
+                    with contextlib.suppress(OSError):
+                        stat = item.stat(follow_symlinks=False)
+                        found.append(_File(item.path, name, stat.st_size, stat.st_mtime))
+        except OSError:
+            pass
     return found
 
 
@@ -606,8 +673,9 @@ def evict(folder: Path | None = None, keep: Path | None = None) -> int:
 
 
 def clear(folder: Path | None = None) -> tuple[int, int]:
-    """Delete every entry and temporary file in the cache folder (other files are left);
-    returns (files deleted, bytes freed). A refused folder (another user's) is left alone."""
+    """Delete every entry, the packed plotly.js and temporary files in the cache folder (other
+    files are left); returns (files deleted, bytes freed). A refused folder (another user's) is
+    left alone."""
     folder = folder or directory()
     reason = refused(folder)
     if reason is not None:
@@ -634,6 +702,7 @@ class CacheInfo:
     other_versions: int  # entries of other versions or code: kept until evicted
     temporary: int  # unfinished or abandoned writes
     state: str = "on"  # "on", or "off: <why>"
+    plotlyjs: int = 0  # packed plotly.js files (one per plotly.js version)
 
     def lines(self) -> list[str]:
         gib = 1024**3
@@ -643,6 +712,7 @@ class CacheInfo:
             "(FSDP_TRACE_CACHE_MAX_GB)",
             f"entries: {self.traces} parsed traces, {self.analyses} analyses of this version; "
             f"{self.other_versions} of other versions; {self.temporary} temporary files",
+            f"packed plotly.js (for the HTML pages): {self.plotlyjs}",
         ]
 
 
@@ -653,10 +723,12 @@ def info(folder: Path | None = None) -> CacheInfo:
     current = {
         kind: f"{kind}-{code}-" for kind in ("trace", "analysis") if (code := code_version(kind))
     }
-    traces = analyses = other = temporary = 0
+    traces = analyses = other = temporary = plotlyjs = 0
     for item in files:
         if item.name.startswith(TMP_PREFIX):
             temporary += 1
+        elif item.name.startswith(PACKED_PREFIX):
+            plotlyjs += 1
         elif "trace" in current and item.name.startswith(current["trace"]):
             traces += 1
         elif "analysis" in current and item.name.startswith(current["analysis"]):
@@ -674,4 +746,5 @@ def info(folder: Path | None = None) -> CacheInfo:
         analyses=analyses,
         other_versions=other,
         temporary=temporary,
+        plotlyjs=plotlyjs,
     )

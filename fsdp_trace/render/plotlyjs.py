@@ -11,8 +11,10 @@ where plotly.js used to be inlined, so every script after it finds `Plotly` defi
 The page still opens offline, from disk, in any browser of the last years (it needs
 `TextDecoder` and typed arrays, nothing newer). `pack` also packs other page data (the
 report's figures). Packing plotly.js takes ~2 s: done once per process, and kept in the cache
-folder (`fsdp_trace.analysis.cache.directory()/plotlyjs/`, keyed by plotly.js' content; not
-with FSDP_TRACE_CACHE=0) so that the next process reads it back.
+folder (`fsdp_trace.analysis.cache.directory()/plotlyjs/`, keyed by plotly.js' content) so that
+the next process reads it back: read only under the cache's trust rules (a regular file of
+one's own that no one else can write, whose checksum matches), never with caching off
+(FSDP_TRACE_CACHE=0, `--no-cache`), deleted by `fsdp-trace cache clear`.
 """
 
 from __future__ import annotations
@@ -93,24 +95,24 @@ def unpack(text: str, packed_length: int) -> bytes:
 
 
 def _pack_cached(data: bytes) -> tuple[str, int]:
-    """`pack(data)`, through the cache folder (a damaged or unreadable copy is packed anew)."""
-    from fsdp_trace import atomic
+    """`pack(data)`, through the cache folder (a damaged, untrusted or unreadable copy is
+    packed anew); with caching off, packed here and nothing is read or written."""
     from fsdp_trace.analysis import cache
-    from fsdp_trace.errors import UserError
 
     if not cache.enabled():
         return pack(data)
     key = hashlib.sha256(data).hexdigest()[:32]
-    path = cache.directory() / "plotlyjs" / f"packed-{PACK_FORMAT}-{key}.txt"
-    with contextlib.suppress(OSError, ValueError):
-        header, text = path.read_text(encoding="utf-8").split("\n", 1)
+    name = f"{cache.PACKED_PREFIX}{PACK_FORMAT}-{key}.txt"
+    path = cache.directory() / cache.PACKED_PLOTLYJS / name
+    stored = cache.read_own(path)
+    with contextlib.suppress(ValueError):
+        header, text = (stored or b"").decode("utf-8").split("\n", 1)
         packed_length, digest = header.split(" ")
         if hashlib.sha256(text.encode("utf-8")).hexdigest() == digest:
             return text, int(packed_length)
     text, packed_length = pack(data)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    with contextlib.suppress(OSError, UserError):
-        atomic.write_text(path, f"{packed_length} {digest}\n{text}")
+    cache.write_own(path, f"{packed_length} {digest}\n{text}".encode())
     return text, packed_length
 
 
