@@ -425,7 +425,8 @@ LOOSE_KEY = ["device", "model", "batch_size", "seq_len"]
 def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
     """Efficiency = tok/s/GPU at N ÷ tok/s of a 1-GPU run in the list: the one with the same
     model, batch, sequence, AC coverage and compile setting, else the first with the same
-    model, batch and sequence (the knobs differ: `baseline` says so); run.json's own figure
+    model, batch and sequence (the knobs differ: `baseline` says so), one in the run's own
+    folder first (repeats of a sweep each have their 1-GPU run); run.json's own figure
     (against the capture's --baseline) where the list has no such run. `baseline` names the
     run used. CPU runs get none (their timing says nothing about scaling)."""
     single = table[(table["world_size"] == 1) & (table["device"] != "cpu")]
@@ -445,7 +446,11 @@ def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
             for k in key:
                 match = match[match[k] == getattr(row, k)]
             if len(match):
-                base = match.iloc[0]
+                # a repeated sweep: each run against the 1-GPU run of its own folder
+                own = match[
+                    [Path(str(r)).parent == Path(str(row.run)).parent for r in match["run"]]
+                ]
+                base = (own if len(own) else match).iloc[0]
                 differs = [
                     name
                     for k, name in (("ac_coverage", "AC coverage"), ("compile", "compile"))

@@ -84,22 +84,61 @@ def figure(table: pd.DataFrame, title: str):
             if column in MULTI_GPU_ONLY and world == 1:
                 continue
             group = group.sort_values("ac_coverage")
+            point = per_point(group, column)
+            repeated = bool((point["runs"] > 1).any())
+            error = None
+            if repeated:  # the spread of the repeats: min to max around the median
+                error = {
+                    "type": "data",
+                    "symmetric": False,
+                    "array": (point["max"] - point["median"]).to_numpy(),
+                    "arrayminus": (point["median"] - point["min"]).to_numpy(),
+                    "color": color,
+                    "thickness": 1.5,
+                    "width": 5,
+                }
             fig.add_trace(
                 go.Scatter(
-                    x=group["ac_coverage"],
-                    y=group[column],
+                    x=point["ac_coverage"],
+                    y=point["median"],
                     mode="lines+markers",
                     name=f"{world} GPU",
                     legendgroup=str(world),
                     showlegend=index == 1,
                     line={"color": color},
-                    customdata=group[["label", "step_ms"]].to_numpy(),
+                    error_y=error,
+                    customdata=point[["label", "step_ms", "runs"]].to_numpy(),
                     hovertemplate=f"AC %{{x:.2f}}<br>{label}: %{{y:{fmt}}}<br>"
-                    "step %{customdata[1]:.1f} ms<br>%{customdata[0]}<extra></extra>",
+                    "step %{customdata[1]:.1f} ms<br>%{customdata[0]}"
+                    + ("<br>median of %{customdata[2]} runs" if repeated else "")
+                    + "<extra></extra>",
                 ),
                 row=row + 1,
                 col=col + 1,
             )
+            if repeated:  # every run, faint, beside the median it is part of
+                fig.add_trace(
+                    go.Scatter(
+                        x=group["ac_coverage"],
+                        y=group[column],
+                        mode="markers",
+                        name=f"{world} GPU, each run",
+                        legendgroup=str(world),
+                        showlegend=False,
+                        marker={"color": color, "size": 5, "opacity": 0.45},
+                        customdata=list(
+                            zip(
+                                [_run_name(r) for r in group["run"]],
+                                group["step_ms"],
+                                strict=True,
+                            )
+                        ),
+                        hovertemplate=f"AC %{{x:.2f}}<br>{label}: %{{y:{fmt}}}<br>"
+                        "step %{customdata[1]:.1f} ms<br>%{customdata[0]}<extra></extra>",
+                    ),
+                    row=row + 1,
+                    col=col + 1,
+                )
         if best is not None and pd.notna(best[column]):
             fig.add_trace(
                 go.Scatter(
@@ -182,6 +221,42 @@ def figure(table: pd.DataFrame, title: str):
     )
     _footnotes(fig, footnotes(full))
     return fig
+
+
+def per_point(group: pd.DataFrame, column: str) -> pd.DataFrame:
+    """One row per AC coverage of one GPU count: the median of `column` over the runs at that
+    point, their min and max, how many runs there are, the median step and a label."""
+    by = group.groupby("ac_coverage", sort=True)
+    point = by.agg(
+        median=(column, "median"),
+        min=(column, "min"),
+        max=(column, "max"),
+        runs=(column, "count"),
+        step_ms=("step_ms", "median"),
+        label=("label", "first"),
+    ).reset_index()
+    point["runs"] = point["runs"].astype(int)
+    return point
+
+
+def _run_name(run) -> str:
+    """'r2/ac0.50-2gpu': a run by its folder and name (repeats differ by their folder)."""
+    path = Path(str(run))
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+def repeats_note(table: pd.DataFrame) -> str | None:
+    """The footnote of a sweep whose points were captured more than once."""
+    counts = table.groupby(["world_size", "ac_coverage"]).size()
+    if counts.empty or counts.max() <= 1:
+        return None
+    many = sorted(set(counts.tolist()))
+    runs = "-".join(str(n) for n in (many[0], many[-1]) if n) if len(many) > 1 else str(many[0])
+    return (
+        f"Repeated points ({runs} runs each): the line joins the medians, the bars span the "
+        "runs' min to max, the dots are the runs; each multi-GPU run's efficiency is against "
+        "the 1-GPU run of its own folder."
+    )
 
 
 def _footnotes(fig, lines: list[str]) -> None:
@@ -296,6 +371,9 @@ def cpu_figure(table: pd.DataFrame, title: str):
 def footnotes(table: pd.DataFrame) -> list[str]:
     """Where exposed % and recompute % came from, and the table's notices."""
     lines = []
+    note = repeats_note(table[~cpu_rows(table)]) if "ac_coverage" in table else None
+    if note:
+        lines.append(note)
     sources = table["figures_from"].fillna("") if "figures_from" in table else pd.Series()
     saved = int((sources == "analysis.json").sum())
     if saved:

@@ -107,8 +107,10 @@ def _value(name: str, raw: str, text: str) -> object:
         raise UserError(f"--set {text!r}: {name} takes a number") from None
     if not math.isfinite(number):
         raise UserError(f"--set {text!r}: {name} takes a finite number")
-    if name == "ac_coverage" and not 0.0 <= number <= 1.0:
-        raise UserError(f"--set {text!r}: ac_coverage is a fraction in [0, 1]")
+    if name == "ac_coverage":
+        if not 0.0 <= number <= 1.0:
+            raise UserError(f"--set {text!r}: ac_coverage is a fraction in [0, 1]")
+        return number  # 0 too: no block checkpointed
     if name in ("prefetch_forward", "prefetch_backward", "batch_size"):
         if number != int(number) or number < (1 if name == "batch_size" else 0):
             raise UserError(f"--set {text!r}: {name} takes a whole number")
