@@ -1023,6 +1023,36 @@ class _Helper:
         self.results.close()
 
 
+class _HelperResults:
+    """The decoding helper's finished batches as they arrive, and its string tables."""
+
+    def __init__(self, process, results) -> None:
+        self.process, self.results = process, results
+        self.batches: dict[int, _Columns | None] = {}
+        self.ids: set[int] = set()  # the batches the helper decoded
+        self.tables: list[list[str]] = [[], []]
+        self.done = False
+
+    def collect(self, block: bool) -> None:
+        """Take the helper's finished batches (all of them, up to its end mark, if block)."""
+        while not self.done:
+            try:
+                item = self.results.get(timeout=1.0) if block else self.results.get_nowait()
+            except queue.Empty:
+                if not block:
+                    return
+                if not self.process.is_alive():
+                    raise RuntimeError("the decoding helper died") from None
+                continue
+            if item is None:
+                self.done = True
+            elif item[0] == "tables":
+                self.tables[:] = item[1:]
+            else:
+                self.batches[item[0]] = item[1]
+                self.ids.add(item[0])
+
+
 def _stream_parallel(
     path: Path, on_progress, helper: _Helper | None = None
 ) -> tuple[_TraceFile, _Columns] | None:
@@ -1037,31 +1067,10 @@ def _stream_parallel(
     if plain:
         return _stream_parallel_plain(path, on_progress, helper)
     tasks, results = helper.tasks, helper.results
-    batches: dict[int, _Columns | None] = {}
-    helper_batches: set[int] = set()
-    helper_tables: list[list[str]] = [[], []]
+    received = _HelperResults(helper.process, results)
+    batches, helper_batches, helper_tables = received.batches, received.ids, received.tables
+    collect = received.collect
     tables = (_Codes(), _Codes(watch="gloo:"))  # this process's batches' string codes
-    helper_done = False
-
-    def collect(block: bool) -> None:
-        """Take the helper's finished batches (all of them, up to its end mark, if block)."""
-        nonlocal helper_done
-        while not helper_done:
-            try:
-                item = results.get(timeout=1.0) if block else results.get_nowait()
-            except queue.Empty:
-                if not block:
-                    return
-                if not helper.process.is_alive():
-                    raise RuntimeError("the decoding helper died") from None
-                continue
-            if item is None:
-                helper_done = True
-            elif item[0] == "tables":
-                helper_tables[:] = item[1:]
-            else:
-                batches[item[0]] = item[1]
-                helper_batches.add(item[0])
 
     sent = 0
     blocks = _read_blocks(path, on_progress)
@@ -1149,30 +1158,10 @@ def _stream_parallel_plain(
     decodes the batches it takes (the helper whenever it is free); the rest, after the last
     cut, is decoded with the header (its top-level keys)."""
     tasks, results = helper.tasks, helper.results
-    batches: dict[int, _Columns | None] = {}
-    helper_batches: set[int] = set()
-    helper_tables: list[list[str]] = [[], []]
-    tables = (_Codes(), _Codes(watch="gloo:"))
-    helper_done = False
-
-    def collect(block: bool) -> None:
-        nonlocal helper_done
-        while not helper_done:
-            try:
-                item = results.get(timeout=1.0) if block else results.get_nowait()
-            except queue.Empty:
-                if not block:
-                    return
-                if not helper.process.is_alive():
-                    raise RuntimeError("the decoding helper died") from None
-                continue
-            if item is None:
-                helper_done = True
-            elif item[0] == "tables":
-                helper_tables[:] = item[1:]
-            else:
-                batches[item[0]] = item[1]
-                helper_batches.add(item[0])
+    received = _HelperResults(helper.process, results)
+    batches, helper_batches, helper_tables = received.batches, received.ids, received.tables
+    collect = received.collect
+    tables = (_Codes(), _Codes(watch="gloo:"))  # this process's batches' string codes
 
     blocks = _read_blocks(path, None)
     text_blocks = _text(path, blocks)
