@@ -258,3 +258,17 @@ def test_the_suite_never_writes_into_the_users_cache():
     assert str(cache.directory()).startswith(os.environ["FSDP_TRACE_CACHE_DIR"])
     assert not str(cache.directory()).startswith(os.path.expanduser("~user"))
     assert "pytest" in os.environ["HOME"] or "tmp" in os.environ["HOME"]
+
+
+@pytest.mark.parametrize("sample", ["cpu-root-reshard", "gpt-small-1gpu", "gpt-small-2gpu"])
+def test_the_diagnosis_heading_counts_what_is_numbered_below_it(sample):
+    """Causes and notes on the measurement are counted apart, and together they are the
+    numbered findings."""
+    import re
+
+    from fsdp_trace.present.view import diagnosis_heading
+
+    run = fsdp_trace.analyze(SAMPLES / sample).only
+    heading = diagnosis_heading(run)
+    counts = [int(n) for n in re.findall(r"(\d+) (?:cause|finding|note)", heading)]
+    assert sum(counts) == len(run.diagnosis.findings), heading

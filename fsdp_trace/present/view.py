@@ -121,21 +121,25 @@ class RunView:
 
 
 def diagnosis_heading(run: RunAnalysis) -> str:
-    """What the findings amount to, in one line (every front end prints this one)."""
+    """What the numbered findings amount to, in one line (every front end prints this one):
+    the causes, and the notes on the measurement itself (profiler distortion) counted apart,
+    so that the count matches the numbers below it."""
     d = run.diagnosis
     causes = [f for f in d.findings if f.kind == FindingKind.CAUSE]
+    notes = len(d.findings) - len(causes)
+    about = f"; {fmt.plural(notes, 'note')} on the measurement itself" if notes else ""
     if not run.gpu:
         if not causes:
-            return "CPU (gloo) trace: no structural finding (timing is not measured on CPU)"
+            return f"CPU (gloo) trace: no structural finding{about} (timing is not measured on CPU)"
         return (
             f"{fmt.plural(len(causes), 'finding')} on a CPU (gloo) trace: structural, not costed "
-            "(timing is not measured on CPU)"
+            f"(timing is not measured on CPU){about}"
         )
     if causes:
-        return f"{fmt.plural(len(causes), 'cause')} to act on, the first first"
+        return f"{fmt.plural(len(causes), 'cause')} to act on, the first first{about}"
     if d.minor:
-        return "Healthy: no cause costs 1 % of the step or more (minor ones below)"
-    return "Healthy: no rule found a problem"
+        return f"Healthy: no cause costs 1 % of the step or more (minor ones below){about}"
+    return f"Healthy: no rule found a problem in the run{about}"
 
 
 def rank_label(r: RankAnalysis, ranks: list[RankAnalysis]) -> str:
