@@ -280,7 +280,10 @@ class TraceServer:
     def start(self) -> TraceServer:
         """Serve in a daemon thread until `stop()`."""
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="fsdp-trace-view", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.02},  # `stop()` waits for one poll: not 0.5 s
+            name="fsdp-trace-view",
+            daemon=True,
         )
         self._thread.start()
         return self

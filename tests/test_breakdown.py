@@ -163,7 +163,7 @@ def partition(kernels: list[dict], lo: float, hi: float, transfer: dict) -> dict
 
 @cache
 def analyzed(path: str):
-    return analyze(SAMPLES / path, detailed=False, cache=False).only
+    return analyze(SAMPLES / path, detailed=False).only
 
 
 @pytest.mark.parametrize("path", GPU_RUNS)
@@ -209,7 +209,7 @@ def test_breakdown_against_the_raw_trace(path):
 
 def test_breakdown_adds_up_on_detailed_traces_and_the_per_rank_median_step():
     for path in ("gpt-small-2gpu", "gpt-small-2gpu-fullac"):
-        run = analyze(SAMPLES / path, cache=False).only
+        run = analyze(SAMPLES / path).only
         frame = run.breakdown
         parts = frame.drop(columns=["rank", "source", "step", "step_us"]).fillna(0.0)
         assert ((parts.sum(axis=1) - frame["step_us"]).abs() < 1e-6).all()

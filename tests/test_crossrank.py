@@ -28,7 +28,7 @@ DIAG = SAMPLES / "diagnosis"
 
 @cache
 def _ranks(path: str) -> tuple[RankAnalysis, ...]:
-    return tuple(analyze(SAMPLES / path, detailed=False, cache=False).ranks)
+    return tuple(analyze(SAMPLES / path, detailed=False).ranks)
 
 
 def _with(analysis: RankAnalysis, **changes) -> RankAnalysis:
@@ -311,7 +311,7 @@ def test_exposed_transfer_is_the_uncovered_part_of_each_transfer():
     duration of the pair); the part of it no compute kernel covers is exposed transfer. Over a
     step, the collectives' shares add up to |∪ transfers \\ ∪ compute|, computed here in plain
     Python, and to the step breakdown's exposed_transfer_us."""
-    run = analyze(SAMPLES / "gpt-small-2gpu", detailed=False, cache=False).only
+    run = analyze(SAMPLES / "gpt-small-2gpu", detailed=False).only
     r0, r1 = (r.collectives.sort_values("correlation").reset_index(drop=True) for r in run.ranks)
     transfer = np.minimum(r0["dur_us"].to_numpy(), r1["dur_us"].to_numpy())
     for r, c in zip(run.ranks, (r0, r1), strict=True):

@@ -23,7 +23,7 @@ DIAG = SAMPLES / "diagnosis"
 
 @cache
 def run(path: str):
-    return analyze(SAMPLES / path, cache=False).only
+    return analyze(SAMPLES / path).only
 
 
 def found(path: str) -> set[str]:
@@ -267,7 +267,7 @@ def test_gradient_accumulation_without_run_json(tmp_path):
     folder.mkdir()
     for trace in (DIAG / "grad-accum").glob("rank*.timing.json.gz"):
         shutil.copy(trace, folder / trace.name)
-    result = analyze(folder, cache=False).only
+    result = analyze(folder).only
     assert result.config.micro_batches.value == 2 and result.config.micro_batches.source == "trace"
     rules = result.diagnosis.rules()
     assert "gradient-accumulation" in rules and "redundant-collectives" not in rules
@@ -385,7 +385,7 @@ def test_low_bandwidth_reads_the_topology_and_excludes_all_reduces():
 
 def test_max_connections_needs_run_json():
     files = sorted((DIAG / "max-connections-1").glob("rank*.timing.json.gz"))
-    assert "max-connections-1" not in analyze(files, cache=False).only.diagnosis.rules()
+    assert "max-connections-1" not in analyze(files).only.diagnosis.rules()
     assert get("diagnosis/max-connections-1", "max-connections-1").change.code == (
         "unset CUDA_DEVICE_MAX_CONNECTIONS"
     )
@@ -402,7 +402,7 @@ def test_detailed_traces_never_feed_timing_rules(tmp_path):
     """Rules read the timing traces; the detailed ones (profiler overhead) only attribution
     and distortion. With only timing traces the same causes are found at the same cost."""
     full = run("gpt-small-2gpu")
-    lean = analyze(SAMPLES / "gpt-small-2gpu", detailed=False, cache=False).only
+    lean = analyze(SAMPLES / "gpt-small-2gpu", detailed=False).only
     causes = [(f.rule, f.cost_us) for f in full.findings if f.kind == "cause"]
     assert causes == [(f.rule, f.cost_us) for f in lean.findings if f.kind == "cause"]
 
@@ -440,7 +440,7 @@ def test_a_costly_symptom_never_hides_under_a_minor_cause(tmp_path):
 def test_one_ranks_trace_alone_gives_upper_bounds(tmp_path):
     """Rank 1's trace without rank 0's: its NCCL kernels include waiting for rank 0 that
     nothing can tell apart, so communication costs are upper bounds (inferred), said so."""
-    alone = analyze(SAMPLES / "gpt-small-2gpu" / "rank1.timing.json.gz", cache=False).only
+    alone = analyze(SAMPLES / "gpt-small-2gpu" / "rank1.timing.json.gz").only
     comm = [f for f in alone.diagnosis.all() if RULES[f.rule].communication]
     assert comm and all(f.upper_bound and f.basis == "inferred" for f in comm)
     assert all("an upper bound" in f.evidence for f in comm)

@@ -48,7 +48,7 @@ INFERRED = {
 @pytest.mark.parametrize("path", list(INFERRED))
 def test_configuration_from_the_traces_alone_matches_the_capture(path):
     want = INFERRED[path]
-    bare = fsdp_trace.analyze(timing_files(path), cache=False).only
+    bare = fsdp_trace.analyze(timing_files(path)).only
     config = bare.config
     assert bare.run is None
     assert config.mesh.value.describe() == want["mesh"] and config.mesh.source == "trace"
@@ -59,7 +59,7 @@ def test_configuration_from_the_traces_alone_matches_the_capture(path):
     assert config.forward_prefetch.value == 0 and config.backward_prefetch.value == 1
     assert config.compiled.value is False
     # With run.json: the same values, from run.json, and no disagreement.
-    full = fsdp_trace.analyze(SAMPLES / path, cache=False).only
+    full = fsdp_trace.analyze(SAMPLES / path).only
     assert full.config.micro_batches.value == want["micro"]
     assert full.config.micro_batches.source == "run.json"
     assert full.config.checkpointed.value == want["ckpt"]
@@ -68,7 +68,7 @@ def test_configuration_from_the_traces_alone_matches_the_capture(path):
 
 
 def test_the_world_and_run_json_say_the_same_mesh():
-    run = fsdp_trace.analyze(SAMPLES / "cpu-hsdp-2x2", cache=False).only
+    run = fsdp_trace.analyze(SAMPLES / "cpu-hsdp-2x2").only
     mesh = run.config.mesh.value
     assert (mesh.kind, mesh.replicate, mesh.shard) == ("hsdp", 2, 2)
     assert run.run.parallel.mesh.kind == "hsdp"
@@ -81,13 +81,13 @@ def test_a_disagreement_with_run_json_is_a_notice():
     """The Accelerate-like run wraps its blocks in checkpoint_wrapper inside its own factory,
     so run.json records no activation checkpointing; the traces show every block
     recomputing. Recompute is a fact: both count, and the notice says they differ."""
-    run = fsdp_trace.analyze(SAMPLES / "cpu-accelerate-like", cache=False).only
+    run = fsdp_trace.analyze(SAMPLES / "cpu-accelerate-like").only
     assert run.config.checkpointed.value == [f"model.layers.{i}" for i in range(4)]
     assert run.config.checkpointed.source == "run.json + trace"
     (notice,) = run.config.notices
     assert "recompute run.json does not record: model.layers.0" in notice
     assert notice in run_view(run).notices
-    bare = fsdp_trace.analyze(timing_files("cpu-accelerate-like"), cache=False).only
+    bare = fsdp_trace.analyze(timing_files("cpu-accelerate-like")).only
     assert len(bare.config.checkpointed.value) == 4
 
 
@@ -135,9 +135,7 @@ def test_two_runs_passed_together_stay_two_runs():
     """gpt-small-2gpu and its 1-GPU baseline: two runs, each with its own cross-rank view and
     its own detailed-vs-timing comparison (+62 %, not one run's detailed step against the
     other's timing steps)."""
-    result = fsdp_trace.analyze(
-        [SAMPLES / "gpt-small-2gpu", SAMPLES / "gpt-small-1gpu"], cache=False
-    )
+    result = fsdp_trace.analyze([SAMPLES / "gpt-small-2gpu", SAMPLES / "gpt-small-1gpu"])
     assert [r.name for r in result.runs] == ["gpt-small-2gpu", "gpt-small-1gpu"]
     two, one = result.runs
     assert not two.crossrank.empty and one.crossrank.empty
@@ -155,13 +153,12 @@ def test_two_runs_passed_together_stay_two_runs():
 def test_facade_json_terminal_and_report_agree(tmp_path):
     """One analysis, three renderings: the verdict, the per-rank cards, the breakdown, the
     findings, the inferred configuration and the notices are the same numbers everywhere."""
-    result = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu", cache=False)
+    result = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu")
     run = result.only
     view = run_view(run)
     done = run_cli(
         "analyze",
         str(SAMPLES / "gpt-small-2gpu"),
-        "--no-cache",
         "--json",
         str(tmp_path / "a.json"),
         "--report",

@@ -34,14 +34,9 @@ PAYLOAD_ID = "fsdp-figures"  # the packed element holding every figure's JSON
 # --- helpers (also used by test_report_browser.py) ---------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    """Nothing in these tests reads or writes the user's cache."""
-    monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
 def analyze(path, **options) -> Result:
-    return fsdp_trace.analyze(path, cache=False, **options)
+    """(Through the test run's cache, never the user's: tests/conftest.py.)"""
+    return fsdp_trace.analyze(path, **options)
 
 
 def gloo_run(folder: Path) -> Path:
@@ -777,13 +772,7 @@ def test_many_ranks_show_the_most_and_least_exposed_on_the_timeline(tmp_path):
 
 def test_cli_analyze_writes_the_report(tmp_path):
     out = tmp_path / "report.html"
-    done = run_cli(
-        "analyze",
-        str(GPU_RUN),
-        "--report",
-        str(out),
-        env={"FSDP_TRACE_CACHE_DIR": str(tmp_path / "cache")},
-    )
+    done = run_cli("analyze", str(GPU_RUN), "--report", str(out))
     assert done.returncode == 0, done.stderr
     text = out.read_text(encoding="utf-8")
     ids = [entry["id"] for entry in payload(text)["figures"]]
