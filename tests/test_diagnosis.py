@@ -457,7 +457,7 @@ def test_cpu_findings_are_structural_not_costed():
     from fsdp_trace.present.view import run_view
 
     view = run_view(run_)
-    assert view.diagnosis_heading.endswith("(timing is not measured on CPU)")
+    assert "(timing is not measured on CPU)" in view.diagnosis_heading
     shown = next(f for f in view.findings if f.rule == "root-resharded")
     assert shown.cost == "not costed (CPU trace: no GPU timing)"
     assert run_.diagnosis.verdict.startswith("not measured")
