@@ -1052,6 +1052,27 @@ class _HelperResults:
                 self.batches[item[0]] = item[1]
                 self.ids.add(item[0])
 
+    def finish(self, path, header: bytes, tail: bytes, tables, sent: int, tasks):
+        """Decode the last batch here (`header` + `tail`), wait for the helper's, and merge
+        every batch in order, each naming its own process's string tables; None where a
+        batch failed (the serial path then says why)."""
+        _check_one_events_key(path, [header, tail])
+        parsed = _decode(path, header + tail)
+        last = _Columns(defer_metadata=True, tables=tables)
+        _add_all(last, parsed.traceEvents or [])
+        parsed.traceEvents = []
+        self.batches[sent] = last
+        tasks.put(None)
+        self.collect(block=True)
+        if any(self.batches.get(i) is None for i in range(sent + 1)):
+            return None
+        mine = [list(tables[0]), list(tables[1])]
+        for i in range(sent + 1):
+            batch = self.batches[i]
+            strings = self.tables if i in self.ids else mine
+            batch.cats, batch.names = strings  # type: ignore[assignment,union-attr]
+        return parsed, _Columns.merge([self.batches[i] for i in range(sent + 1)])  # type: ignore[misc]
+
 
 def _stream_parallel(
     path: Path, on_progress, helper: _Helper | None = None
@@ -1068,7 +1089,7 @@ def _stream_parallel(
         return _stream_parallel_plain(path, on_progress, helper)
     tasks, results = helper.tasks, helper.results
     received = _HelperResults(helper.process, results)
-    batches, helper_batches, helper_tables = received.batches, received.ids, received.tables
+    batches = received.batches
     collect = received.collect
     tables = (_Codes(), _Codes(watch="gloo:"))  # this process's batches' string codes
 
@@ -1102,22 +1123,7 @@ def _stream_parallel(
             buf = buf[pos:]
             if len(buf) > _LOOKAHEAD + _BLOCK:
                 return None  # no event ends in it: the serial path says why
-        _check_one_events_key(path, [header, buf])
-        parsed = _decode(path, header + buf)
-        last = _Columns(defer_metadata=True, tables=tables)
-        _add_all(last, parsed.traceEvents or [])
-        parsed.traceEvents = []
-        batches[sent] = last
-        tasks.put(None)
-        collect(block=True)
-        if any(batches.get(i) is None for i in range(sent + 1)):
-            return None
-        mine = [list(tables[0]), list(tables[1])]
-        for i in range(sent + 1):  # each batch names its process's string tables
-            batch = batches[i]
-            strings = helper_tables if i in helper_batches else mine
-            batch.cats, batch.names = strings  # type: ignore[assignment,union-attr]
-        return parsed, _Columns.merge([batches[i] for i in range(sent + 1)])  # type: ignore[misc]
+        return received.finish(path, header, buf, tables, sent, tasks)
     except RuntimeError:
         return None
     finally:
@@ -1159,7 +1165,7 @@ def _stream_parallel_plain(
     cut, is decoded with the header (its top-level keys)."""
     tasks, results = helper.tasks, helper.results
     received = _HelperResults(helper.process, results)
-    batches, helper_batches, helper_tables = received.batches, received.ids, received.tables
+    batches = received.batches
     collect = received.collect
     tables = (_Codes(), _Codes(watch="gloo:"))  # this process's batches' string codes
 
@@ -1199,22 +1205,7 @@ def _stream_parallel_plain(
                 return None
         if len(tail) > _LOOKAHEAD + _BATCH:
             return None
-        _check_one_events_key(path, [header, tail])
-        parsed = _decode(path, header + tail)
-        last = _Columns(defer_metadata=True, tables=tables)
-        _add_all(last, parsed.traceEvents or [])
-        parsed.traceEvents = []
-        batches[sent] = last
-        tasks.put(None)
-        collect(block=True)
-        if any(batches.get(i) is None for i in range(sent + 1)):
-            return None
-        mine = [list(tables[0]), list(tables[1])]
-        for i in range(sent + 1):  # each batch names its process's string tables
-            batch = batches[i]
-            strings = helper_tables if i in helper_batches else mine
-            batch.cats, batch.names = strings  # type: ignore[assignment,union-attr]
-        return parsed, _Columns.merge([batches[i] for i in range(sent + 1)])  # type: ignore[misc]
+        return received.finish(path, header, tail, tables, sent, tasks)
     except RuntimeError:
         return None
     finally:
