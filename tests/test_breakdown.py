@@ -47,6 +47,8 @@ GPU_RUNS = [
             "gpt-1.3b-b4-2gpu",
         )
     ),
+    *(f"whatif-1gpu/{d}" for d in sorted(p.name for p in (SAMPLES / "whatif-1gpu").iterdir())),
+    "tune-1gpu/eager",
 ]
 
 
