@@ -1,9 +1,10 @@
 """The `fsdp-trace` command line. Heavy libraries are imported inside each command, so that
-`capture` needs only torch + typer + rich and `analyze` never imports torch."""
+`capture` needs only torch + typer + rich and `analyze` never imports torch; capture's options
+are built only for capture (DeferredCommand). Annotations are evaluated where they are written
+(no `from __future__ import annotations`): typer would otherwise evaluate every parameter's
+annotation text again at each start (~5 ms)."""
 
-from __future__ import annotations
-
-import dataclasses
+import functools
 import inspect
 import os
 import re
@@ -150,13 +151,37 @@ class PlainCommand(TyperCommand):
         return _plain(super().get_params(ctx))
 
 
+class DeferredCommand(PlainCommand):
+    """The stand-in of a command whose parameters are costly to build (`capture`'s, generated
+    from its config classes by parsing their source: ~15 ms): same name and help, no
+    parameters. Its group builds the real one (`DEFERRED`) only when that command is asked
+    for, so that every other command and the command list start without that cost."""
+
+
 class PlainGroup(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["help"] = unwrap(kwargs.get("help"))
         super().__init__(*args, **kwargs)
+        self._listing = False
 
     def get_params(self, ctx: Any) -> list:
         return _plain(super().get_params(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """A command, a deferred one built now (the help's command list keeps the stand-in:
+        it shows only the name and help, which the stand-in has)."""
+        command = super().get_command(ctx, cmd_name)
+        if isinstance(command, DeferredCommand) and not self._listing:
+            command = self.commands[cmd_name] = DEFERRED[cmd_name]()
+        return command
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The help, its command list from the stand-ins as they are."""
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
 
 
 app = typer.Typer(
@@ -375,8 +400,6 @@ def with_options(parameters: list):
     return decorate
 
 
-@app.command(cls=PlainCommand)
-@with_options(capture_options())
 def capture(**options: Any) -> None:
     """Profile FSDP2 training steps on every rank.
 
@@ -413,6 +436,30 @@ def capture(**options: Any) -> None:
     print(f"fsdp-trace capture: wrote {run_contents(Path(cfg.out))}", file=sys.stderr)
 
 
+def _stand_in() -> None:
+    """Never run: a DeferredCommand's group runs the command it builds."""
+
+
+# Registered here, first of the commands, as a stand-in: built when asked for (DeferredCommand).
+app.command("capture", cls=DeferredCommand, help=capture.__doc__)(_stand_in)
+
+
+@functools.cache
+def _capture_callback() -> Any:
+    """`capture` with its generated options as its signature (once: this changes it)."""
+    return with_options(capture_options())(capture)
+
+
+def capture_command() -> TyperCommand:
+    """`capture` as typer builds it, its options generated from the config classes."""
+    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    one.command(cls=PlainCommand)(_capture_callback())
+    return typer.main.get_command(one)
+
+
+DEFERRED = {"capture": capture_command}
+
+
 def run_contents(out: Path) -> str:
     """ "runs/x (run.json and 4 traces)": a run directory and what the capture wrote there."""
     traces = sorted(out.glob("rank*.json.gz")) if out.is_dir() else []
@@ -436,10 +483,10 @@ def trace_stem(name: str) -> str:
     return name
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
+class Placement(typing.NamedTuple):
     """Where a command's output goes by default, and the words that say why when it is not
-    obvious (one report for several inputs)."""
+    obvious (one report for several inputs). A NamedTuple: a frozen dataclass costs ~0.4 ms
+    to define, at every command's start."""
 
     path: Path
     note: str = ""
@@ -814,7 +861,7 @@ def whatif(
 def passed_capture_options(args: list[str], overwrite: bool) -> dict[str, Any]:
     """The capture options a sweep or tune passes on to every capture (its own options, such
     as --out, never reach `args`), parsed as `capture` parses them."""
-    command = typer.main.get_command(app).commands["capture"]
+    command = capture_command()
     try:
         parsed = command.make_context("capture", list(args)).params
     except Exception as exc:  # click's UsageError, vendored by typer

@@ -373,7 +373,8 @@ def test_command_summaries_fit_one_line_at_80_columns():
 
 
 def test_capture_options_come_from_the_config_dataclasses():
-    command = cli.typer.main.get_command(cli.app).commands["capture"]
+    group = cli.typer.main.get_command(cli.app)
+    command = group.get_command(cli.typer.Context(group), "capture")  # built when asked for
     options = {p.name: p for p in command.params}
     for cls in (CaptureConfig, Rendezvous):
         docs = field_docs(cls)

@@ -1,0 +1,96 @@
+"""What each command imports, in a fresh process: the command line starts light and each
+command imports only what it uses (the heavy libraries inside the commands, capture's generated
+options only for capture). A test of what is imported, not of how long it takes: the timings
+are benchmarks/speed_targets.py's (section 3, imports)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SAMPLES
+
+# Run `python -m fsdp_trace ARGS` and write the modules loaded by its end to a file.
+PROBE = """
+import atexit, json, runpy, sys
+out, sys.argv = sys.argv[1], ["fsdp-trace", *sys.argv[2:]]
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+runpy.run_module("fsdp_trace", run_name="__main__", alter_sys=True)
+"""
+LIST_MODULES = "import json, sys, fsdp_trace.cli; print(json.dumps(list(sys.modules)))"
+# Never imported by the command line itself, by --help or by a plain analyze.
+ELSEWHERE = ("plotly", "perfetto", "torch", "pydantic", "dask", "distributed", "fsspec", "hta")
+ANALYSIS = ("pandas", "numpy", "msgspec", "xxhash")
+# What only `capture` (its options, its launcher) or an option of analyze uses.
+OTHER_COMMANDS = (
+    "fsdp_trace.capture",
+    "fsdp_trace.render.report",
+    "fsdp_trace.render.perfetto",
+    "fsdp_trace.analysis.cluster",
+    "fsdp_trace.whatif",
+    "fsdp_trace.sweep",
+    "fsdp_trace.tune",
+)
+
+
+def loaded(tmp_path: Path, *args: str) -> set[str]:
+    """The modules `fsdp-trace ARGS` had loaded when it exited (successfully)."""
+    out = tmp_path / "modules.json"
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(out), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1", "COLUMNS": "100"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(json.loads(out.read_text()))
+
+
+def among(modules: set[str], packages: tuple[str, ...]) -> list[str]:
+    """The modules that are one of `packages` or inside one."""
+    return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in packages))
+
+
+def test_importing_the_command_line_imports_no_library_of_a_command():
+    done = subprocess.run(
+        [sys.executable, "-c", LIST_MODULES],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    modules = set(json.loads(done.stdout))
+    assert not among(modules, (*ELSEWHERE, *ANALYSIS, "rich", *OTHER_COMMANDS))
+
+
+@pytest.mark.parametrize("command", ["", "analyze", "cache"])
+def test_help_builds_nothing_of_capture_and_imports_no_analysis(tmp_path, command):
+    """The command list shows capture's help without building its options (they are parsed
+    from its config classes' source)."""
+    modules = loaded(tmp_path, *command.split(), "--help")
+    assert not among(modules, (*ELSEWHERE, *ANALYSIS, *OTHER_COMMANDS))
+
+
+def test_capture_help_builds_its_options_from_the_config_classes(tmp_path):
+    modules = loaded(tmp_path, "capture", "--help")
+    assert {"fsdp_trace.capture.config", "fsdp_trace.capture.launcher"} <= modules
+    assert not among(modules, (*ELSEWHERE, *ANALYSIS))
+
+
+def test_analyze_imports_only_what_it_uses(tmp_path):
+    """No report, Perfetto, HTA or cluster without their options; no capture; none of typer's
+    rich help and tracebacks (typer.rich_utils imports rich.markdown, rich.traceback)."""
+    modules = loaded(
+        tmp_path, "analyze", str(SAMPLES / "gpt-small-1gpu"), "--no-report", "--no-cache"
+    )
+    assert {"pandas", "fsdp_trace.pipeline", "rich.console"} <= modules  # the probe works
+    unused = (*ELSEWHERE, *OTHER_COMMANDS, "typer.rich_utils", "rich.markdown", "rich.traceback")
+    assert not among(modules, unused)
