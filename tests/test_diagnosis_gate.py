@@ -4,6 +4,8 @@ errors with exit code 2 (never a traceback, never a silent pass)."""
 from __future__ import annotations
 
 import copy
+import json
+import shutil
 from functools import cache
 
 import numpy as np
@@ -137,6 +139,24 @@ def test_run_metrics_need_run_json_and_the_figure():
     assert check("scaling_efficiency<0.9") == {"run": pytest.approx(0.869, abs=1e-3)}
     causes = [f for f in analysis("gpt-small-2gpu").findings if f.kind == "cause"]
     assert check("findings>0") == {"diagnosis": len(causes)} == {"diagnosis": 1}
+
+
+def test_scaling_efficiency_of_a_cpu_run_is_not_gated(tmp_path):
+    """A CPU run.json that carries an efficiency (written by an older capture) is not read:
+    on CPU every rank shares the host's cores, as the headline says; a GPU run's is."""
+    run = tmp_path / "cpu-run"
+    shutil.copytree(SAMPLES / "cpu-fullac", run)
+    record = json.loads((run / "run.json").read_text())
+    assert record["world"]["device"] == "cpu"
+    record["figures"]["scaling_efficiency"] = 0.5
+    (run / "run.json").write_text(json.dumps(record))
+    cpu = analyze(run, cache=False).only
+    with pytest.raises(UserError, match=r"a CPU \(gloo\) run: scaling efficiency is not"):
+        gate.values(gate.parse("scaling_efficiency<0.9"), cpu)
+    done = run_cli("analyze", str(run), "--no-report", "--fail-on", "scaling_efficiency<0.9")
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert check("scaling_efficiency<0.9") == {"run": pytest.approx(0.869, abs=1e-3)}
 
 
 def test_breakdown_metrics_per_rank():
