@@ -12,8 +12,10 @@ is a separate process running `fsdp_trace.analyze(DIR, client=Client(ADDRESS), c
 (the workers parse every trace: nothing cached), timed from the call to the result, so the
 cluster's start-up is not counted but the workers' first imports are; its peak RSS is its
 own `ru_maxrss`, the cluster's processes not included. `--jobs 1` without Dask (the whole
-analysis in one process) is measured beside it. The generated traces are deleted at the end
-(`--keep` keeps them).
+analysis in one process) is measured beside it. With two rank counts or more, the client's
+peak RSS per added rank (the slope between the fewest and the most ranks, per worker count)
+is written below the table: what the client holds per rank. The generated traces are
+deleted at the end (`--keep` keeps them).
 """
 
 from __future__ import annotations
@@ -238,8 +240,22 @@ def main() -> None:
             import shutil
 
             shutil.rmtree(args.root, ignore_errors=True)
+    for label, mb in per_rank(rows).items():
+        print(f"  workers {label}: client peak RSS {mb:.2f} MB per added rank")
     if args.out:
         write(args.out, rows, command, args.size)
+
+
+def per_rank(rows: list[dict]) -> dict[str, float]:
+    """Per worker count: (peak RSS at the most ranks − at the fewest) ÷ the ranks between,
+    the client's memory per rank (its code and the cluster's connection cancel out)."""
+    out = {}
+    for label in dict.fromkeys(r["workers"] for r in rows):
+        mine = sorted((r for r in rows if r["workers"] == label), key=lambda r: r["ranks"])
+        if len(mine) > 1 and mine[-1]["ranks"] > mine[0]["ranks"]:
+            rise = mine[-1]["rss_mb"] - mine[0]["rss_mb"]
+            out[label] = rise / (mine[-1]["ranks"] - mine[0]["ranks"])
+    return out
 
 
 def write(out: Path, rows: list[dict], command: str, size: str) -> None:
@@ -264,6 +280,10 @@ def write(out: Path, rows: list[dict], command: str, size: str) -> None:
             f"| {r['ranks']} | {r['gb']:.1f} | {r['workers']} | {r['seconds']:.1f} | "
             f"{r['per_min']:.1f} | {r['rss_mb']:.0f} | {r['result_mb_per_rank']:.2f} |"
         )
+    slopes = per_rank(rows)
+    if slopes:
+        lines += ["", "| workers | client peak RSS per added rank (MB) |", "|---|---:|"]
+        lines += [f"| {label} | {mb:.2f} |" for label, mb in slopes.items()]
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
 

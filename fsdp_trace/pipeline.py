@@ -20,8 +20,11 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis import grouping, perrank
-from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis.breakdown import collective_transfer, rank_breakdown
+from fsdp_trace.analysis.breakdown import (
+    collective_transfer,
+    exposed_intervals,
+    exposed_split,
+)
 from fsdp_trace.analysis.config import InferredConfig, infer
 from fsdp_trace.analysis.crossrank import CrossRank, match
 from fsdp_trace.analysis.inputs import Inputs, RunInput, resolve
@@ -32,7 +35,7 @@ from fsdp_trace.diagnose.finding import Diagnosis
 from fsdp_trace.errors import UserError
 from fsdp_trace.present.fmt import agree, plural
 from fsdp_trace.result import Result, RunAnalysis
-from fsdp_trace.vocab import Kind, Source
+from fsdp_trace.vocab import Source
 
 
 def analyze(
@@ -262,24 +265,14 @@ def _apply_expectations(rank: RankAnalysis, config: InferredConfig) -> None:
 
 
 def _apply_crossrank(rank: RankAnalysis, matched: pd.DataFrame | None) -> None:
-    """Fill the collectives' transfer/wait columns and the steps' breakdown columns."""
-    k = rank.kernels
-    if not k.empty and "kind" in k:
-        compute = k[k["kind"] == Kind.COMPUTE]
-        cover = iv.union(compute["ts"].to_numpy(), compute["end"].to_numpy())
-    else:
-        cover = iv.EMPTY
+    """Fill the collectives' transfer/wait columns and the steps' exposed breakdown columns
+    (the compute ones come with the rank's analysis): from its collectives and exposed
+    intervals, never its kernels (fsdp_trace.analysis.breakdown)."""
+    exposed = exposed_intervals(rank) if rank.n_kernels else None
     c = rank.collectives
     if len(c):
-        extra = collective_transfer(c, matched, cover)
+        extra = collective_transfer(c, matched, exposed)
         rank.collectives = c.assign(**{name: extra[name].to_numpy() for name in extra.columns})
     if rank.steps.empty:
         return
-    parts = rank_breakdown(rank, matched)
-    rank.steps = rank.steps.assign(
-        model_compute_us=parts["compute_us"].to_numpy(),
-        fsdp_copy_us=parts["fsdp_copy_us"].to_numpy(),
-        exposed_transfer_us=parts["exposed_transfer_us"].to_numpy(),
-        exposed_wait_us=parts["exposed_wait_us"].to_numpy(),
-        exposed_unsplit_us=parts["exposed_unsplit_us"].to_numpy(),
-    )
+    rank.steps = rank.steps.assign(**exposed_split(rank, matched))

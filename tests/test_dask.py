@@ -1,12 +1,15 @@
 """Scaling out on Dask (`--scheduler`, `analyze(client=)`) and fsspec URL inputs: results
 identical to `--jobs 1` on a LocalCluster of 2 worker processes and on `dask scheduler` +
-2 `dask worker` processes; a corrupt trace and a worker killed mid-task leave only their rank
-out, said in one line; nothing of Dask or fsspec is imported without them."""
+2 `dask worker` processes (the report's timeline and what-if too, which read kernels again);
+what a task sends back holds no per-event table; a corrupt trace and a worker killed mid-task
+leave only their rank out, said in one line; nothing of Dask or fsspec is imported without
+them."""
 
 from __future__ import annotations
 
 import json
 import logging
+import pickle
 import shutil
 import sys
 from pathlib import Path
@@ -17,8 +20,9 @@ pytest.importorskip("distributed")
 pytest.importorskip("fsspec")
 
 import fsdp_trace
-from fsdp_trace.analysis import cluster
+from fsdp_trace.analysis import cluster, perrank
 from fsdp_trace.errors import UserError
+from fsdp_trace.vocab import Source
 from tests.conftest import REPO, SAMPLES, run_cli
 from tests.dask_helpers import (
     DIES,
@@ -28,6 +32,7 @@ from tests.dask_helpers import (
     register_dying_reader,
     unregister_dying_reader,
 )
+from tests.test_rank_results import gpu_events, per_event_tables
 
 HSDP = SAMPLES / "cpu-hsdp-2x2"
 GPT = SAMPLES / "gpt-small-2gpu"
@@ -112,6 +117,53 @@ def test_client_facade_gives_the_result_of_jobs_1(client):
         alone.to_json(), sort_keys=True
     )
     assert [r.rank for r in spread.ranks] == [0, 1] and len(spread.detailed) == 2
+
+
+def test_what_a_task_sends_back_holds_no_per_event_table(client):
+    """Issue 12: only per-rank results travel back, the client never holds a rank's events.
+    What a task sends (its future's result, pickled over the wire) and what the client keeps
+    of a run hold no table with as many rows as half of a trace's GPU events, counted from the
+    trace's JSON; the analysis with its kernels does (the check sees them), and is several
+    times the size of what travels."""
+    trace = GPT / "rank1.timing.json.gz"
+    task = cluster.analyze_task
+    back = client.submit(task, perrank.TraceInput(trace, Source.TIMING), False, pure=False)
+    back = back.result()
+    events = gpu_events(trace)
+    assert back.kernel_table is None and per_event_tables(back, events) == {}
+    assert 0.9 * events < back.n_kernels <= events  # what the kernels were: counted there
+    full = perrank.analyze_file(trace, Source.TIMING, cache=False)
+    assert per_event_tables(full, events) == {"kernel_table": full.n_kernels}
+    assert 3 * len(pickle.dumps(back)) < len(pickle.dumps(full))
+    run = fsdp_trace.analyze(GPT, client=client, cache=False)
+    for r in run.ranks + run.detailed:
+        assert r.kernel_table is None
+        assert per_event_tables(r, gpu_events(Path(r.path))) == {}
+
+
+def test_the_report_and_whatif_of_a_cluster_run_equal_jobs_1(client, tmp_path):
+    """The views that read kernels again on the client (the report's step timeline, what-if's
+    replay) give what they give on a `--jobs 1` run; the diagnosis is in the report."""
+    from fsdp_trace.render.report import write_report
+    from fsdp_trace.whatif import rank_candidates
+    from tests.test_report import payload
+
+    alone = fsdp_trace.analyze(GPT, cache=False)
+    spread = fsdp_trace.analyze(GPT, client=client, cache=False)
+    pages = []
+    for name, result in (("alone", alone), ("spread", spread)):
+        write_report(result, tmp_path / f"{name}.html")
+        pages.append(payload((tmp_path / f"{name}.html").read_text(encoding="utf-8")))
+    assert pages[0] == pages[1]
+    timeline = next(f["figure"] for f in pages[1]["figures"] if f["id"] == "fig-timeline")
+    names = {t.get("name") for t in timeline["data"]}
+    assert {"compute kernels", "AllGather", "ReduceScatter"} <= names
+    assert spread.only.findings  # the diagnosis ran on the client, without the kernels
+    ranked = [
+        [(p.predicted_step_us, p.uncertainty_us, rule) for p, rule in rank_candidates(r.only)]
+        for r in (alone, spread)
+    ]
+    assert ranked[0] == ranked[1] and ranked[0]
 
 
 def test_a_corrupt_trace_on_the_cluster_leaves_out_its_rank_in_one_line(client, tmp_path):

@@ -18,6 +18,12 @@ So compute + fsdp_copy + recompute = |K| (the `compute_us` of the steps table: e
 kernel), the three exposed parts = `exposed_us`, and idle = `idle_us`. A rank with no matched
 collective has `exposed_transfer_us` and `exposed_wait_us` unknown (NaN) and all of its
 exposed communication in `exposed_unsplit_us`.
+
+A rank's breakdown is made in two halves, so that its kernels never leave the worker that
+analyzed it: the compute parts from its kernels, with its analysis (`kernel_parts`); the
+exposed parts once the cross-rank view knows each collective's transfer
+(`exposed_split`), from the collectives and the exposed intervals C \\ K alone: each
+exposed part is a set of communication time no compute covers, i.e. that set within C \\ K.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ PARTS = (
     "idle_us",
 )
 BREAKDOWN_COLUMNS = ["rank", "source", "step", "step_us", *PARTS]
+EXPOSED_PARTS = ("exposed_transfer_us", "exposed_wait_us", "exposed_unsplit_us")
 
 
 def _lengths(u: iv.Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -64,6 +71,52 @@ class Spans:
     fsdp: np.ndarray  # bool
 
 
+def _compute_sets(spans: Spans) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals, iv.Intervals]:
+    """Recompute, model compute and FSDP-copy time (each without the ones before it), and K:
+    every compute kernel."""
+    model = spans.compute & ~spans.recompute & ~spans.fsdp
+    fsdp = spans.compute & spans.fsdp & ~spans.recompute
+
+    def union(mask: np.ndarray) -> iv.Intervals:
+        return iv.union(spans.ts[mask], spans.end[mask])
+
+    r_set = union(spans.compute & spans.recompute)
+    m_set = iv.subtract(union(model), r_set)
+    f_set = iv.subtract(union(fsdp), _merge(r_set, m_set))
+    return r_set, m_set, f_set, union(spans.compute)
+
+
+def _comm_sets(
+    comm_ts: np.ndarray, comm_end: np.ndarray, transfer: np.ndarray
+) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals]:
+    """Matched collectives' transfer (their last `transfer` µs) and wait (the rest), and the
+    unmatched collectives (transfer NaN: the split unknown)."""
+    is_matched = ~np.isnan(transfer)
+    cut = np.maximum(comm_end - np.nan_to_num(transfer), comm_ts)
+    t_set = iv.union(cut[is_matched], comm_end[is_matched])
+    w_set = iv.union(comm_ts[is_matched], cut[is_matched])
+    u_set = iv.union(comm_ts[~is_matched], comm_end[~is_matched])
+    return t_set, w_set, u_set
+
+
+def _exposed_parts(
+    exposed: iv.Intervals,
+    sets: tuple[iv.Intervals, iv.Intervals, iv.Intervals],
+    starts: np.ndarray,
+    ends: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The exposed parts: transfer, then wait, then unsplit time within `exposed` (C \\ K;
+    the three sets lie in C, so within C \\ K is the same as outside K)."""
+    t_set, w_set, u_set = sets
+    return {
+        "exposed_transfer_us": _lengths(iv.intersect(t_set, exposed), starts, ends),
+        "exposed_wait_us": _lengths(iv.intersect(iv.subtract(w_set, t_set), exposed), starts, ends),
+        "exposed_unsplit_us": _lengths(
+            iv.intersect(iv.subtract(u_set, _merge(t_set, w_set)), exposed), starts, ends
+        ),
+    }
+
+
 def partition(
     spans: Spans,
     comm_ts: np.ndarray,
@@ -74,80 +127,70 @@ def partition(
 ) -> dict[str, np.ndarray]:
     """The parts of each window [starts, ends) (µs, in precedence order, see the module's
     docstring): compute intervals, and collectives with their transfer (NaN: unmatched, the
-    split unknown). The one algorithm behind the measured breakdown and the what-if replay."""
-    model = spans.compute & ~spans.recompute & ~spans.fsdp
-    fsdp = spans.compute & spans.fsdp & ~spans.recompute
-
-    def union(mask: np.ndarray) -> iv.Intervals:
-        return iv.union(spans.ts[mask], spans.end[mask])
-
-    r_set = union(spans.compute & spans.recompute)
-    m_set = iv.subtract(union(model), r_set)
-    f_set = iv.subtract(union(fsdp), _merge(r_set, m_set))
-    busy = union(spans.compute)  # K: every compute kernel
-    is_matched = ~np.isnan(transfer)
-    cut = np.maximum(comm_end - np.nan_to_num(transfer), comm_ts)
-    t_set = iv.union(cut[is_matched], comm_end[is_matched])
-    w_set = iv.union(comm_ts[is_matched], cut[is_matched])
-    u_set = iv.union(comm_ts[~is_matched], comm_end[~is_matched])
-    everything = _merge(busy, t_set, w_set, u_set)
+    split unknown). The one algorithm behind the measured breakdown (in its two halves,
+    `kernel_parts` and `exposed_split`) and the what-if replay."""
+    r_set, m_set, f_set, busy = _compute_sets(spans)
+    sets = _comm_sets(comm_ts, comm_end, transfer)
+    exposed = iv.subtract(iv.union(comm_ts, comm_end), busy)
     return {
         "recompute_us": _lengths(r_set, starts, ends),
         "compute_us": _lengths(m_set, starts, ends),
         "fsdp_copy_us": _lengths(f_set, starts, ends),
-        "exposed_transfer_us": _lengths(iv.subtract(t_set, busy), starts, ends),
-        "exposed_wait_us": _lengths(iv.subtract(w_set, _merge(t_set, busy)), starts, ends),
-        "exposed_unsplit_us": _lengths(
-            iv.subtract(u_set, _merge(t_set, w_set, busy)), starts, ends
-        ),
-        "idle_us": (ends - starts) - _lengths(everything, starts, ends),
+        **_exposed_parts(exposed, sets, starts, ends),
+        "idle_us": (ends - starts) - _lengths(_merge(busy, *sets), starts, ends),
     }
 
 
-def rank_breakdown(rank: RankAnalysis, matched: pd.DataFrame | None) -> pd.DataFrame:
-    """The per-step breakdown of one rank. `matched`: this rank's matched collectives
-    (correlation, transfer_us, wait_us) from the cross-rank view, or None / empty."""
-    steps = rank.steps
-    out = pd.DataFrame(
-        {
-            "rank": rank.rank,
-            "source": rank.source,
-            "step": steps["step"].to_numpy(),
-            "step_us": steps["step_us"].to_numpy(dtype=np.float64),
-        }
-    )
-    k = rank.kernels
-    if k.empty or "fsdp" not in k:  # CPU (gloo) traces: no GPU kernels to break down
-        for part in PARTS:
-            out[part] = np.nan
-        return out[BREAKDOWN_COLUMNS]
-    starts = steps["start_us"].to_numpy(dtype=np.float64)
-    ends = steps["end_us"].to_numpy(dtype=np.float64)
+def kernel_parts(kernels: pd.DataFrame, steps: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The compute half of a rank's breakdown, per step: `model_compute_us` (the part
+    `compute_us`) and `fsdp_copy_us`, from its kernels (with its analysis, on the worker)."""
+    k = kernels
     kind = k["kind"].to_numpy()
     compute = kind == Kind.COMPUTE
     recompute = compute & (k["phase"].to_numpy() == Phase.RECOMPUTE)
     fsdp = compute & k["fsdp"].to_numpy(dtype=bool) & ~recompute
-    comm_k = k[kind == Kind.COMM]
+    spans = Spans(k["ts"].to_numpy(), k["end"].to_numpy(), compute, recompute, fsdp)
+    _, m_set, f_set, _ = _compute_sets(spans)
+    starts = steps["start_us"].to_numpy(dtype=np.float64)
+    ends = steps["end_us"].to_numpy(dtype=np.float64)
+    return {
+        "model_compute_us": _lengths(m_set, starts, ends),
+        "fsdp_copy_us": _lengths(f_set, starts, ends),
+    }
+
+
+def exposed_split(rank: RankAnalysis, matched: pd.DataFrame | None) -> dict[str, np.ndarray]:
+    """The exposed half of a rank's breakdown, per step (its steps' order): exposed
+    communication split into transfer, wait and unsplit by each collective's cross-rank
+    transfer. `matched`: this rank's matched collectives (correlation, transfer_us, wait_us)
+    from the cross-rank view, or None / empty. NaN without GPU kernels (CPU traces: nothing
+    to break down), and transfer and wait NaN without a match."""
+    n = len(rank.steps)
+    if rank.n_kernels == 0:
+        return {part: np.full(n, np.nan) for part in EXPOSED_PARTS}
+    starts = rank.steps["start_us"].to_numpy(dtype=np.float64)
+    ends = rank.steps["end_us"].to_numpy(dtype=np.float64)
+    c = rank.collectives
     has_match = matched is not None and len(matched) > 0
     if has_match:
         by_corr = matched.set_index("correlation")
-        transfer = by_corr["transfer_us"].reindex(comm_k["correlation"].to_numpy()).to_numpy()
+        transfer = by_corr["transfer_us"].reindex(c["correlation"].to_numpy()).to_numpy()
     else:
-        transfer = np.full(len(comm_k), np.nan)
-    parts = partition(
-        Spans(k["ts"].to_numpy(), k["end"].to_numpy(), compute, recompute, fsdp),
-        comm_k["ts"].to_numpy(),
-        comm_k["end"].to_numpy(),
-        transfer,
-        starts,
-        ends,
+        transfer = np.full(len(c), np.nan)
+    sets = _comm_sets(
+        c["start_us"].to_numpy(dtype=np.float64), c["end_us"].to_numpy(dtype=np.float64), transfer
     )
-    for part, values in parts.items():
-        out[part] = values
+    out = _exposed_parts(exposed_intervals(rank), sets, starts, ends)
     if not has_match:
-        out["exposed_transfer_us"] = np.nan
-        out["exposed_wait_us"] = np.nan
-    return out[BREAKDOWN_COLUMNS]
+        out["exposed_transfer_us"] = np.full(n, np.nan)
+        out["exposed_wait_us"] = np.full(n, np.nan)
+    return out
+
+
+def exposed_intervals(rank: RankAnalysis) -> iv.Intervals:
+    """C \\ K of a rank (union form, as its analysis made it)."""
+    e = rank.exposed
+    return iv.as_arrays(e["start_us"].to_numpy(), e["end_us"].to_numpy())
 
 
 def median_step(breakdown: pd.DataFrame) -> pd.Series | None:
@@ -160,12 +203,14 @@ def median_step(breakdown: pd.DataFrame) -> pd.Series | None:
 
 
 def collective_transfer(
-    collectives: pd.DataFrame, matched: pd.DataFrame | None, compute: iv.Intervals
+    collectives: pd.DataFrame, matched: pd.DataFrame | None, exposed: iv.Intervals | None
 ) -> pd.DataFrame:
     """Per collective of a rank: its cross-rank `transfer_us` and `wait_us` (NaN where
     unmatched) and `exposed_transfer_us`: the part of its transfer [end − transfer, end] no
     compute hides, split equally among transfers running at the same moment (so they add up
-    to the step's exposed transfer)."""
+    to the step's exposed transfer). `exposed`: the rank's C \\ K (the transfer lies in C, so
+    what no compute hides is what lies in C \\ K); None where the rank has no compute kernels
+    (CPU traces): all of it."""
     n = len(collectives)
     out = pd.DataFrame(
         {"transfer_us": np.full(n, np.nan), "wait_us": np.full(n, np.nan)},
@@ -182,7 +227,26 @@ def collective_transfer(
     ok = ~np.isnan(transfer)
     end = collectives["end_us"].to_numpy(dtype=np.float64)
     start = np.maximum(end - np.nan_to_num(transfer), collectives["start_us"].to_numpy())
-    exposed = np.full(n, np.nan)
-    exposed[ok] = iv.split_uncovered(start[ok], end[ok], compute)
-    out["exposed_transfer_us"] = exposed
+    result = np.full(n, np.nan)
+    if exposed is None:
+        result[ok] = iv.split_uncovered(start[ok], end[ok], iv.EMPTY)
+    else:
+        result[ok] = _split_covered(start[ok], end[ok], exposed)
+    out["exposed_transfer_us"] = result
     return out
+
+
+def _split_covered(starts: np.ndarray, ends: np.ndarray, cover: iv.Intervals) -> np.ndarray:
+    """Each interval's share of the time `cover` covers, split equally among the intervals
+    active at that moment: the shares add up to |union(intervals) ∩ cover|."""
+    if starts.size == 0:
+        return np.zeros(0)
+    points = np.unique(np.concatenate([starts, ends]))
+    first = np.searchsorted(points, starts)
+    last = np.searchsorted(points, ends)
+    delta = np.bincount(first, minlength=points.size) - np.bincount(last, minlength=points.size)
+    active = np.cumsum(delta)[:-1]
+    covered = np.diff(iv.covered_up_to(cover, points))
+    share = np.where(active > 0, covered / np.maximum(active, 1), 0.0)
+    prefix = np.concatenate([[0.0], np.cumsum(share)])
+    return prefix[last] - prefix[first]

@@ -3,10 +3,13 @@ beside the local process pool, for runs with more ranks than one machine analyze
 
 Each task reads one trace where its worker runs (a path on a shared filesystem, or a URL:
 `fsdp_trace.analysis.remote`), through the worker's own cache, and sends back only that rank's
-`RankAnalysis` (small tables, never its events); the client gathers results as they finish and
-drops each future at once, so its memory holds the results and nothing of the traces. A trace
-that fails, or whose worker dies, comes back as a `Failure` naming its rank: the run is analyzed
-without it and says so.
+`RankAnalysis` without its kernels (`RankAnalysis.without_kernels`: per-step, per-block and
+per-collective tables and the figures the run reads of the kernels, never a per-event table);
+the client gathers results as they finish and drops each future at once, so its memory grows by
+a rank's tables (~0.4 MB pickled for a 100 MB trace, ~1.1 MB of the client's peak RSS;
+benchmarks/results/dask.md), not by its events. The views that draw or replay kernels read
+them again on the client (`RankAnalysis.load_kernels`). A trace that fails, or whose worker
+dies, comes back as a `Failure` naming its rank: the run is analyzed without it and says so.
 
 `distributed` is imported only here, and this module only when a cluster is asked for
 (`--scheduler`, `analyze(..., client=)`).
@@ -182,13 +185,14 @@ def _check_workers(client: Any) -> None:
 
 def analyze_task(trace: TraceInput, cache: bool) -> RankAnalysis | Failure:
     """One trace's analysis on a worker, through the worker's cache (its own
-    FSDP_TRACE_CACHE_DIR, else its home's). A trace that cannot be read is a Failure naming
-    it, not an exception: the other tasks and the run go on."""
+    FSDP_TRACE_CACHE_DIR, else its home's), without its kernels: what travels back. A trace
+    that cannot be read is a Failure naming it, not an exception: the other tasks and the run
+    go on."""
     try:
         lookup = lookup_for(trace, cache)
         if lookup.hit is not None:
-            return lookup.hit
-        return lookup.compute(progress=False, parallel=False)
+            return lookup.hit.without_kernels(cache)
+        return lookup.compute(progress=False, parallel=False).without_kernels(cache)
     except UserError as exc:
         return _failure(trace, exc.message)
 

@@ -9,20 +9,53 @@ import pandas as pd
 
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.vocab import Kind
+from fsdp_trace.vocab import NON_BLOCK_UNITS, Kind
 
 TAX_MIN_LAUNCHES = 3  # launches of an op with and without NCCL beside it, each
 
 
 def op_tax(r: RankAnalysis, blocks: set[str]) -> pd.DataFrame:
     """Per compute op of the transformer blocks, its median duration with NCCL beside it
-    (over half of the kernel overlaps communication) and alone (none does).
+    (over half of the kernel overlaps communication) and alone (none does): `measure` over
+    the rank's kernels, indexed by (shape, nth).
+
+    Measured with the rank's analysis (`RankAnalysis.op_tax`) for its units named like
+    blocks (`block_like`); where `blocks` selects other ops of this rank (a run.json naming
+    other blocks), measured again from its kernels, read again."""
+    chosen = {b for b in r.op_blocks if b in blocks}
+    if chosen == set(r.op_tax_blocks):
+        ops = r.op_tax
+    else:
+        ops = measure(r.load_kernels(), blocks).reset_index()
+    if ops.empty and "shape" not in ops:
+        return pd.DataFrame()
+    return ops.set_index(["shape", "nth"])
+
+
+def block_like(name: str) -> bool:
+    """A unit named like a transformer block: one module, not the root (as
+    `InferredConfig.blocks` tells them)."""
+    return name not in NON_BLOCK_UNITS and ", " not in name
+
+
+def op_blocks(kernels: pd.DataFrame) -> list[str]:
+    """The blocks of the compute kernels an op can be measured on (launch shape known)."""
+    k = kernels
+    if k.empty or "grid" not in k or "block_dim" not in k:
+        return []
+    ok = (k["kind"] == Kind.COMPUTE) & k["grid"].notna() & k["block_dim"].notna()
+    return sorted(str(b) for b in k.loc[ok, "block"].dropna().unique())
+
+
+def measure(kernels: pd.DataFrame, blocks: set[str]) -> pd.DataFrame:
+    """Per compute op of `blocks`, its median duration with NCCL beside it and alone, from a
+    rank's kernels.
 
     An op is one kernel position of a block: name, launch grid and block shape, phase and the
     n-th launch of that shape in the block's phase. Every block runs the same ops on the same
     shapes, so an op compares like with like across blocks and steps; a name alone mixes
     problem sizes (persistent GEMM kernels launch one grid for every shape)."""
-    k = r.kernels
+    k = kernels
     if k.empty or "grid" not in k or "block_dim" not in k:
         return pd.DataFrame()
     comm = k[k["kind"] == Kind.COMM]

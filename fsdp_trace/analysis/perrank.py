@@ -1,6 +1,7 @@
 """Per-trace work: load and analyze one trace file (through the cache), and many of them at
 once. This is the map step of the pipeline (`fsdp_trace.pipeline`): each trace is analyzed on
-its own, and only its `RankAnalysis` (small tables, never the events) comes back."""
+its own, and only its `RankAnalysis` comes back, without its kernels
+(`RankAnalysis.without_kernels`): small tables, never the events."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def analyze_file(
     processes (None: when it is large).
 
     Only one trace's parsed events live here, and only until its analysis is done: the
-    result holds copies of the few columns it keeps, never the events. A URL is read through
+    result holds copies of the few columns it keeps, never the events; its kernels too (a
+    run keeps `without_kernels`, and reads them again through here). A URL is read through
     fsspec (`fsdp_trace.analysis.remote`)."""
     lookup = lookup_for(TraceInput(path if is_url(path) else Path(path), source), cache)
     if lookup.hit is not None:
@@ -127,20 +129,23 @@ POOL_MIN_BYTES = 64 << 20
 
 
 def analyze_all(work: list[TraceInput], jobs: int = 1, cache: bool = True) -> list[RankAnalysis]:
-    """Every trace's analysis, in the order of `work`.
+    """Every trace's analysis without its kernels (`RankAnalysis.without_kernels`), in the
+    order of `work`: a run's memory grows by a rank's tables, not by its events.
 
     Cached analyses are read here first. The rest: in parallel, each worker process loads
     and analyzes one trace at a time (decoding it alone), so memory holds at most `jobs`
     traces' parsed events; results come back in submission order. With one job (or little
     to do), one at a time here, a large file decoded by two processes instead."""
     lookups = [lookup_for(t, cache) for t in work]
-    results: list[RankAnalysis | None] = [lookup.hit for lookup in lookups]
+    results: list[RankAnalysis | None] = [
+        None if lookup.hit is None else lookup.hit.without_kernels(cache) for lookup in lookups
+    ]
     todo = [i for i, lookup in enumerate(lookups) if lookup.hit is None]
     raw = {i: _raw(work[i].path) for i in todo}
     jobs = max(1, min(jobs, len(todo)))
     if jobs == 1 or sum(raw.values()) < POOL_MIN_BYTES:
         for i in todo:
-            results[i] = lookups[i].compute()
+            results[i] = lookups[i].compute().without_kernels(cache)
         return results  # type: ignore[return-value]
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -178,7 +183,8 @@ def stop_pool(pool) -> None:
 
 
 def _compute_in_worker(lookup: _Lookup) -> RankAnalysis:
-    return lookup.compute(progress=False, parallel=False)
+    """One trace analyzed in a worker process; what comes back holds no kernels."""
+    return lookup.compute(progress=False, parallel=False).without_kernels(lookup.cache)
 
 
 def _size(path: Path | Url) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import classify, context
+from fsdp_trace.analysis import classify, context, kernel_figures
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis import steps as steps_mod
 from fsdp_trace.analysis.blocks import block_table, empty_frame, phase_table
@@ -168,7 +168,7 @@ def keeping_cpu_slices(keep: bool = True) -> Iterator[None]:
 def analyze_trace(trace: Trace, source: str = Source.TRACE) -> RankAnalysis:
     """Everything per step, per collective and per block for one rank's trace."""
     kinds = classify.event_kinds(trace.events)
-    result = _analyze(trace, source, kinds)
+    result = kernel_figures.attach(_analyze(trace, source, kinds))
     if _keep_cpu_slices:
         result.cpu_slices = CpuSlices.of(trace, kinds)
     return result
@@ -342,7 +342,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         steps=step_frame,
         collectives=collectives,
         blocks=blocks,
-        kernels=kernels,
+        kernel_table=kernels,
         exposed=exposed,
         compute_phases=phase_table(compute_phases, trace.rank, source),
         fsdp=cpu_ctx.facts(cpu_steps),

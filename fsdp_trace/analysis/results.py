@@ -3,8 +3,10 @@ The run-level result (`fsdp_trace.result`) holds these, one per trace."""
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -91,9 +93,40 @@ BLOCK_COLUMNS = [
 ]
 
 
+# Per block op measured with NCCL beside it and alone (fsdp_trace.analysis.overlap_tax).
+OP_TAX_COLUMNS = [
+    "shape",
+    "nth",
+    "kernel",
+    "phase",
+    "median_with",
+    "time_with",
+    "n_with",
+    "median_alone",
+    "n_alone",
+    "slowdown",
+    "added_us",
+]
+
+
+class Reread(NamedTuple):
+    """How a per-rank result that holds no kernels reads them again: the trace analyzed as
+    `source` (the cache key's), through the cache when `cache` (as the run was analyzed)."""
+
+    source: str
+    cache: bool
+
+
 @dataclass
 class RankAnalysis:
-    """One trace (one rank, one capture phase) analyzed."""
+    """One trace (one rank, one capture phase) analyzed.
+
+    Fresh from its trace (and in the cache) it holds its kernels, one row per kept GPU event;
+    the per-rank result a run keeps does not (`without_kernels`): what travels back from a
+    worker and stays on the client is tables of steps, blocks, collectives and exposed
+    intervals, never of events. What the run reads of the kernels is made with the analysis
+    (`fsdp_trace.analysis.kernel_figures`); the views that draw or replay kernels read them
+    again (`load_kernels`)."""
 
     rank: int | None
     path: str
@@ -102,17 +135,66 @@ class RankAnalysis:
     steps: pd.DataFrame
     collectives: pd.DataFrame
     blocks: pd.DataFrame
-    kernels: pd.DataFrame  # kept GPU events with step, phase and block (for views)
+    # The kept GPU events with step, phase and block, or None where not held (`kernels`).
+    kernel_table: pd.DataFrame | None
     exposed: pd.DataFrame  # exposed-communication intervals: start_us, end_us, step
     compute_phases: pd.DataFrame  # per step: forward/backward/recompute/optimizer compute µs
     fsdp: pd.DataFrame  # per step × FSDP2 label kind × unit: count (context.FACT_COLUMNS)
     streams: dict[int, str] = field(default_factory=dict)  # stream id -> role
     notices: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # Figures of the kernels (fsdp_trace.analysis.kernel_figures), made with the analysis so
+    # that the run reads them without the kernels (the steps' model_compute_us and
+    # fsdp_copy_us are made there too):
+    n_kernels: int = 0  # kept GPU events
+    n_compute: int = 0  # of them, compute kernels
+    compute_mean_us: float | None = None  # their mean duration (None: none)
+    backward_end: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame({"step": np.empty(0, np.int64), "end_us": np.empty(0)})
+    )
+    op_tax: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=OP_TAX_COLUMNS))
+    op_tax_blocks: list[str] = field(default_factory=list)  # the blocks `op_tax` measures
+    op_blocks: list[str] = field(default_factory=list)  # every block of a measurable op
+    reread: Reread | None = None  # where the kernels are read again when not held
     # The trace's CPU slices (fsdp_trace.analysis.rank.CpuSlices), set on the instance only
     # while `rank.keeping_cpu_slices()` is on: a class attribute, not a field, so the cache
     # never stores it.
     cpu_slices: ClassVar[Any] = None
+
+    @property
+    def kernels(self) -> pd.DataFrame:
+        """The kept GPU events (one row per kernel: times, stream, kind, name, step, phase,
+        block, ...). Not held by a run's per-rank result: read again (`load_kernels`: through
+        the cache when the run used it, else from the trace)."""
+        return self.load_kernels()
+
+    def load_kernels(self, step: int | None = None, cache: bool | None = None) -> pd.DataFrame:
+        """The kernels (of one `step` when given, rows and index as in the whole table):
+        held, else read again from the rank's trace (`Reread`; `cache`: False reads the
+        trace itself even where the run used the cache). The last table read is kept (one at
+        a time, while this analysis lives), so successive views of one rank read once."""
+        k = self.kernel_table
+        if k is None:
+            k = _last_read(self)
+        if k is None:
+            k = _read_kernels(self, cache)
+        return k if step is None else k[k["step"].to_numpy() == step]
+
+    def without_kernels(self, cache: bool) -> RankAnalysis:
+        """This analysis as a run keeps it: no kernels (`cache`: whether they are read again
+        through the cache), and tables of its own (`_own_copy`)."""
+        if self.kernel_table is None:
+            return self
+        changes: dict[str, Any] = {
+            f.name: _own_copy(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), pd.DataFrame)
+        }
+        changes["kernel_table"] = None
+        changes["reread"] = Reread(str(self.source), cache)
+        out = dataclasses.replace(self, **changes)
+        out.cpu_slices = self.cpu_slices  # not a field: carried by hand (--perfetto's)
+        return out
 
     def exposed_collectives(self) -> list[list[int]]:
         """For each exposed interval, the rows of `collectives` running during it."""
@@ -153,3 +235,55 @@ class RankAnalysis:
             else:
                 out[column] = None
         return out
+
+
+def _own_copy(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of `frame` in memory of its own (a cache entry's frames are views of the whole
+    entry's bytes, which would otherwise stay with them), each text column holding one object
+    per distinct string: a collective's block, phase, kernel name ... repeat on every row, and
+    shared objects pickle once and are held once (a rank's result travels back smaller)."""
+    out = frame.copy()
+    for name in out.columns:
+        dtype = out[name].dtype
+        python_strings = isinstance(dtype, pd.StringDtype) and dtype.storage == "python"
+        if not (python_strings or (isinstance(dtype, np.dtype) and dtype.kind == "O")):
+            continue
+        raw = out[name].to_numpy(dtype=object)
+        try:
+            codes, uniques = pd.factorize(raw, use_na_sentinel=True)
+        except TypeError:  # unhashable values: left as they are
+            continue
+        if len(uniques) == len(raw) or not all(isinstance(u, str) for u in uniques):
+            continue  # nothing repeats, or values 1 and 1.0 (equal) would merge
+        shared = raw.copy()
+        found = codes >= 0  # missing values (None, NaN) stay the objects they are
+        shared[found] = np.asarray(uniques, dtype=object)[codes[found]]
+        out[name] = (
+            pd.array(shared, dtype=dtype)
+            if python_strings
+            else pd.Series(shared, index=out.index, dtype=object)
+        )
+    return out
+
+
+_last: list[tuple[weakref.ref, pd.DataFrame]] = []  # the kernels read last, and whose
+
+
+def _last_read(rank: RankAnalysis) -> pd.DataFrame | None:
+    if _last and _last[0][0]() is rank:
+        return _last[0][1]
+    return None
+
+
+def _read_kernels(rank: RankAnalysis, cache: bool | None) -> pd.DataFrame:
+    """A rank's kernels read again: its analysis through the cache (an entry written when it
+    was analyzed), else its trace parsed and analyzed again."""
+    from fsdp_trace.analysis.perrank import analyze_file
+
+    again = rank.reread or Reread(str(rank.source), True)
+    cache = again.cache if cache is None else cache and again.cache
+    table = analyze_file(rank.path, again.source, cache=cache, progress=False).kernel_table
+    if table is None:  # pragma: no cover - a fresh analysis holds its kernels
+        raise RuntimeError(f"{rank.path}: no kernels in its analysis")
+    _last[:] = [(weakref.ref(rank, lambda _: _last.clear()), table)]
+    return table

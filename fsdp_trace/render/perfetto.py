@@ -1,7 +1,8 @@
 """The annotated Perfetto view: an analysis written as a protobuf TrackEvent trace.
 
 Per rank, one process track ("rank R") holding
-- the GPU streams, named by their role ("stream 7 (compute)"), with every kept GPU event;
+- the GPU streams, named by their role ("stream 7 (compute)"), with every kept GPU event
+  (read again: a run does not hold its ranks' kernels, `RankAnalysis.load_kernels`);
 - the CPU threads with their cpu_op / user_annotation slices (reloaded from the rank's trace);
 - tracks fsdp-trace adds: "exposed communication" (one slice per interval of C \\ K),
   "FSDP collectives" (each NCCL collective named with what matters at a glance,
@@ -770,7 +771,8 @@ class _RankWriter:
     def __init__(self, writer: _Writer, rank: RankAnalysis, index: int, cache: bool = True) -> None:
         self.w = writer
         self.rank = rank
-        self.cache = cache  # the CPU threads re-read the trace (from the cache when allowed)
+        self.cache = cache  # kernels and CPU threads are read again (the cache when allowed)
+        self.kernels = pd.DataFrame()  # the rank's, while it is written
         self.pid = PID_BASE + index
         self.process = 0  # the process track's uuid, once declared
         self.counts = {"gpu": 0, "cpu": 0, "collective": 0, "exposed": 0, "counter": 0}
@@ -789,11 +791,13 @@ class _RankWriter:
         exposed_track = w.track(EXPOSED_TRACK, parent=self.process, order=0)
         collective_track = w.track(COLLECTIVE_TRACK, parent=self.process, order=1_000)
         counter_track = w.track(COUNTER_TRACK, parent=self.process, counter_unit="µs", order=2_000)
+        self.kernels = self.rank.load_kernels(cache=None if self.cache else False)
         kernel_flows, collective_flows = self._flows()
         self._exposed(exposed_track)
         self._collectives(collective_track, collective_flows)
         self._counter(counter_track)
         self._kernels(kernel_flows)
+        self.kernels = pd.DataFrame()
         if cpu:
             self._cpu_threads()
         return {
@@ -809,7 +813,7 @@ class _RankWriter:
     def _flows(self) -> tuple[dict[int, list[int]], dict[int, int]]:
         """Flow ids: all-gather (row of `collectives`) → first compute kernel (row of
         `kernels`) of the same block and a consuming phase starting at or after it."""
-        coll, kernels = self.rank.collectives, self.rank.kernels
+        coll, kernels = self.rank.collectives, self.kernels
         kernel_flows: dict[int, list[int]] = {}
         collective_flows: dict[int, int] = {}
         if coll.empty or kernels.empty:
@@ -940,7 +944,7 @@ class _RankWriter:
 
     # -- GPU streams ------------------------------------------------------------------------
     def _kernels(self, flows: dict[int, list[int]]) -> None:
-        kernels = self.rank.kernels
+        kernels = self.kernels
         if kernels.empty:
             return
         device = kernels["device"].to_numpy(dtype=np.int64)

@@ -112,7 +112,7 @@ class Prediction:
 
 def _step(run) -> int:
     """The step every rank has whose length (the slowest rank's) is the median."""
-    ranks = [r for r in run.ranks if len(r.kernels)]
+    ranks = [r for r in run.ranks if r.n_kernels]
     common = set.intersection(*(set(r.steps["step"]) for r in ranks))
     length = {
         s: max(float(r.steps.set_index("step").at[s, "step_us"]) for r in ranks) for s in common
@@ -122,8 +122,10 @@ def _step(run) -> int:
 
 
 def programs(run) -> tuple[list[Program], dict]:
-    """Every GPU rank's program of one common step, and the ranks' clock offsets."""
-    ranks = [r for r in run.ranks if len(r.kernels)]
+    """Every GPU rank's program of one common step, and the ranks' clock offsets. Reads each
+    rank's kernels again (a run does not hold them: `RankAnalysis.load_kernels`), one rank at
+    a time, keeping only its program of that step."""
+    ranks = [r for r in run.ranks if r.n_kernels]
     if not ranks:
         raise UserError(
             f"{run.name}: no GPU kernels to replay (CPU/gloo traces have no GPU timing)"
@@ -149,7 +151,7 @@ def _median_spread(stats) -> float:
 
 def _traced_spread(run) -> float:
     """Without run.json: the same from the traced steps' spread (their IQR as σ)."""
-    steps = [r.steps["step_us"].to_numpy(dtype=np.float64) for r in run.ranks if len(r.kernels)]
+    steps = [r.steps["step_us"].to_numpy(dtype=np.float64) for r in run.ranks if r.n_kernels]
     n = min(len(s) for s in steps)
     if n < 2:
         return 0.0

@@ -180,9 +180,8 @@ def _offsets(launch: np.ndarray) -> np.ndarray:
 
 
 def extract(rank: RankAnalysis, step: int, participants: pd.DataFrame | None) -> Program:
-    """The program of one rank's `step` (its timing trace)."""
-    k = rank.kernels
-    k = k[k["step"] == step]
+    """The program of one rank's `step` (its timing trace; its kernels read again)."""
+    k = rank.load_kernels(step)
     window = rank.steps.set_index("step").loc[step]
     compute = k[k["kind"] == Kind.COMPUTE]
     main = compute.groupby("stream")["dur"].sum().idxmax() if len(compute) else None

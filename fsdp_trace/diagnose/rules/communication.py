@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis.kernel_figures import backward_end
 from fsdp_trace.diagnose import busbw as reference
 from fsdp_trace.diagnose.context import Context, ms, pct, per_step
 from fsdp_trace.diagnose.finding import Change, Finding
@@ -22,7 +23,6 @@ from fsdp_trace.vocab import (
     ROOT,
     Basis,
     Collective,
-    Kind,
     Phase,
 )
 
@@ -211,11 +211,9 @@ def reduction_tail(ctx: Context) -> Finding | None:
     and, under HSDP, the all-reduce across replicas. About one is unavoidable."""
     worst = None
     for r in ctx.gpu_ranks:
-        k = r.kernels
-        if k.empty or r.collectives.empty:
+        if not r.n_kernels or r.collectives.empty:
             continue
-        bwd = k[(k["kind"] == Kind.COMPUTE) & k["phase"].isin([Phase.BACKWARD, Phase.RECOMPUTE])]
-        last_compute = bwd.groupby("step")["end"].max()
+        last_compute = backward_end(r)  # with the rank's analysis: its kernels are not held
         c = ctx.collectives(r)
         red = c[c["collective"].isin(GRADIENT_REDUCTIONS) & c["step"].isin(last_compute.index)]
         tail = red[red["end_us"].to_numpy() > last_compute.reindex(red["step"]).to_numpy()]
@@ -456,7 +454,9 @@ def low_bus_bandwidth(ctx: Context) -> Finding | None:
         groups = large["pg"].astype(str).map(sizes).astype("float64")
         groups = groups.fillna(large["n_ranks"].astype("float64"))
     else:
-        frames = [r.collectives for r in ctx.gpu_ranks if not r.collectives.empty]
+        # Only the columns read here: every rank's collectives at once (the client's peak).
+        needed = ["collective", "bytes", "busbw_gbps", "group_size"]
+        frames = [r.collectives[needed] for r in ctx.gpu_ranks if not r.collectives.empty]
         if not frames:
             return None
         c = pd.concat(frames)

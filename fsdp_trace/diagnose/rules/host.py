@@ -10,7 +10,6 @@ from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding, FindingKind
 from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.vocab import Basis
-from fsdp_trace.vocab import Kind as EventKind
 
 HOST_IDLE = 0.20  # GPU idle share of the step
 IMBALANCE = 0.25  # another rank idling under this × the worst's share: the worst's own host
@@ -49,9 +48,8 @@ def host_bound(ctx: Context) -> Finding | None:
         return None
     worst = max(bound, key=lambda k: bound[k][0] / bound[k][1])
     idle_us, step, r = bound[worst]
-    k = r.kernels[r.kernels["kind"] == EventKind.COMPUTE]
-    per_step = len(k) / max(len(r.steps), 1)
-    mean_us = float(k["dur"].mean()) if len(k) else float("nan")
+    per_step = r.n_compute / max(len(r.steps), 1)
+    mean_us = r.compute_mean_us if r.compute_mean_us is not None else float("nan")
     wait, others = _waiting_on_others(ctx, set(bound))
     peers = ""
     if others and np.isfinite(wait) and wait > 0:

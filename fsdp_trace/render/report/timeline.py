@@ -136,7 +136,7 @@ def comm_hover(row: dict[str, Any], t0: float) -> str:
 
 def rows_of(r: RankAnalysis, step: pd.Series) -> tuple[list[str], list[dict[str, Any]]]:
     """Row labels and bar groups of one rank's step: GPU streams, or gloo threads."""
-    if r.device == Device.GPU and not r.kernels.empty:
+    if r.device == Device.GPU and r.n_kernels:
         return gpu_rows(r, step)
     return cpu_rows(r, step)
 
@@ -164,8 +164,9 @@ def _stream_order(roles: dict[int, str]):
 
 
 def gpu_rows(r: RankAnalysis, step: pd.Series) -> tuple[list[str], list[dict[str, Any]]]:
-    """Row labels and bar groups (one per kind) of one rank's step on the GPU."""
-    k = r.kernels[r.kernels["step"] == step["step"]]
+    """Row labels and bar groups (one per kind) of one rank's step on the GPU: its kernels
+    read again (a run does not hold them), through the cache when the run used it."""
+    k = r.load_kernels(step["step"])
     t0 = float(step["start_us"])
     roles = r.streams
 

@@ -1,0 +1,165 @@
+"""What a run keeps per rank: no per-event table (`RankAnalysis.without_kernels`), whatever
+runs the per-rank analyses (here, a `--jobs` pool; tests/test_dask.py: a Dask cluster), and the
+figures of the kernels made with each rank's analysis equal to what the kernels give. The
+kernels read again (the report's timeline, what-if, --perfetto) are the fresh analysis's."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fsdp_trace
+from fsdp_trace.analysis import perrank
+from fsdp_trace.analysis.breakdown import Spans, partition
+from fsdp_trace.analysis.overlap_tax import measure, op_tax
+from fsdp_trace.analysis.results import RankAnalysis
+from tests.conftest import SAMPLES
+
+GPT = SAMPLES / "gpt-small-2gpu"
+FULL_AC = SAMPLES / "gpt-small-2gpu-fullac"
+GPU_EVENT_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def gpu_events(path: Path) -> int:
+    """The trace's GPU events, counted from its JSON (not by fsdp-trace's loader)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    return sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in GPU_EVENT_CATS)
+
+
+def tables(obj: object, prefix: str = "") -> dict[str, int]:
+    """Every table-like value an analysis holds (fields and attributes set on the instance,
+    one level into dicts), by name: its length."""
+    found: dict[str, int] = {}
+    values = dict(vars(obj))
+    values.update({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    for name, value in values.items():
+        if isinstance(value, pd.DataFrame | pd.Series | np.ndarray | list | tuple):
+            found[prefix + name] = len(value)
+        elif isinstance(value, dict):
+            found[prefix + name] = len(value)
+            for key, inner in value.items():
+                if isinstance(inner, pd.DataFrame | pd.Series | np.ndarray | list):
+                    found[f"{prefix}{name}.{key}"] = len(inner)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            found.update(tables(value, f"{prefix}{name}."))
+    return found
+
+
+def per_event_tables(rank: RankAnalysis, events: int) -> dict[str, int]:
+    """The tables of `rank` with as many rows as half of its trace's GPU events (`events`):
+    the kernels table holds ~95 % of them; per-collective tables (130 rows here), exposed
+    intervals (≤ 769) and per-step tables stay far below."""
+    return {name: n for name, n in tables(rank).items() if n >= events / 2}
+
+
+def timing_traces(run: Path) -> dict[int, Path]:
+    return {int(p.name[4]): p for p in sorted(run.glob("rank*.timing.json.gz"))}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_runs_ranks_hold_no_per_event_table(jobs, monkeypatch):
+    monkeypatch.setattr(perrank, "POOL_MIN_BYTES", 0)  # jobs=2: a pool even for small traces
+    result = fsdp_trace.analyze(GPT, jobs=jobs, cache=False)
+    traces = timing_traces(GPT)
+    for r in result.only.ranks:
+        events = gpu_events(traces[r.rank])
+        assert r.kernel_table is None
+        assert per_event_tables(r, events) == {}
+        assert 0.9 * events < r.n_kernels <= events  # what the kernels were: counted
+
+
+def test_kernels_read_again_are_the_fresh_analysis(tmp_path):
+    result = fsdp_trace.analyze(GPT, detailed=False)
+    for r in result.only.ranks:
+        fresh = perrank.analyze_file(r.path, r.source, cache=False)
+        again = r.load_kernels()
+        pd.testing.assert_frame_equal(again, fresh.kernel_table, check_exact=True)
+        step = int(r.steps["step"].iloc[1])
+        want = fresh.kernel_table[fresh.kernel_table["step"] == step]
+        pd.testing.assert_frame_equal(r.load_kernels(step), want, check_exact=True)
+        assert r.n_kernels == len(again)
+
+
+def test_kernels_are_read_again_as_the_run_was_asked_to_cache(tmp_path, monkeypatch):
+    """A run analyzed without the cache reads its kernels again without it (nothing
+    written); one analyzed with it reads them from the entry its analysis wrote."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(folder))
+    monkeypatch.delenv("FSDP_TRACE_CACHE", raising=False)
+    path = tmp_path / "rank0.timing.json.gz"
+    path.write_bytes((GPT / "rank0.timing.json.gz").read_bytes())
+    plain = fsdp_trace.analyze(path, cache=False).ranks[0]
+    assert len(plain.kernels) == plain.n_kernels
+    assert not folder.exists() or not any(folder.iterdir())
+    cached = fsdp_trace.analyze(path).ranks[0]
+    assert any(folder.glob("analysis-*"))
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("parsed again although the cache holds the analysis")
+
+    monkeypatch.setattr(perrank, "load_trace", no_parsing)
+    assert len(cached.kernels) == cached.n_kernels
+
+
+@pytest.mark.parametrize("run", [GPT, FULL_AC], ids=["no-ac", "full-ac"])
+def test_kernel_figures_equal_what_the_kernels_give(run):
+    """The figures each rank's analysis makes of its kernels (so that they need not travel)
+    are, to the bit, what the kernels give: the whole step breakdown (its compute half made
+    with the analysis, its exposed half from the collectives and exposed intervals once the
+    transfers are known) equals one partition of the kernels with those transfers."""
+    analysis = fsdp_trace.analyze(run, detailed=False).only
+    blocks = set(analysis.config.blocks)
+    assert blocks
+    participants = analysis.crossrank.participants
+    for r in analysis.ranks:
+        k = r.load_kernels()
+        compute = k[k["kind"] == "compute"]
+        assert (r.n_kernels, r.n_compute) == (len(k), len(compute))
+        assert r.compute_mean_us == float(compute["dur"].mean())
+        backward = compute[compute["phase"].isin(["backward", "recompute"])]
+        last = backward.groupby("step")["end"].max()
+        assert r.backward_end["step"].tolist() == last.index.tolist()
+        assert r.backward_end["end_us"].tolist() == last.tolist()
+        pd.testing.assert_frame_equal(op_tax(r, blocks), measure(k, blocks), check_exact=True)
+        assert len(op_tax(r, blocks)) > 0
+        # The breakdown in one piece, from the kernels and the cross-rank transfers.
+        mine = participants[participants["rank"] == r.rank].set_index("correlation")
+        comm = k[k["kind"] == "comm"]
+        transfer = mine["transfer_us"].reindex(comm["correlation"].to_numpy()).to_numpy()
+        is_compute = (k["kind"] == "compute").to_numpy()
+        recompute = is_compute & (k["phase"] == "recompute").to_numpy()
+        spans = Spans(
+            k["ts"].to_numpy(),
+            k["end"].to_numpy(),
+            is_compute,
+            recompute,
+            is_compute & k["fsdp"].to_numpy(dtype=bool) & ~recompute,
+        )
+        whole = partition(
+            spans,
+            comm["ts"].to_numpy(),
+            comm["end"].to_numpy(),
+            transfer,
+            r.steps["start_us"].to_numpy(dtype=np.float64),
+            r.steps["end_us"].to_numpy(dtype=np.float64),
+        )
+        columns = {"compute_us": "model_compute_us"}
+        for part in ("compute_us", "fsdp_copy_us", *[p for p in whole if "exposed" in p]):
+            got = r.steps[columns.get(part, part)].to_numpy()
+            assert got.tolist() == whole[part].tolist(), part
+
+
+def test_op_tax_of_other_blocks_is_measured_from_the_kernels_read_again():
+    r = fsdp_trace.analyze(GPT, detailed=False).ranks[1]
+    some = {r.op_tax_blocks[0], r.op_tax_blocks[1]}
+    got = op_tax(r, some)
+    pd.testing.assert_frame_equal(got, measure(r.load_kernels(), some), check_exact=True)
+    assert set(r.op_tax["kernel"]) >= set(got["kernel"])
