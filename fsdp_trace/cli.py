@@ -5,6 +5,7 @@ are built only for capture (DeferredCommand). Annotations are evaluated where th
 annotation text again at each start (~5 ms)."""
 
 import functools
+import gc
 import inspect
 import os
 import re
@@ -14,6 +15,7 @@ import typing
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -223,6 +225,39 @@ def no_cache_if(no_cache: bool) -> Iterator[None]:
 
     with cache.off("--no-cache"):
         yield
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a command imports its libraries, and what
+    they made frozen after: importing numpy and pandas creates ~10^5 objects, and each
+    collection pass during the imports (and, unfrozen, every full pass later) scans them all,
+    ~30 ms of a 0.3 s start. Imports leave no cyclic garbage to collect."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+def analyze_modules() -> SimpleNamespace:
+    """What `analyze` uses, imported (pandas, numpy, msgspec and the analysis behind them):
+    the command's own imports, in one place so that benchmarks/speed_targets.py times these."""
+    with collector_paused():
+        from fsdp_trace.analysis.rank import keeping_cpu_slices
+        from fsdp_trace.diagnose import gate
+        from fsdp_trace.pipeline import analyze as run_analysis
+        from fsdp_trace.render import export, terminal
+    return SimpleNamespace(
+        keeping_cpu_slices=keeping_cpu_slices,
+        gate=gate,
+        run_analysis=run_analysis,
+        export=export,
+        terminal=terminal,
+    )
 
 
 def input_files(paths: list[str]) -> list[Path]:
@@ -636,10 +671,9 @@ def analyze(
     step is cut into where its time goes, and the cause to act on first is named.
     """
     with user_errors("analyze"), no_cache_if(no_cache):
-        from fsdp_trace.analysis.rank import keeping_cpu_slices
-        from fsdp_trace.diagnose import gate
-        from fsdp_trace.pipeline import analyze as run_analysis
-        from fsdp_trace.render import export, terminal
+        used = analyze_modules()
+        keeping_cpu_slices, run_analysis = used.keeping_cpu_slices, used.run_analysis
+        gate, export, terminal = used.gate, used.export, used.terminal
 
         if top < 0:
             raise UserError(f"--top {top}: give a number of rows, 0 or more")

@@ -5,6 +5,7 @@ are benchmarks/speed_targets.py's (section 3, imports)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -94,3 +95,18 @@ def test_analyze_imports_only_what_it_uses(tmp_path):
     assert {"pandas", "fsdp_trace.pipeline", "rich.console"} <= modules  # the probe works
     unused = (*ELSEWHERE, *OTHER_COMMANDS, "typer.rich_utils", "rich.markdown", "rich.traceback")
     assert not among(modules, unused)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_pause_of_the_imports_leaves_the_collector_as_it_found_it(enabled):
+    from fsdp_trace.cli import collector_paused
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+        gc.unfreeze()
