@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -32,6 +31,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_vs_hta import _cpu  # noqa: E402
 
 # Each snippet reads sys.argv[1] into columns and prints "rows <n>" (and timing notes) on stderr.
 _CUT = """
@@ -109,16 +111,6 @@ def run(command: list[str], timeout: float) -> tuple[float, float, int, str]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, last
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace", type=Path)
@@ -154,7 +146,7 @@ def main() -> None:
         f"Command (from the repository root): `python benchmarks/compiled_readers.py "
         f"{args.trace} --python {args.python}`",
         "",
-        f"Machine: {cpu_model()}, {os.cpu_count()} cores; "
+        f"Machine: {_cpu()}, {os.cpu_count()} cores; "
         f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())} at the end. "
         f"Input: {size / 1e9:.2f} GB of JSON. One fresh process each "
         "(wall, CPU and peak RSS of that process).",
