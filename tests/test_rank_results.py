@@ -1,5 +1,6 @@
 """What a run keeps per rank: no per-event table (`RankAnalysis.without_kernels`), whatever
-runs the per-rank analyses (here, a `--jobs` pool; tests/test_dask.py: a Dask cluster), and the
+runs the per-rank analyses (here, a `--jobs` pool; tests/test_dask.py: a Dask cluster), but for
+a small local run without the cache, which keeps its kernels rather than parse again; and the
 figures of the kernels made with each rank's analysis equal to what the kernels give. The
 kernels read again (the report's timeline, what-if, --perfetto) are the fresh analysis's."""
 
@@ -64,16 +65,56 @@ def timing_traces(run: Path) -> dict[int, Path]:
     return {int(p.name[4]): p for p in sorted(run.glob("rank*.timing.json.gz"))}
 
 
+@pytest.mark.parametrize("how", ["cache", "more-ranks-than-the-timeline"])
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_a_runs_ranks_hold_no_per_event_table(jobs, monkeypatch):
+def test_a_runs_ranks_hold_no_per_event_table(jobs, how, tmp_path, monkeypatch):
+    """Through the cache (its entries read back cheaply), or without it in a run of more
+    timing traces than the report's timeline draws (here made 1), no rank keeps its kernels."""
     monkeypatch.setattr(perrank, "POOL_MIN_BYTES", 0)  # jobs=2: a pool even for small traces
-    result = fsdp_trace.analyze(GPT, jobs=jobs, cache=False)
+    if how == "cache":
+        monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.delenv("FSDP_TRACE_CACHE", raising=False)
+    else:
+        monkeypatch.setattr(perrank, "MAX_TIMELINE_RANKS", 1)
+    result = fsdp_trace.analyze(GPT, jobs=jobs, cache=how == "cache")
     traces = timing_traces(GPT)
     for r in result.only.ranks:
         events = gpu_events(traces[r.rank])
         assert r.kernel_table is None
         assert per_event_tables(r, events) == {}
         assert 0.9 * events < r.n_kernels <= events  # what the kernels were: counted
+    assert all(r.kernel_table is None for r in result.only.detailed)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_small_run_without_the_cache_parses_each_trace_once(jobs, tmp_path, monkeypatch):
+    """A local run of no more timing traces than the timeline draws, analyzed without the
+    cache, keeps its ranks' kernels: the report (timeline, what-if panel) and what-if parse
+    no trace again (reading them again would cost a second parse each)."""
+    from fsdp_trace import whatif
+    from fsdp_trace.render.report import write_report
+    from fsdp_trace.render.report.timeline import MAX_TIMELINE_RANKS
+
+    monkeypatch.setattr(perrank, "POOL_MIN_BYTES", 0)  # jobs=2: parsed in the pool's workers
+    parsed: list[str] = []
+    load = perrank.load_trace
+
+    def counting(path, *args, **kwargs):
+        parsed.append(str(path))
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(perrank, "load_trace", counting)
+    result = fsdp_trace.analyze(GPT, jobs=jobs, cache=False)
+    run = result.only
+    assert len(run.ranks) <= MAX_TIMELINE_RANKS
+    here = len(parsed)
+    assert here == (4 if jobs == 1 else 0)  # 2 timing + 2 detailed traces, each parsed once
+    write_report(result, tmp_path / "report.html")
+    assert whatif.rank_candidates(run)
+    assert parsed[here:] == []
+    for r in run.ranks:
+        assert r.kernel_table is not None and len(r.kernel_table) == r.n_kernels
+    assert all(r.kernel_table is None for r in run.detailed)  # no view draws their kernels
 
 
 def test_kernels_read_again_are_the_fresh_analysis(tmp_path):

@@ -1,7 +1,8 @@
 """Per-trace work: load and analyze one trace file (through the cache), and many of them at
 once. This is the map step of the pipeline (`fsdp_trace.pipeline`): each trace is analyzed on
 its own, and only its `RankAnalysis` comes back, without its kernels
-(`RankAnalysis.without_kernels`): small tables, never the events."""
+(`RankAnalysis.without_kernels`): small tables, never the events; a small run analyzed without
+the cache keeps them (`keeps_kernels`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from fsdp_trace.analysis.loader import raw_size, wants_progress
 from fsdp_trace.analysis.rank import analyze_trace
 from fsdp_trace.analysis.readers import load as load_trace  # through the reader registry
 from fsdp_trace.analysis.remote import is_url
-from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.results import MAX_TIMELINE_RANKS, RankAnalysis
 from fsdp_trace.analysis.trace import rank_from_name
 from fsdp_trace.vocab import Source
 
@@ -64,8 +65,8 @@ def analyze_file(
 
     Only one trace's parsed events live here, and only until its analysis is done: the
     result holds copies of the few columns it keeps, never the events; its kernels too (a
-    run keeps `without_kernels`, and reads them again through here). A URL is read through
-    fsspec (`fsdp_trace.analysis.remote`)."""
+    run keeps `without_kernels`, but for `keeps_kernels`, and reads them again through
+    here). A URL is read through fsspec (`fsdp_trace.analysis.remote`)."""
     lookup = lookup_for(TraceInput(path if is_url(path) else Path(path), source), cache)
     if lookup.hit is not None:
         return lookup.hit
@@ -128,15 +129,31 @@ def lookup_for(trace: TraceInput, cache: bool):  # -> _Lookup | remote.UrlLookup
 POOL_MIN_BYTES = 64 << 20
 
 
+def keeps_kernels(work: list[TraceInput], cache: bool) -> list[bool]:
+    """Per trace of a local run, whether its analysis keeps its kernels: only where reading
+    them again would parse the trace again (no cache: `cache` False or caching off here) and
+    the run has no more timing traces than the report's timeline draws
+    (`MAX_TIMELINE_RANKS`), which with what-if reads every one of them; never for a detailed
+    trace (no view draws its kernels). Holding a few ranks' kernels costs less than parsing
+    their traces twice; a larger run (or one through the cache, whose entry is read back
+    cheaply) keeps its memory to the ranks' tables."""
+    if cache and cache_mod.enabled():
+        return [False] * len(work)
+    timing = [t.source != Source.DETAILED for t in work]
+    return timing if sum(timing) <= MAX_TIMELINE_RANKS else [False] * len(work)
+
+
 def analyze_all(work: list[TraceInput], jobs: int = 1, cache: bool = True) -> list[RankAnalysis]:
     """Every trace's analysis without its kernels (`RankAnalysis.without_kernels`), in the
-    order of `work`: a run's memory grows by a rank's tables, not by its events.
+    order of `work`: a run's memory grows by a rank's tables, not by its events; except a
+    small run without the cache, which keeps its timing traces' kernels (`keeps_kernels`).
 
     Cached analyses are read here first. The rest: in parallel, each worker process loads
     and analyzes one trace at a time (decoding it alone), so memory holds at most `jobs`
     traces' parsed events; results come back in submission order. With one job (or little
     to do), one at a time here, a large file decoded by two processes instead."""
     lookups = [lookup_for(t, cache) for t in work]
+    keep = keeps_kernels(work, cache)
     results: list[RankAnalysis | None] = [
         None if lookup.hit is None else lookup.hit.without_kernels(cache) for lookup in lookups
     ]
@@ -145,7 +162,7 @@ def analyze_all(work: list[TraceInput], jobs: int = 1, cache: bool = True) -> li
     jobs = max(1, min(jobs, len(todo)))
     if jobs == 1 or sum(raw.values()) < POOL_MIN_BYTES:
         for i in todo:
-            results[i] = lookups[i].compute().without_kernels(cache)
+            results[i] = _as_kept(lookups[i].compute(), cache, keep[i])
         return results  # type: ignore[return-value]
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -155,7 +172,7 @@ def analyze_all(work: list[TraceInput], jobs: int = 1, cache: bool = True) -> li
     try:
         # Workers are forked here, before the progress bar starts its thread; each gets the
         # lookup (parameters, cache entry, content hash: the file is not hashed again).
-        futures = {pool.submit(_compute_in_worker, lookups[i]): i for i in todo}
+        futures = {pool.submit(_compute_in_worker, lookups[i], keep[i]): i for i in todo}
         progress = _Progress(sum(_size(work[i].path) for i in todo), sum(raw.values()), "traces")
         with progress:
             for future in as_completed(futures):
@@ -182,9 +199,16 @@ def stop_pool(pool) -> None:
         process.terminate()
 
 
-def _compute_in_worker(lookup: _Lookup) -> RankAnalysis:
-    """One trace analyzed in a worker process; what comes back holds no kernels."""
-    return lookup.compute(progress=False, parallel=False).without_kernels(lookup.cache)
+def _compute_in_worker(lookup: _Lookup, keep: bool) -> RankAnalysis:
+    """One trace analyzed in a worker process; what comes back holds no kernels unless
+    `keep` (`keeps_kernels`)."""
+    return _as_kept(lookup.compute(progress=False, parallel=False), lookup.cache, keep)
+
+
+def _as_kept(result: RankAnalysis, cache: bool, keep: bool) -> RankAnalysis:
+    """A fresh analysis as the run keeps it: whole when `keep` and it has kernels (a CPU
+    trace's table is empty: nothing to read again), else without its kernels."""
+    return result if keep and result.n_kernels else result.without_kernels(cache)
 
 
 def _size(path: Path | Url) -> int:

@@ -93,6 +93,11 @@ BLOCK_COLUMNS = [
 ]
 
 
+# Ranks the report's step timeline draws at most (fsdp_trace.render.report.timeline): a local
+# run of no more timing traces, analyzed without the cache, keeps its ranks' kernels
+# (fsdp_trace.analysis.perrank.analyze_all), which the timeline would otherwise parse again.
+MAX_TIMELINE_RANKS = 8
+
 # Per block op measured with NCCL beside it and alone (fsdp_trace.analysis.overlap_tax).
 OP_TAX_COLUMNS = [
     "shape",
@@ -126,7 +131,9 @@ class RankAnalysis:
     worker and stays on the client is tables of steps, blocks, collectives and exposed
     intervals, never of events. What the run reads of the kernels is made with the analysis
     (`fsdp_trace.analysis.kernel_figures`); the views that draw or replay kernels read them
-    again (`load_kernels`)."""
+    again (`load_kernels`). One exception, where reading again would cost a parse and holding
+    costs little: a local run of at most `MAX_TIMELINE_RANKS` timing traces analyzed without
+    the cache keeps them (`fsdp_trace.analysis.perrank.analyze_all`)."""
 
     rank: int | None
     path: str
