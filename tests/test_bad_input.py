@@ -247,3 +247,19 @@ def test_a_failing_output_leaves_none_behind(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"--report .*r.html: cannot write \(No space left"):
         cli._write_outputs(result, outputs, out / "csv")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_corrupt_trace_among_several_is_one_line_with_any_jobs(tmp_path, jobs):
+    """With worker processes too (--jobs 2 ends the pool): one line naming the trace, exit 2,
+    no traceback."""
+    for name in ("rank0.timing.json.gz", "rank1.timing.json.gz"):
+        (tmp_path / name).write_bytes((SAMPLES / "gpt-small-2gpu" / name).read_bytes())
+    corrupt = tmp_path / "rank1.timing.json.gz"
+    corrupt.write_bytes(corrupt.read_bytes()[:100_000])
+    done = run_cli("analyze", str(tmp_path), "--no-report", "--no-cache", "--jobs", jobs)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"fsdp-trace analyze: error: {corrupt}: truncated or corrupt gzip: re-copy or "
+        "re-export the trace"
+    ]
