@@ -194,8 +194,10 @@ def _ignore_interrupts() -> None:
 
 def stop_pool(pool) -> None:
     """Cancel what has not started and end the workers now (not after their current trace)."""
+    # Taken before shutdown, which sets the pool's `_processes` to None.
+    processes = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
-    for process in list(getattr(pool, "_processes", {}).values()):
+    for process in processes:
         process.terminate()
 
 
