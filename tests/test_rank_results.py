@@ -204,3 +204,73 @@ def test_op_tax_of_other_blocks_is_measured_from_the_kernels_read_again():
     got = op_tax(r, some)
     pd.testing.assert_frame_equal(got, measure(r.load_kernels(), some), check_exact=True)
     assert set(r.op_tax["kernel"]) >= set(got["kernel"])
+
+
+# --- what a run keeps of a rank: compact, read back as the fresh analysis -------------------
+
+COMPACT_RUNS = [GPT, FULL_AC, SAMPLES / "cpu-hsdp-2x2", SAMPLES / "diagnosis" / "straggler"]
+
+
+def fresh_and_kept(run: Path) -> tuple[list[RankAnalysis], list[RankAnalysis], object]:
+    """A run's timing traces analyzed afresh (as the analysis makes them) and as a run keeps
+    them (`RankAnalysis.as_kept`), and its run.json."""
+    from fsdp_trace.analysis.inputs import resolve
+
+    (run_in,) = resolve(run).runs
+    fresh = [
+        perrank.analyze_file(t.path, t.source, cache=False)
+        for t in run_in.traces
+        if t.source != "detailed"
+    ]
+    return fresh, [r.as_kept(False, kernels=False) for r in fresh], run_in.run
+
+
+def as_values(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every cell as the Python value it reads back as (dtypes aside)."""
+    return frame.astype(object)
+
+
+@pytest.mark.parametrize("run", COMPACT_RUNS, ids=lambda p: p.name)
+def test_a_kept_rank_reads_back_as_its_fresh_analysis(run):
+    """Compact where exact: every value of every table reads back as the analysis made it
+    (None and NaN kept apart); the exposed intervals' and label facts' steps (and the facts'
+    counts) as int32, the facts' kind and unit as categoricals with sorted categories; the
+    collectives' text stays text (readers assign to it)."""
+    fresh, kept, _ = fresh_and_kept(run)
+    for a, b in zip(fresh, kept, strict=True):
+        for f in dataclasses.fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if f.name == "kernel_table":
+                assert y is None
+            elif isinstance(x, pd.DataFrame):
+                pd.testing.assert_frame_equal(as_values(y), as_values(x), check_exact=True)
+                for column in x.columns:
+                    if x[column].dtype == object:
+                        assert list(map(type, x[column])) == list(map(type, y[column])), column
+        if len(b.exposed):
+            assert b.exposed["step"].dtype == np.int32
+        if len(b.fsdp):
+            assert {b.fsdp[c].dtype for c in ("step", "count")} == {np.dtype(np.int32)}
+            for column in ("kind", "unit"):
+                categories = list(b.fsdp[column].cat.categories)
+                assert categories == sorted(categories)
+        assert list(b.collectives.dtypes) == list(a.collectives.dtypes)
+
+
+@pytest.mark.parametrize("run", COMPACT_RUNS, ids=lambda p: p.name)
+def test_inference_and_matching_read_kept_ranks_as_fresh_ones(run):
+    """The configuration inferred and the cross-rank match (both reading every rank at once,
+    on the client) are the same from the compact ranks a run keeps as from fresh ones; the
+    inference concatenates only the columns it reads, its text as categoricals."""
+    from fsdp_trace.analysis import config
+    from fsdp_trace.analysis.crossrank import match
+
+    fresh, kept, record = fresh_and_kept(run)
+    assert config.infer(kept, record) == config.infer(fresh, record)
+    a, b = match(fresh), match(kept)
+    assert a.notices == b.notices and a.clock_offsets_us == b.clock_offsets_us
+    for name in ("matched", "per_rank", "participants", "groups"):
+        pd.testing.assert_frame_equal(getattr(b, name), getattr(a, name), check_exact=True)
+    coll = config._collectives(kept)
+    assert set(coll.columns) <= set(config.READ)
+    assert isinstance(coll["block"].dtype, pd.CategoricalDtype)

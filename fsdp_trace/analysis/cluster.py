@@ -6,10 +6,11 @@ Each task reads one trace where its worker runs (a path on a shared filesystem, 
 `RankAnalysis` without its kernels (`RankAnalysis.without_kernels`: per-step, per-block and
 per-collective tables and the figures the run reads of the kernels, never a per-event table);
 the client gathers results as they finish and drops each future at once, so its memory grows by
-a rank's tables (~0.4 MB pickled for a 100 MB trace, ~1.1 MB of the client's peak RSS;
-benchmarks/results/dask.md), not by its events. The views that draw or replay kernels read
-them again on the client (`RankAnalysis.load_kernels`). A trace that fails, or whose worker
-dies, comes back as a `Failure` naming its rank: the run is analyzed without it and says so.
+a rank's tables, compact (`RankAnalysis.as_kept`; ~0.36 MB pickled for a 100 MB trace, ~0.9 MB
+of the client's peak RSS; benchmarks/results/dask.md), not by its events. The views that draw
+or replay kernels read them again on the client (`RankAnalysis.load_kernels`). A trace that
+fails, or whose worker dies, comes back as a `Failure` naming its rank: the run is analyzed
+without it and says so.
 
 `distributed` is imported only here, and this module only when a cluster is asked for
 (`--scheduler`, `analyze(..., client=)`).

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from fsdp_trace.analysis import context
 from fsdp_trace.analysis.context import display_name
@@ -142,14 +143,14 @@ def infer(ranks: list[RankAnalysis], run: RunRecord | None) -> InferredConfig:
     """The configuration of one run from its ranks' analyses (timing or plain traces) and,
     when given, its run.json."""
     notices: list[str] = []
-    facts = _concat([r.fsdp.assign(rank=r.rank) for r in ranks if len(r.fsdp)])
-    coll = _concat([r.collectives for r in ranks])
+    facts = _Labels.of(ranks)
+    coll = _collectives(ranks)
     n_steps = max(1, _n_steps(facts, coll))
-    labels = not facts.empty
+    labels = facts.any
 
     micro = _micro_batches(facts, run, notices)
     order = _unit_order(facts, coll)
-    recompute_units = _recompute_units(facts)
+    recompute_units = facts.recompute
     raw_names = {}
     for r in ranks:
         raw_names.update(r.meta.get("unit_names") or {})
@@ -179,18 +180,111 @@ def infer(ranks: list[RankAnalysis], run: RunRecord | None) -> InferredConfig:
     )
 
 
+# The columns of the ranks' collectives read here (`_collectives`).
+READ = [
+    "rank",
+    "step",
+    "collective",
+    "block",
+    "phase",
+    "issued_by",
+    "prefetched",
+    "start_us",
+    "group_size",
+    "dtype",
+    "pg_name",
+    "pg_desc",
+]
+
+
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     frames = [f for f in frames if f is not None and len(f)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _n_steps(facts: pd.DataFrame, coll: pd.DataFrame) -> int:
+def _collectives(ranks: list[RankAnalysis]) -> pd.DataFrame:
+    """Every rank's collectives at once, as read here: only the `READ` columns, and each text
+    column that no rank misses a value of as one categorical over every rank's values
+    (categories sorted: grouped and sorted as the strings; a byte per row where the strings
+    take a pointer). On a large run this table is the client's peak."""
+    frames = [r.collectives[[c for c in READ if c in r.collectives]] for r in ranks]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame()
+    text = [
+        name
+        for name in frames[0].columns
+        if all(name in f and _is_text(f[name]) and not f[name].isna().any() for f in frames)
+    ]
+    coll = _concat([f.drop(columns=text) for f in frames])
+    for name in text:
+        coll[name] = union_categoricals(
+            [pd.Categorical(f[name]) for f in frames], sort_categories=True
+        )
+    return coll
+
+
+def _is_text(column: pd.Series) -> bool:
+    dtype = column.dtype
+    if isinstance(dtype, pd.StringDtype | pd.CategoricalDtype):
+        return True
+    return isinstance(dtype, np.dtype) and dtype.kind == "O"
+
+
+@dataclass
+class _Labels:
+    """What `infer` reads of the ranks' FSDP label facts (`RankAnalysis.fsdp`), gathered rank
+    by rank: every rank's facts are never concatenated (on a large run, that copy would be
+    the client's peak)."""
+
+    any: bool = False  # any label at all
+    # Per rank: FSDP::root_pre_forward per step; the steps labelled.
+    roots: dict[Any, pd.Series] = field(default_factory=dict)
+    steps: dict[Any, np.ndarray] = field(default_factory=dict)
+    # Per unit, its first pre_forward on the lowest labelled rank (units in the forward order).
+    first_forward: pd.DataFrame | None = None
+    recompute: set[str] = field(default_factory=set)  # units whose forward re-runs in backward
+    root: bool = False  # a label of the root
+
+    @classmethod
+    def of(cls, ranks: list[RankAnalysis]) -> _Labels:
+        """Rank by rank; traces claiming one rank count as one rank, as grouping by rank
+        counts them."""
+        out = cls()
+        forward: dict[Any, list[pd.DataFrame]] = {}  # each rank's pre_forward facts
+        for r in ranks:
+            facts = r.fsdp
+            if not len(facts):
+                continue
+            out.any = True
+            kind = facts["kind"]
+            rows = facts.loc[kind == context.RECOMPUTE_FACT, "unit"]
+            out.recompute |= {str(u) for u in rows if u not in NON_BLOCK_UNITS}
+            out.root = out.root or bool((facts["unit"] == ROOT).any())
+            if r.rank is None:  # grouped by rank, a trace without one is left out
+                continue
+            roots = facts[kind == context.ROOT_PRE_FORWARD]
+            if len(roots):
+                sums = roots.groupby("step")["count"].sum()
+                seen = out.roots.get(r.rank)
+                out.roots[r.rank] = sums if seen is None else seen.add(sums, fill_value=0)
+            steps = np.unique(facts["step"].to_numpy())
+            out.steps[r.rank] = np.union1d(out.steps.get(r.rank, steps), steps)
+            pre = facts[kind == context.PRE_FORWARD]
+            if len(pre):
+                forward.setdefault(r.rank, []).append(pre)
+        if forward:
+            pre = pd.concat(forward[min(forward)])
+            out.first_forward = pre.groupby("unit")["first_ts"].min().reset_index()
+        return out
+
+
+def _n_steps(facts: _Labels, coll: pd.DataFrame) -> int:
     """Profiled steps per rank (the most any rank has)."""
-    for frame in (coll, facts):
-        if not frame.empty and "step" in frame:
-            per_rank = frame.groupby("rank")["step"].nunique() if "rank" in frame else None
-            return int(per_rank.max()) if per_rank is not None else int(frame["step"].nunique())
-    return 1
+    if not coll.empty and "step" in coll:
+        per_rank = coll.groupby("rank")["step"].nunique() if "rank" in coll else None
+        return int(per_rank.max()) if per_rank is not None else int(coll["step"].nunique())
+    return max((len(s) for s in facts.steps.values()), default=1)
 
 
 def _world_size(ranks: list[RankAnalysis], run: RunRecord | None) -> Item:
@@ -202,12 +296,9 @@ def _world_size(ranks: list[RankAnalysis], run: RunRecord | None) -> Item:
     return Item(len(ranks) or None, From.TRACE, "number of traces")
 
 
-def _micro_batches(facts: pd.DataFrame, run: RunRecord | None, notices: list[str]) -> Item:
-    seen = None
-    if not facts.empty:
-        roots = facts[facts["kind"] == context.ROOT_PRE_FORWARD]
-        if len(roots):
-            seen = int(np.median(roots.groupby(["rank", "step"])["count"].sum()))
+def _micro_batches(facts: _Labels, run: RunRecord | None, notices: list[str]) -> Item:
+    roots = [s.to_numpy() for s in facts.roots.values()]
+    seen = int(np.median(np.concatenate(roots))) if roots else None
     if run is not None:
         recorded = run.parallel.grad_accum
         if seen is not None and seen != recorded:
@@ -221,23 +312,18 @@ def _micro_batches(facts: pd.DataFrame, run: RunRecord | None, notices: list[str
     return Item(1, From.DEFAULT, "no FSDP::root_pre_forward label: one forward per step assumed")
 
 
-def _unit_order(facts: pd.DataFrame, coll: pd.DataFrame) -> list[str]:
-    """Units in the order forward first reaches them (their pre_forward), the root last."""
+def _unit_order(facts: _Labels, coll: pd.DataFrame) -> list[str]:
+    """Units in the order forward first reaches them (their pre_forward, on the lowest
+    labelled rank), the root last."""
     names: list[str] = []
-    if not facts.empty:
-        pre = facts[facts["kind"] == context.PRE_FORWARD]
-        firsts = pre.groupby(["rank", "unit"])["first_ts"].min().reset_index()
-        if len(firsts):
-            rank = firsts["rank"].min()
-            one = firsts[firsts["rank"] == rank].sort_values("first_ts")
-            names = [u for u in one["unit"].astype(str) if u != ROOT]
+    if facts.first_forward is not None:
+        one = facts.first_forward.sort_values("first_ts")
+        names = [u for u in one["unit"].astype(str) if u != ROOT]
     if not names and not coll.empty:  # no labels beyond the collectives' own
         gathers = coll[coll["collective"] == Collective.ALL_GATHER]
         firsts = gathers.groupby("block")["start_us"].min().sort_values()
         names = [u for u in firsts.index.astype(str) if u not in NON_BLOCK_UNITS]
-    has_root = (not facts.empty and (facts["unit"] == ROOT).any()) or (
-        not coll.empty and (coll["block"] == ROOT).any()
-    )
+    has_root = facts.root or (not coll.empty and (coll["block"] == ROOT).any())
     return names + ([ROOT] if has_root else [])
 
 
@@ -305,13 +391,6 @@ def _recorded_units(run: RunRecord) -> dict[str, bool | int | str]:
 def _torch_before(version: str, limit: tuple[int, int]) -> bool:
     match = re.match(r"^(\d+)\.(\d+)", version)
     return bool(match) and (int(match.group(1)), int(match.group(2))) < limit
-
-
-def _recompute_units(facts: pd.DataFrame) -> set[str]:
-    if facts.empty:
-        return set()
-    rows = facts[facts["kind"] == context.RECOMPUTE_FACT]
-    return {str(u) for u in rows["unit"] if u not in NON_BLOCK_UNITS}
 
 
 def _checkpointed(seen: set[str], run: RunRecord | None, notices: list[str]) -> Item:

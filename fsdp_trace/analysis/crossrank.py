@@ -139,8 +139,8 @@ class _Groups:
         )
 
 
-def _rank_table(rank: RankAnalysis, groups: _Groups) -> pd.DataFrame:
-    """The columns matching needs, with each kernel's process group (an id in `groups`)."""
+def _group_ids(rank: RankAnalysis, groups: _Groups) -> np.ndarray:
+    """Each of the rank's collectives' process group (an id in `groups`)."""
     c = rank.collectives
     raw = c["pg_ranks"] if "pg_ranks" in c else pd.Series(None, index=c.index, dtype=object)
     keys = pd.DataFrame({"pg": c["pg_name"].to_numpy(), "raw": raw.array})
@@ -163,22 +163,67 @@ def _rank_table(rank: RankAnalysis, groups: _Groups) -> pd.DataFrame:
         ],
         dtype=np.int64,
     )
-    return pd.DataFrame(
-        {
-            "rank": int(rank.rank),
-            "step": c["step"].to_numpy(),
-            "correlation": c["correlation"].to_numpy(),
-            "seq": c["seq"].to_numpy(),
-            "group": ids[codes],
-            "collective": c["collective"].to_numpy(),
-            "block": c["block"].astype(str).to_numpy(),
-            "phase": c["phase"].to_numpy(),
-            "bytes": c["bytes"].to_numpy(dtype=np.float64),
-            "group_size": c["group_size"].to_numpy(dtype=np.float64),
-            "start_us": c["start_us"].to_numpy(dtype=np.float64),
-            "end_us": c["end_us"].to_numpy(dtype=np.float64),
+    return ids[codes]
+
+
+class _Columns:
+    """Every usable rank's collectives in (rank, correlation) order, read a column at a time
+    from the ranks' own tables: on a large run matching is the client's peak, so it never
+    holds every rank's copy beside the whole, nor the columns of kernels that match nothing."""
+
+    def __init__(self, usable: list[RankAnalysis], groups: _Groups) -> None:
+        group_ids = [_group_ids(r, groups) for r in usable]  # numbered in the order given
+        by_rank = sorted(range(len(usable)), key=lambda i: int(usable[i].rank))
+        self.ranks = [int(usable[i].rank) for i in by_rank]
+        self.tables = [usable[i].collectives for i in by_rank]
+        self.orders = [np.argsort(c["correlation"].to_numpy(), kind="stable") for c in self.tables]
+        self.group = np.concatenate(
+            [group_ids[i][o] for i, o in zip(by_rank, self.orders, strict=True)]
+        )
+
+    def column(self, name: str, dtype: Any = None, text: bool = False) -> np.ndarray:
+        """One column of every rank's collectives (`text`: as strings)."""
+        parts = []
+        for c, order in zip(self.tables, self.orders, strict=True):
+            values = c[name].astype(str) if text else c[name]
+            parts.append(values.to_numpy(dtype=dtype)[order])
+        return np.concatenate(parts)
+
+    def keys(self) -> pd.DataFrame:
+        """What matching keys on: rank, step, correlation, Seq, process group (an id)."""
+        rank = np.repeat(np.array(self.ranks, dtype=np.int64), [len(c) for c in self.tables])
+        columns = {
+            "rank": rank,
+            "step": self.column("step"),
+            "correlation": self.column("correlation"),
+            "seq": self.column("seq"),
+            "group": self.group,
         }
-    )
+        return pd.DataFrame(columns, copy=False)
+
+    def described(self, rows: pd.DataFrame, chosen: np.ndarray) -> pd.DataFrame:
+        """`rows` (the rows of `keys` at the positions `chosen`) with what a match reports of
+        each kernel."""
+        rows["collective"] = self.column("collective")[chosen]
+        rows["block"] = self.column("block", text=True)[chosen]
+        rows["phase"] = self.column("phase")[chosen]
+        for name in ("bytes", "group_size", "start_us", "end_us"):
+            rows[name] = self.column(name, np.float64)[chosen]
+        return rows
+
+
+def _complete(table: pd.DataFrame, keys: list[str], expected: pd.Series) -> pd.Series:
+    """Per kernel, whether its match key holds one kernel of every member rank its group
+    expects (two at least): counted on the keys' numbers, not per-row transforms."""
+    key = table.groupby(keys, sort=False).ngroup().to_numpy()
+    rank = table["rank"].to_numpy()
+    low = int(rank.min())
+    span = int(rank.max()) - low + 1
+    pairs = np.unique(key * span + (rank - low))  # the distinct (key, rank) pairs
+    n_ranks = np.bincount(pairs // span, minlength=int(key.max()) + 1)[key]
+    once = np.bincount(key)[key] == n_ranks  # no rank with two kernels under one key
+    wanted = table["group"].map(expected).to_numpy()
+    return pd.Series((n_ranks == wanted) & (n_ranks >= 2) & once, index=table.index)
 
 
 def _expected_members(groups: pd.DataFrame, ranks: list[int], table: pd.DataFrame) -> pd.Series:
@@ -201,9 +246,8 @@ def _expected_members(groups: pd.DataFrame, ranks: list[int], table: pd.DataFram
 
 
 def _order(table: pd.DataFrame) -> pd.DataFrame:
-    """Match key per kernel: (group, step, k-th in the group and step), or (group, Seq) where
-    every kernel of the group carries one."""
-    table = table.sort_values(["rank", "correlation"], kind="stable")
+    """Match key per kernel (`table` in (rank, correlation) order): (group, step, k-th in the
+    group and step), or (group, Seq) where every kernel of the group carries one."""
     has_seq = table.groupby("group", sort=False)["seq"].transform("min") >= 0
     kth = table.groupby(["rank", "group", "step"], sort=False).cumcount()
     table["key_step"] = np.where(has_seq, -1, table["step"])
@@ -247,7 +291,7 @@ def _wait_per_step(rows: pd.DataFrame, usable: list[RankAnalysis]) -> pd.DataFra
     w = rows[["rank", "step", "start_us", "wait_us"]].merge(windows, on=["rank", "step"])
     start = np.clip(w["start_us"], w["w_start"], w["w_end"])
     end = np.clip(w["start_us"] + w["wait_us"], w["w_start"], w["w_end"])
-    key = w["rank"].astype(str) + "|" + w["step"].astype(str)
+    key = w.groupby(["rank", "step"], sort=False).ngroup()  # a number per rank × step
     waited = iv.grouped_union_length(key, start, end)
     steps = w.drop_duplicates(["rank", "step"]).assign(key=key)
     steps["wait_us"] = steps["key"].map(waited).fillna(0.0)
@@ -284,7 +328,8 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
         )
     notices: list[str] = []
     groups = _Groups()
-    table = _order(pd.concat([_rank_table(r, groups) for r in usable], ignore_index=True))
+    columns = _Columns(usable, groups)
+    table = _order(columns.keys())
     group_info = groups.frame()
     expected = _expected_members(group_info, ids, table)
     named = ~group_info["members"].isin([ALL_RANKS, OBSERVED])
@@ -300,10 +345,7 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
             "and waiting lower bounds"
         )
     keys = ["group", "key_step", "index"]
-    by_key = table.groupby(keys, sort=False)["rank"]
-    size = by_key.transform("nunique")
-    once = by_key.transform("size") == size  # no rank with two kernels under one key
-    complete = (size == table["group"].map(expected)) & (size >= 2) & once
+    complete = _complete(table, keys, expected)
     if not complete.any():
         notices.append(
             "no collective matched across ranks (by process group, step and order): the "
@@ -321,11 +363,15 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
             + (", …" if len(counts) > 8 else "")
             + ")"
         )
-    rows = table[complete].copy()
-    rows["match"] = rows.groupby(keys, sort=False).ngroup()
-    rows = rows.sort_values(["match", "rank"], kind="stable")
+    rows = table.loc[complete, ["rank", "step", "correlation", "group", "index"]]
+    match_ids = table[complete].groupby(keys, sort=False).ngroup().to_numpy()
+    order = np.lexsort((rows["rank"].to_numpy(), match_ids))  # by match, then rank
+    rows = rows.iloc[order].assign(match=match_ids[order])
+    rows = columns.described(rows, np.flatnonzero(complete.to_numpy())[order])
+    del table, columns
     agree = (
-        rows.assign(bytes=rows["bytes"].fillna(-1.0))
+        rows[["match", "collective", "block"]]
+        .assign(bytes=rows["bytes"].fillna(-1.0))
         .groupby("match")[["collective", "block", "bytes"]]
         .nunique()
         .max(axis=1)
@@ -371,8 +417,9 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
     rows["transfer_us"] = rows["match"].map(transfer)
     rows["wait_us"] = duration - rows["transfer_us"]
 
-    ordered = rows.sort_values(["match", "arrival"], kind="stable")
+    ordered = rows[["match", "arrival", "rank"]].sort_values(["match", "arrival"], kind="stable")
     last_two = ordered.groupby("match", sort=True).tail(2)
+    del ordered
     latest = last_two.groupby("match").last()
     runner_up = last_two.groupby("match")["arrival"].first()
     tie = (latest["arrival"] - runner_up) <= ARRIVAL_TIE_US

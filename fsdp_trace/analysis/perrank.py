@@ -210,7 +210,7 @@ def _compute_in_worker(lookup: _Lookup, keep: bool) -> RankAnalysis:
 def _as_kept(result: RankAnalysis, cache: bool, keep: bool) -> RankAnalysis:
     """A fresh analysis as the run keeps it: whole when `keep` and it has kernels (a CPU
     trace's table is empty: nothing to read again), else without its kernels."""
-    return result if keep and result.n_kernels else result.without_kernels(cache)
+    return result.as_kept(cache, kernels=keep and bool(result.n_kernels))
 
 
 def _size(path: Path | Url) -> int:

@@ -127,13 +127,14 @@ class RankAnalysis:
     """One trace (one rank, one capture phase) analyzed.
 
     Fresh from its trace (and in the cache) it holds its kernels, one row per kept GPU event;
-    the per-rank result a run keeps does not (`without_kernels`): what travels back from a
-    worker and stays on the client is tables of steps, blocks, collectives and exposed
-    intervals, never of events. What the run reads of the kernels is made with the analysis
-    (`fsdp_trace.analysis.kernel_figures`); the views that draw or replay kernels read them
-    again (`load_kernels`). One exception, where reading again would cost a parse and holding
-    costs little: a local run of at most `MAX_TIMELINE_RANKS` timing traces analyzed without
-    the cache keeps them (`fsdp_trace.analysis.perrank.analyze_all`)."""
+    the per-rank result a run keeps does not (`as_kept`, `without_kernels`): what travels
+    back from a worker and stays on the client is tables of steps, blocks, collectives and
+    exposed intervals, never of events, held compact where exact (`_compact`). What the run
+    reads of the kernels is made with the analysis (`fsdp_trace.analysis.kernel_figures`);
+    the views that draw or replay kernels read them again (`load_kernels`). One exception,
+    where reading again would cost a parse and holding costs little: a local run of at most
+    `MAX_TIMELINE_RANKS` timing traces analyzed without the cache keeps them
+    (`fsdp_trace.analysis.perrank.analyze_all`)."""
 
     rank: int | None
     path: str
@@ -188,16 +189,24 @@ class RankAnalysis:
         return k if step is None else k[k["step"].to_numpy() == step]
 
     def without_kernels(self, cache: bool) -> RankAnalysis:
-        """This analysis as a run keeps it: no kernels (`cache`: whether they are read again
-        through the cache), and tables of its own (`_own_copy`)."""
+        """This analysis as a run keeps it (`as_kept`), without its kernels (`cache`: whether
+        they are read again through the cache)."""
+        return self.as_kept(cache, kernels=False)
+
+    def as_kept(self, cache: bool, kernels: bool) -> RankAnalysis:
+        """This analysis as a run keeps it: its tables of their own and compact (`_compact`:
+        what travels back from a worker and stays on the client per rank), its kernels only
+        when `kernels` (else read again, through the cache when `cache`). Once kept without
+        kernels, kept as it is."""
         if self.kernel_table is None:
             return self
         changes: dict[str, Any] = {
-            f.name: _own_copy(getattr(self, f.name))
+            f.name: _compact(getattr(self, f.name), *_NARROW.get(f.name, ((), ())))
             for f in dataclasses.fields(self)
-            if isinstance(getattr(self, f.name), pd.DataFrame)
+            if f.name != "kernel_table" and isinstance(getattr(self, f.name), pd.DataFrame)
         }
-        changes["kernel_table"] = None
+        if not kernels:
+            changes["kernel_table"] = None
         changes["reread"] = Reread(str(self.source), cache)
         out = dataclasses.replace(self, **changes)
         out.cpu_slices = self.cpu_slices  # not a field: carried by hand (--perfetto's)
@@ -244,12 +253,35 @@ class RankAnalysis:
         return out
 
 
-def _own_copy(frame: pd.DataFrame) -> pd.DataFrame:
+# Columns a run keeps narrower, per table: (int32 where every value fits, categorical). The
+# longest tables a rank keeps after its collectives: its exposed intervals (their step) and
+# its FSDP label facts (step, count; the label's kind and unit, a handful of strings on
+# thousands of rows), read by the timeline, --perfetto and the configuration's inference,
+# which compare, group and count them, never multiply nor assign new labels. The collectives'
+# text stays text: readers assign to it (a categorical refuses a new value).
+_NARROW: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "exposed": (("step",), ()),
+    "fsdp": (("step", "count"), ("kind", "unit")),
+}
+
+
+def _compact(
+    frame: pd.DataFrame, int32: tuple[str, ...] = (), categorical: tuple[str, ...] = ()
+) -> pd.DataFrame:
     """A copy of `frame` in memory of its own (a cache entry's frames are views of the whole
-    entry's bytes, which would otherwise stay with them), each text column holding one object
-    per distinct string: a collective's block, phase, kernel name ... repeat on every row, and
-    shared objects pickle once and are held once (a rank's result travels back smaller)."""
+    entry's bytes, which would otherwise stay with them), its repeated text held once (a
+    collective's block, phase, kernel name ... repeat on every row): one object per distinct
+    string, None and NaN left as they are; the `categorical` columns, where no value is
+    missing, as categoricals (a byte per row; categories sorted, so grouping and sorting
+    order as the strings did). The `int32` columns are held as int32 where every value
+    fits. Every value reads back as it was."""
     out = frame.copy()
+    for name in int32:
+        values = out[name].to_numpy() if name in out else None
+        if values is not None and values.dtype == np.int64 and len(values):
+            limits = np.iinfo(np.int32)
+            if limits.min <= values.min() and values.max() <= limits.max:
+                out[name] = values.astype(np.int32)
     for name in out.columns:
         dtype = out[name].dtype
         python_strings = isinstance(dtype, pd.StringDtype) and dtype.storage == "python"
@@ -262,8 +294,11 @@ def _own_copy(frame: pd.DataFrame) -> pd.DataFrame:
             continue
         if len(uniques) == len(raw) or not all(isinstance(u, str) for u in uniques):
             continue  # nothing repeats, or values 1 and 1.0 (equal) would merge
-        shared = raw.copy()
-        found = codes >= 0  # missing values (None, NaN) stay the objects they are
+        found = codes >= 0
+        if name in categorical and found.all():
+            out[name] = pd.Categorical(raw)  # its categories sorted
+            continue
+        shared = raw.copy()  # missing values (None, NaN) stay the objects they are
         shared[found] = np.asarray(uniques, dtype=object)[codes[found]]
         out[name] = (
             pd.array(shared, dtype=dtype)
