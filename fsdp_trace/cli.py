@@ -705,11 +705,18 @@ def analyze(
             export.check_outputs(outputs, {"--csv": csv_dir}, inputs=inputs)
         except UserError as exc:
             raise default_place_problem(exc, "--report", placement) from None
-        # --perfetto: each analysis keeps its CPU slices, so the writer never parses again.
-        keep = keeping_cpu_slices(outputs["--perfetto"] is not None)
-        with cluster_client(scheduler, jobs) as client, keep:
+        # --perfetto: each analysis keeps its CPU slices and kernels (the writer reads every
+        # rank's), so the writer never parses again.
+        perfetto_out = outputs["--perfetto"] is not None
+        with cluster_client(scheduler, jobs) as client, keeping_cpu_slices(perfetto_out):
             result = run_analysis(
-                paths, jobs=jobs, detailed=detailed, cache=not no_cache, hta=hta, client=client
+                paths,
+                jobs=jobs,
+                detailed=detailed,
+                cache=not no_cache,
+                hta=hta,
+                client=client,
+                keep_kernels=perfetto_out,
             )
         # The gate can refuse a condition (a run metric without run.json): before any output.
         violated = gate.violations(conditions, result.runs)
@@ -861,8 +868,14 @@ def whatif(
         target = Path(json_out) if json_out else None
         export.check_outputs({"--json": target}, {}, inputs=inputs)
         with cluster_client(scheduler, jobs) as client:
+            # The replay reads every GPU rank's kernels: kept, not read again.
             result = run_analysis(
-                paths, jobs=jobs, detailed=False, cache=not no_cache, client=client
+                paths,
+                jobs=jobs,
+                detailed=False,
+                cache=not no_cache,
+                client=client,
+                keep_kernels=True,
             )
         console = make_console()
         payloads = []

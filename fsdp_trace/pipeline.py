@@ -46,6 +46,7 @@ def analyze(
     cache: bool = True,
     hta: bool = False,
     client: Any = None,
+    keep_kernels: bool = False,
 ) -> Result:
     """Analyze and diagnose every run behind `paths`: trace files, capture run directories,
     directories of per-rank traces, or fsspec URLs of any of these (`s3://…`, `file://…`).
@@ -56,20 +57,35 @@ def analyze(
     so (results otherwise identical to jobs=1);
     `detailed`: also read capture runs' detailed traces (attribution, profiler distortion);
     `cache`: reuse parsed traces and per-rank analyses of unchanged files (False: neither
-    read nor write the cache); `hta`: cross-check overlap with holistictraceanalysis."""
+    read nor write the cache); `hta`: cross-check overlap with holistictraceanalysis;
+    `keep_kernels`: every timing trace's result keeps its kernels (for views that read all
+    of them: `fsdp-trace whatif`, `--perfetto`), also from a Dask cluster; else a run keeps
+    them only where `perrank.keeps_kernels` says (a small local run without the cache) and
+    the views read them again (`RankAnalysis.load_kernels`)."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
     if client is not None and jobs != 1:
         raise UserError(f"--jobs {jobs} and a Dask cluster: give one of them")
     inputs = resolve(paths)
     work = [t for r in inputs.runs for t in r.traces if detailed or t.source != Source.DETAILED]
-    work += [TraceInput(p) for p in inputs.loose]
+    unsorted = [TraceInput(p) for p in inputs.loose]
+    work += unsorted
     if client is not None:
         from fsdp_trace.analysis import cluster
 
-        outcomes = cluster.analyze_all(client, work, cache)
+        keep = [keep_kernels and t.source != Source.DETAILED for t in work]
+        outcomes = cluster.analyze_all(client, work, cache, keep)
     else:
-        outcomes = list(perrank.analyze_all(work, jobs, cache))
+        # Decided per run (the loose traces as one): a small run keeps its kernels.
+        groups = [
+            [t for t in r.traces if detailed or t.source != Source.DETAILED] for r in inputs.runs
+        ]
+        keep = [
+            k
+            for group in [*groups, unsorted]
+            for k in perrank.keeps_kernels(group, cache, every=keep_kernels)
+        ]
+        outcomes = list(perrank.analyze_all(work, jobs, cache, keep))
     failed = [o for o in outcomes if isinstance(o, Failure)]
     if len(failed) == len(work):
         more = f" (and {len(failed) - 1} more traces failed)" if len(failed) > 1 else ""

@@ -252,6 +252,28 @@ def test_workers_of_another_fsdp_trace_version_are_refused(client, monkeypatch):
         fsdp_trace.analyze(GPT, client=client, cache=False)
 
 
+def test_workers_of_other_analysis_code_are_refused(client, monkeypatch):
+    """Workers of this version but another checkout (its analysis code's hash differs) are
+    refused in one line: their results could differ from a local run's."""
+    from fsdp_trace.analysis import cache
+
+    monkeypatch.setattr(cache, "code_version", lambda kind: f"{kind}-edited-here")
+    with pytest.raises(UserError, match=r"run other fsdp-trace \S+ code than this client"):
+        fsdp_trace.analyze(GPT, client=client, cache=False)
+
+
+def test_a_cluster_run_for_every_ranks_kernels_brings_them_back(client):
+    """`whatif` and `--perfetto` read every rank's kernels: asked to keep them
+    (`keep_kernels`), each timing rank's come back from its worker, equal to a fresh
+    analysis's; detailed traces' do not."""
+    run = fsdp_trace.analyze(GPT, client=client, cache=False, keep_kernels=True)
+    for r in run.ranks:
+        fresh = perrank.analyze_file(r.path, r.source, cache=False).kernel_table
+        assert r.kernel_table is not None
+        assert r.kernel_table.equals(fresh)
+    assert all(r.kernel_table is None for r in run.detailed)
+
+
 # --- dask scheduler + 2 dask worker processes --------------------------------------------------
 
 

@@ -137,9 +137,21 @@ def test_kernels_are_read_again_as_the_run_was_asked_to_cache(tmp_path, monkeypa
     monkeypatch.delenv("FSDP_TRACE_CACHE", raising=False)
     path = tmp_path / "rank0.timing.json.gz"
     path.write_bytes((GPT / "rank0.timing.json.gz").read_bytes())
+    monkeypatch.setattr(perrank, "MAX_TIMELINE_RANKS", 0)  # not kept: read again
     plain = fsdp_trace.analyze(path, cache=False).ranks[0]
+    assert plain.kernel_table is None
+    parsed: list[str] = []
+    load = perrank.load_trace
+
+    def counting(path, *args, **kwargs):
+        parsed.append(str(path))
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(perrank, "load_trace", counting)
     assert len(plain.kernels) == plain.n_kernels
+    assert parsed == [str(path)]  # the trace parsed again, its parsed columns not cached
     assert not folder.exists() or not any(folder.iterdir())
+    monkeypatch.setattr(perrank, "load_trace", load)
     cached = fsdp_trace.analyze(path).ranks[0]
     assert any(folder.glob("analysis-*"))
 

@@ -366,6 +366,12 @@ class AnalysisEntry(_Entry):
         name = f"analysis-{code}-{content}-{hasher.hexdigest()[:16]}{SUFFIX}"
         return cls(directory() / name, "analysis")
 
+    @classmethod
+    def of_key(cls, key: str) -> AnalysisEntry:
+        """The entry named `key` (`_Entry.key`) in this machine's cache folder: what a rank's
+        kernels are read again from, whatever its trace holds now."""
+        return cls(directory() / f"{key}{SUFFIX}", "analysis")
+
     def load(self, path: Path):  # -> RankAnalysis | None
         from fsdp_trace.analysis.results import RankAnalysis
 

@@ -4,7 +4,8 @@ beside the local process pool, for runs with more ranks than one machine analyze
 Each task reads one trace where its worker runs (a path on a shared filesystem, or a URL:
 `fsdp_trace.analysis.remote`), through the worker's own cache, and sends back only that rank's
 `RankAnalysis` without its kernels (`RankAnalysis.without_kernels`: per-step, per-block and
-per-collective tables and the figures the run reads of the kernels, never a per-event table);
+per-collective tables and the figures the run reads of the kernels, never a per-event table,
+unless asked for the views that read every rank's: whatif, --perfetto);
 the client gathers results as they finish and drops each future at once, so its memory grows by
 a rank's tables, compact (`RankAnalysis.as_kept`; ~0.36 MB pickled for a 100 MB trace, ~0.9 MB
 of the client's peak RSS; benchmarks/results/dask.md), not by its events. The views that draw
@@ -29,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdp_trace.analysis.perrank import Failure, TraceInput, lookup_for
+from fsdp_trace.analysis.perrank import Failure, TraceInput, as_kept, lookup_for
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.analysis.trace import rank_from_name
 from fsdp_trace.errors import UserError
@@ -147,11 +148,13 @@ def _wait_for_file(path: Path) -> None:
         time.sleep(0.2)
 
 
-def _version() -> str:
-    """This process's fsdp-trace version (run on each worker)."""
+def _version() -> tuple[str, str | None]:
+    """This process's fsdp-trace version and the hash of its analysis code (run on each
+    worker): another checkout of one version differs in the second."""
     from fsdp_trace import __version__
+    from fsdp_trace.analysis.cache import code_version
 
-    return __version__
+    return __version__, code_version("analysis")
 
 
 def _check_workers(client: Any) -> None:
@@ -176,24 +179,33 @@ def _check_workers(client: Any) -> None:
             f"the Dask workers of {where} cannot run fsdp-trace ({_first_line(exc)}): install "
             f"fsdp-trace {__version__} where they run"
         ) from None
-    other = {v for v in versions.values() if v != __version__}
+    mine = _version()
+    seen = [tuple(v) if isinstance(v, tuple | list) else (v, None) for v in versions.values()]
+    other = {str(v[0]) for v in seen if v[0] != __version__}
     if other:
         raise UserError(
             f"the Dask workers of {where} run fsdp-trace {', '.join(sorted(other))}, this client "
             f"{__version__}: install the same version on both"
         )
+    if any(v != mine for v in seen):
+        raise UserError(
+            f"the Dask workers of {where} run other fsdp-trace {__version__} code than this "
+            "client (another checkout, or other numpy/pandas/msgspec versions): install the "
+            "same on both"
+        )
 
 
-def analyze_task(trace: TraceInput, cache: bool) -> RankAnalysis | Failure:
+def analyze_task(trace: TraceInput, cache: bool, keep: bool = False) -> RankAnalysis | Failure:
     """One trace's analysis on a worker, through the worker's cache (its own
-    FSDP_TRACE_CACHE_DIR, else its home's), without its kernels: what travels back. A trace
-    that cannot be read is a Failure naming it, not an exception: the other tasks and the run
-    go on."""
+    FSDP_TRACE_CACHE_DIR, else its home's), without its kernels unless `keep`: what travels
+    back. A trace that cannot be read is a Failure naming it, not an exception: the other
+    tasks and the run go on."""
     try:
         lookup = lookup_for(trace, cache)
-        if lookup.hit is not None:
-            return lookup.hit.without_kernels(cache)
-        return lookup.compute(progress=False, parallel=False).without_kernels(cache)
+        result = lookup.hit
+        if result is None:
+            result = lookup.compute(progress=False, parallel=False)
+        return as_kept(result, lookup, keep)
     except UserError as exc:
         return _failure(trace, exc.message)
 
@@ -224,8 +236,11 @@ def _outcome(future: Any, trace: TraceInput) -> RankAnalysis | Failure:
     return _failure(trace, f"{trace.path}: not analyzed (its task was {status} on the cluster)")
 
 
-def analyze_all(client: Any, work: list[TraceInput], cache: bool) -> list[RankAnalysis | Failure]:
-    """Every trace's analysis (or Failure) in the order of `work`, computed on the cluster.
+def analyze_all(
+    client: Any, work: list[TraceInput], cache: bool, keep: list[bool] | None = None
+) -> list[RankAnalysis | Failure]:
+    """Every trace's analysis (or Failure) in the order of `work`, computed on the cluster;
+    each without its kernels but where `keep` says (per trace: views that read every rank's).
 
     All tasks are submitted at once (the scheduler spreads them over the workers); each
     result is taken as soon as its task finishes and its future released, so the cluster
@@ -234,8 +249,11 @@ def analyze_all(client: Any, work: list[TraceInput], cache: bool) -> list[RankAn
     distributed = _distributed()
     _check_workers(client)
     token = uuid.uuid4().hex[:12]
+    keep = keep or [False] * len(work)
     futures = [
-        client.submit(analyze_task, trace, cache, key=f"fsdp-trace-analyze-{token}-{i}", pure=False)
+        client.submit(
+            analyze_task, trace, cache, keep[i], key=f"fsdp-trace-analyze-{token}-{i}", pure=False
+        )
         for i, trace in enumerate(work)
     ]
     index = {f.key: i for i, f in enumerate(futures)}

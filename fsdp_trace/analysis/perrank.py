@@ -7,6 +7,7 @@ the cache keeps them (`keeps_kernels`)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from fsdp_trace.analysis.readers import load as load_trace  # through the reader
 from fsdp_trace.analysis.remote import is_url
 from fsdp_trace.analysis.results import MAX_TIMELINE_RANKS, RankAnalysis
 from fsdp_trace.analysis.trace import rank_from_name
+from fsdp_trace.errors import UserError
 from fsdp_trace.vocab import Source
 
 if TYPE_CHECKING:
@@ -83,10 +85,11 @@ class _Lookup:
     entry: cache_mod.AnalysisEntry | None = None
     content: str | None = None  # the file's content hash, shared with the parsed-trace entry
     hit: RankAnalysis | None = None
+    stamp: str | None = None  # the file's `stamp`, taken before it is read
 
     @classmethod
     def of(cls, path: Path, source: str, cache: bool) -> _Lookup:
-        lookup = cls(path, source, cache)
+        lookup = cls(path, source, cache, stamp=stamp(path))
         if not (cache and cache_mod.enabled() and path.is_file()):
             return lookup
         try:
@@ -114,6 +117,24 @@ class _Lookup:
         return result
 
 
+def stamp(path: str | Path | Url) -> str | None:
+    """What tells this version of a trace file from another without reading it: its size and
+    modification time (ns); for a URL, its `remote.fingerprint` (size and version). None:
+    missing (or a URL whose filesystem reports no version)."""
+    if is_url(path):
+        from fsdp_trace.analysis.remote import fingerprint
+
+        try:
+            return fingerprint(str(path))
+        except UserError:
+            return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return f"{info.st_size}-{info.st_mtime_ns}"
+
+
 def lookup_for(trace: TraceInput, cache: bool):  # -> _Lookup | remote.UrlLookup
     """The cache lookup of one trace, local file or URL (fsspec imported only for a URL)."""
     if is_url(trace.path):
@@ -129,40 +150,47 @@ def lookup_for(trace: TraceInput, cache: bool):  # -> _Lookup | remote.UrlLookup
 POOL_MIN_BYTES = 64 << 20
 
 
-def keeps_kernels(work: list[TraceInput], cache: bool) -> list[bool]:
-    """Per trace of a local run, whether its analysis keeps its kernels: only where reading
-    them again would parse the trace again (no cache: `cache` False or caching off here) and
-    the run has no more timing traces than the report's timeline draws
+def keeps_kernels(work: list[TraceInput], cache: bool, every: bool = False) -> list[bool]:
+    """Per trace of one local run, whether its analysis keeps its kernels: every timing
+    trace's when `every` (views that read them all: whatif, --perfetto); else only where
+    reading them again would parse the trace again (no cache: `cache` False or caching off
+    here) and the run has no more timing traces than the report's timeline draws
     (`MAX_TIMELINE_RANKS`), which with what-if reads every one of them; never for a detailed
     trace (no view draws its kernels). Holding a few ranks' kernels costs less than parsing
     their traces twice; a larger run (or one through the cache, whose entry is read back
     cheaply) keeps its memory to the ranks' tables."""
+    if every:
+        return [t.source != Source.DETAILED for t in work]
     if cache and cache_mod.enabled():
         return [False] * len(work)
     timing = [t.source != Source.DETAILED for t in work]
     return timing if sum(timing) <= MAX_TIMELINE_RANKS else [False] * len(work)
 
 
-def analyze_all(work: list[TraceInput], jobs: int = 1, cache: bool = True) -> list[RankAnalysis]:
+def analyze_all(
+    work: list[TraceInput], jobs: int = 1, cache: bool = True, keep: list[bool] | None = None
+) -> list[RankAnalysis]:
     """Every trace's analysis without its kernels (`RankAnalysis.without_kernels`), in the
-    order of `work`: a run's memory grows by a rank's tables, not by its events; except a
-    small run without the cache, which keeps its timing traces' kernels (`keeps_kernels`).
+    order of `work`: a run's memory grows by a rank's tables, not by its events; except
+    where `keep` says (per trace; None: `keeps_kernels` of `work` as one run: a small run
+    without the cache keeps its timing traces' kernels).
 
     Cached analyses are read here first. The rest: in parallel, each worker process loads
     and analyzes one trace at a time (decoding it alone), so memory holds at most `jobs`
     traces' parsed events; results come back in submission order. With one job (or little
     to do), one at a time here, a large file decoded by two processes instead."""
     lookups = [lookup_for(t, cache) for t in work]
-    keep = keeps_kernels(work, cache)
+    keep = keeps_kernels(work, cache) if keep is None else keep
     results: list[RankAnalysis | None] = [
-        None if lookup.hit is None else lookup.hit.without_kernels(cache) for lookup in lookups
+        None if lookup.hit is None else as_kept(lookup.hit, lookup, keep[i])
+        for i, lookup in enumerate(lookups)
     ]
     todo = [i for i, lookup in enumerate(lookups) if lookup.hit is None]
     raw = {i: _raw(work[i].path) for i in todo}
     jobs = max(1, min(jobs, len(todo)))
     if jobs == 1 or sum(raw.values()) < POOL_MIN_BYTES:
         for i in todo:
-            results[i] = _as_kept(lookups[i].compute(), cache, keep[i])
+            results[i] = as_kept(lookups[i].compute(), lookups[i], keep[i])
         return results  # type: ignore[return-value]
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -204,13 +232,18 @@ def stop_pool(pool) -> None:
 def _compute_in_worker(lookup: _Lookup, keep: bool) -> RankAnalysis:
     """One trace analyzed in a worker process; what comes back holds no kernels unless
     `keep` (`keeps_kernels`)."""
-    return _as_kept(lookup.compute(progress=False, parallel=False), lookup.cache, keep)
+    return as_kept(lookup.compute(progress=False, parallel=False), lookup, keep)
 
 
-def _as_kept(result: RankAnalysis, cache: bool, keep: bool) -> RankAnalysis:
-    """A fresh analysis as the run keeps it: whole when `keep` and it has kernels (a CPU
-    trace's table is empty: nothing to read again), else without its kernels."""
-    return result.as_kept(cache, kernels=keep and bool(result.n_kernels))
+def as_kept(result: RankAnalysis, lookup, keep: bool) -> RankAnalysis:
+    """A fresh analysis (computed or read back through `lookup`) as the run keeps it: whole
+    when `keep` and it has kernels (a CPU trace's table is empty: nothing to read again),
+    else without its kernels, read again by what identifies the analyzed content (the key
+    of its cache entry, the file's `stamp`: `RankAnalysis.load_kernels`)."""
+    entry = lookup.entry.key if lookup.entry is not None else None
+    return result.as_kept(
+        lookup.cache, kernels=keep and bool(result.n_kernels), entry=entry, stamp=lookup.stamp
+    )
 
 
 def _size(path: Path | Url) -> int:

@@ -275,6 +275,7 @@ class UrlLookup:
     params: dict[str, Any]
     entry: Any = None  # cache.AnalysisEntry
     hit: Any = None  # RankAnalysis
+    stamp: str | None = None  # the object's `fingerprint` as looked up (None: no version)
 
     @classmethod
     def of(cls, url: str, source: str, cache: bool) -> UrlLookup:
@@ -284,12 +285,11 @@ class UrlLookup:
         name = Path(Url(url).name)
         params = {"source": str(source), "rank_from_name": rank_from_name(name)}
         lookup = cls(url, source, cache and cache_mod.enabled(), params)
-        if lookup.cache:
-            key = fingerprint(url)
-            if key is not None:
-                lookup.entry = cache_mod.AnalysisEntry.for_file(name, params, key)
-                if lookup.entry is not None:
-                    lookup.hit = lookup.entry.load(url)
+        lookup.stamp = key = fingerprint(url)  # also what kernels read again check
+        if lookup.cache and key is not None:
+            lookup.entry = cache_mod.AnalysisEntry.for_file(name, params, key)
+            if lookup.entry is not None:
+                lookup.hit = lookup.entry.load(url)
         return lookup
 
     def compute(self, progress: bool | None = None, parallel: bool | None = None):

@@ -116,10 +116,16 @@ OP_TAX_COLUMNS = [
 
 class Reread(NamedTuple):
     """How a per-rank result that holds no kernels reads them again: the trace analyzed as
-    `source` (the cache key's), through the cache when `cache` (as the run was analyzed)."""
+    `source` (the cache key's), through the cache when `cache` (as the run was analyzed);
+    what identifies the analyzed content: `entry`, the key of the cache entry of the
+    analysis (read by that key: the analyzed kernels, whatever the trace holds now), and
+    `stamp`, the file's as analyzed (`fsdp_trace.analysis.perrank.stamp`: size and
+    modification time, a URL's version), checked before the trace is parsed again."""
 
     source: str
     cache: bool
+    entry: str | None = None
+    stamp: str | None = None
 
 
 @dataclass
@@ -178,26 +184,48 @@ class RankAnalysis:
 
     def load_kernels(self, step: int | None = None, cache: bool | None = None) -> pd.DataFrame:
         """The kernels (of one `step` when given, rows and index as in the whole table):
-        held, else read again from the rank's trace (`Reread`; `cache`: False reads the
-        trace itself even where the run used the cache). The last table read is kept (one at
-        a time, while this analysis lives), so successive views of one rank read once."""
+        held, else the table read last for this analysis (one kept at a time, while the
+        analysis lives, so successive views of one rank read once), else read again
+        (`Reread`): from the cache entry of its analysis where the run used the cache and
+        `cache` is not False, else from its trace, parsed again if unchanged since (else a
+        one-line `UserError`)."""
         k = self.kernel_table
         if k is None:
-            k = _last_read(self)
+            last = _last  # read once: another thread may replace it
+            if last is not None and last[0]() is self:
+                k = last[1]
         if k is None:
             k = _read_kernels(self, cache)
         return k if step is None else k[k["step"].to_numpy() == step]
 
-    def without_kernels(self, cache: bool) -> RankAnalysis:
+    def rereads_by_parsing(self) -> bool:
+        """Whether `load_kernels` would parse the trace here: not held, not read last, and
+        no cache entry of the analysis readable by its key on this machine."""
+        from fsdp_trace.analysis import cache as cache_mod
+
+        last = _last
+        if self.kernel_table is not None or (last is not None and last[0]() is self):
+            return False
+        again = self.reread
+        if again is None or not (again.cache and again.entry and cache_mod.enabled()):
+            return True
+        return not cache_mod.AnalysisEntry.of_key(again.entry).file.is_file()
+
+    def without_kernels(
+        self, cache: bool, entry: str | None = None, stamp: str | None = None
+    ) -> RankAnalysis:
         """This analysis as a run keeps it (`as_kept`), without its kernels (`cache`: whether
         they are read again through the cache)."""
-        return self.as_kept(cache, kernels=False)
+        return self.as_kept(cache, kernels=False, entry=entry, stamp=stamp)
 
-    def as_kept(self, cache: bool, kernels: bool) -> RankAnalysis:
+    def as_kept(
+        self, cache: bool, kernels: bool, entry: str | None = None, stamp: str | None = None
+    ) -> RankAnalysis:
         """This analysis as a run keeps it: its tables of their own and compact (`_compact`:
         what travels back from a worker and stays on the client per rank), its kernels only
-        when `kernels` (else read again, through the cache when `cache`). Once kept without
-        kernels, kept as it is."""
+        when `kernels` (else read again, through the cache when `cache`: `Reread`, with the
+        analysis's cache `entry` key and the file's `stamp`). Once kept without kernels,
+        kept as it is."""
         if self.kernel_table is None:
             return self
         changes: dict[str, Any] = {
@@ -207,7 +235,7 @@ class RankAnalysis:
         }
         if not kernels:
             changes["kernel_table"] = None
-        changes["reread"] = Reread(str(self.source), cache)
+        changes["reread"] = Reread(str(self.source), cache, entry, stamp)
         out = dataclasses.replace(self, **changes)
         out.cpu_slices = self.cpu_slices  # not a field: carried by hand (--perfetto's)
         return out
@@ -308,24 +336,47 @@ def _compact(
     return out
 
 
-_last: list[tuple[weakref.ref, pd.DataFrame]] = []  # the kernels read last, and whose
+# The kernels read last, and whose: one tuple, replaced whole (never changed in place), read
+# once into a local by its readers (threads may read kernels at once).
+_last: tuple[weakref.ref, pd.DataFrame] | None = None
 
 
-def _last_read(rank: RankAnalysis) -> pd.DataFrame | None:
-    if _last and _last[0][0]() is rank:
-        return _last[0][1]
-    return None
+def _forget(ref: weakref.ref) -> None:
+    """The analysis whose kernels were read last is gone: its table goes too."""
+    global _last
+    last = _last
+    if last is not None and last[0] is ref:
+        _last = None
+
+
+def _changed(rank: RankAnalysis) -> Exception:
+    from fsdp_trace.errors import UserError
+
+    return UserError(
+        f"{rank.path} changed (or was removed) since it was analyzed: analyze it again"
+    )
 
 
 def _read_kernels(rank: RankAnalysis, cache: bool | None) -> pd.DataFrame:
-    """A rank's kernels read again: its analysis through the cache (an entry written when it
-    was analyzed), else its trace parsed and analyzed again."""
-    from fsdp_trace.analysis.perrank import analyze_file
+    """A rank's kernels read again: from the cache entry its analysis wrote (by its key:
+    the analyzed content's, whatever the file holds now), else its trace parsed and analyzed
+    again, when its size and modification time (a URL's version) are as analyzed; either way
+    as many as the analysis kept, else a one-line `UserError`."""
+    global _last
+    from fsdp_trace.analysis import cache as cache_mod
+    from fsdp_trace.analysis.perrank import analyze_file, stamp
 
     again = rank.reread or Reread(str(rank.source), True)
     cache = again.cache if cache is None else cache and again.cache
-    table = analyze_file(rank.path, again.source, cache=cache, progress=False).kernel_table
-    if table is None:  # pragma: no cover - a fresh analysis holds its kernels
-        raise RuntimeError(f"{rank.path}: no kernels in its analysis")
-    _last[:] = [(weakref.ref(rank, lambda _: _last.clear()), table)]
+    table = None
+    if cache and again.entry and cache_mod.enabled():
+        hit = cache_mod.AnalysisEntry.of_key(again.entry).load(rank.path)
+        table = None if hit is None else hit.kernel_table
+    if table is None:
+        if again.stamp is not None and stamp(rank.path) != again.stamp:
+            raise _changed(rank)
+        table = analyze_file(rank.path, again.source, cache=cache, progress=False).kernel_table
+    if table is None or len(table) != rank.n_kernels:
+        raise _changed(rank)
+    _last = (weakref.ref(rank, _forget), table)
     return table

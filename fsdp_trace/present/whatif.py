@@ -316,6 +316,14 @@ def panel_view(run, peers) -> RankingView | str:
 
     if not run.gpu:
         return "CPU (gloo) traces have no GPU timing to replay: no prediction."
+    from fsdp_trace.analysis.results import MAX_TIMELINE_RANKS
+
+    # The replay reads every GPU rank's kernels again: beyond the timeline's few, not by
+    # parsing traces here (no cache entry of theirs readable on this machine).
+    parsing = sum(r.n_kernels > 0 and r.rereads_by_parsing() for r in run.ranks)
+    if parsing > MAX_TIMELINE_RANKS:
+        name = run.run_dir or " ".join(run.inputs) or run.name
+        return f"what-if needs every rank's kernels again: run `fsdp-trace whatif {name}`"
     try:
         ranked = rank_candidates(run)
     except (UserError, ValueError) as exc:

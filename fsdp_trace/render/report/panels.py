@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fsdp_trace.errors import UserError
 from fsdp_trace.present.view import RunView
 from fsdp_trace.render.report import figures as figs
 from fsdp_trace.render.report import markup
@@ -157,11 +158,15 @@ def timeline(run: RunAnalysis, view: RunView) -> Panel:
         else "One representative step: the step of median length (averaged over ranks). A CPU "
         "(gloo) trace has no GPU kernels: the bars are the collectives on gloo's threads."
     )
+    try:
+        figure = figs.timeline_figure(run)
+    except UserError as exc:  # the kernels could not be read again (a trace changed)
+        return Panel("timeline", "Step timeline", missing=f"No timeline: {exc}")
     return Panel(
         "timeline",
         "Step timeline",
         caption + subset,
-        figure=figs.timeline_figure(run),
+        figure=figure,
         missing="No profiled steps to draw.",
     )
 
