@@ -231,22 +231,6 @@ def collective_transfer(
     if exposed is None:
         result[ok] = iv.split_uncovered(start[ok], end[ok], iv.EMPTY)
     else:
-        result[ok] = _split_covered(start[ok], end[ok], exposed)
+        result[ok] = iv.split_covered(start[ok], end[ok], exposed)
     out["exposed_transfer_us"] = result
     return out
-
-
-def _split_covered(starts: np.ndarray, ends: np.ndarray, cover: iv.Intervals) -> np.ndarray:
-    """Each interval's share of the time `cover` covers, split equally among the intervals
-    active at that moment: the shares add up to |union(intervals) ∩ cover|."""
-    if starts.size == 0:
-        return np.zeros(0)
-    points = np.unique(np.concatenate([starts, ends]))
-    first = np.searchsorted(points, starts)
-    last = np.searchsorted(points, ends)
-    delta = np.bincount(first, minlength=points.size) - np.bincount(last, minlength=points.size)
-    active = np.cumsum(delta)[:-1]
-    covered = np.diff(iv.covered_up_to(cover, points))
-    share = np.where(active > 0, covered / np.maximum(active, 1), 0.0)
-    prefix = np.concatenate([[0.0], np.cumsum(share)])
-    return prefix[last] - prefix[first]

@@ -114,6 +114,16 @@ def split_uncovered(starts, ends, cover: Intervals) -> np.ndarray:
 
     Used for per-collective exposed time, so blocks' exposed times sum to the step's.
     """
+    return _split(starts, ends, cover, covered=False)
+
+
+def split_covered(starts, ends, cover: Intervals) -> np.ndarray:
+    """Each interval's share of the time `cover` covers, split equally among the intervals
+    active at that moment: the shares add up to |union(intervals) ∩ cover|."""
+    return _split(starts, ends, cover, covered=True)
+
+
+def _split(starts, ends, cover: Intervals, covered: bool) -> np.ndarray:
     s, e = as_arrays(starts, ends)
     if s.size == 0:
         return np.zeros(0)
@@ -122,10 +132,9 @@ def split_uncovered(starts, ends, cover: Intervals) -> np.ndarray:
     last = np.searchsorted(points, e)
     delta = np.bincount(first, minlength=points.size) - np.bincount(last, minlength=points.size)
     active = np.cumsum(delta)[:-1]
-    seg_len = np.diff(points)
-    covered = np.diff(covered_up_to(cover, points))
-    uncovered = seg_len - covered
-    share = np.where(active > 0, uncovered / np.maximum(active, 1), 0.0)
+    inside = np.diff(covered_up_to(cover, points))
+    part = inside if covered else np.diff(points) - inside
+    share = np.where(active > 0, part / np.maximum(active, 1), 0.0)
     prefix = np.concatenate([[0.0], np.cumsum(share)])
     return prefix[last] - prefix[first]
 
