@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import pandas as pd
@@ -219,9 +220,44 @@ def test_a_removed_cache_entry_reads_an_unchanged_trace_again(tmp_path, cached, 
         entry.unlink()
     forget_last_read(monkeypatch)
     assert len(rank.load_kernels()) == rank.n_kernels
-    os.utime(path, ns=(0, 0))  # now it looks changed
+    os.utime(path, ns=(0, 0))  # touched: its stamp moved, its bytes are the analyzed ones
+    forget_last_read(monkeypatch)
+    for entry in cached.glob("analysis-*"):
+        entry.unlink()
+    assert len(rank.load_kernels()) == rank.n_kernels
+    shutil.copyfile(GPT / "rank1.timing.json.gz", path)  # other bytes: changed
     forget_last_read(monkeypatch)
     for entry in cached.glob("analysis-*"):
         entry.unlink()
     with pytest.raises(UserError, match="changed"):
         rank.load_kernels()
+
+
+def test_an_entry_the_cache_would_not_read_counts_as_none(tmp_path, cached):
+    """An entry writable by others (or another user's) is not read: the what-if panel then
+    counts the rank as one to parse."""
+    rank = fsdp_trace.analyze(one_trace(tmp_path)).ranks[0]
+    results._last = None
+    assert not rank.rereads_by_parsing()
+    (entry,) = cached.glob("analysis-*")
+    entry.chmod(entry.stat().st_mode | stat.S_IWGRP)
+    assert rank.rereads_by_parsing()
+
+
+def test_a_versionless_url_without_the_cache_keeps_its_kernels(monkeypatch):
+    """Nothing would tell a re-read of it from another object: its kernels are not dropped."""
+    import fsspec
+
+    from fsdp_trace.analysis import remote
+
+    monkeypatch.setattr(remote, "_VERSION_KEYS", ())
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/fsdp-trace-reread/rank0.json.gz", (GPT / "rank0.timing.json.gz").read_bytes())
+    url = "memory://fsdp-trace-reread/rank0.json.gz"
+    try:
+        rank = fsdp_trace.analyze(url, cache=False).ranks[0]
+        kept = fsdp_trace.analyze(url).ranks[0]
+    finally:
+        fs.rm("/fsdp-trace-reread", recursive=True)
+    assert rank.kernel_table is not None and len(rank.kernel_table) == rank.n_kernels
+    assert kept.reread is not None and kept.reread.entry  # cached: read again by its key

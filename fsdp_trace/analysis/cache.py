@@ -244,6 +244,15 @@ class _Entry:
         """What the entry answers for: its file name, stored inside it too."""
         return self.file.name[: -len(SUFFIX)] if self.file.name.endswith(SUFFIX) else ""
 
+    def trusted(self) -> bool:
+        """Whether the entry is a file the cache would read (a regular file of ours that no
+        one else can write: `_own`), without reading it."""
+        try:
+            info = os.stat(self.file, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISREG(info.st_mode) and _own(info)
+
     def _read(self, cls: type, path: Path) -> Any | None:
         """The cached object (its `path` set to `path`), or None: missing, not a regular file
         of ours, corrupt, of other code, of another key, or failing its checksum."""

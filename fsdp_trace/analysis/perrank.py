@@ -239,10 +239,17 @@ def as_kept(result: RankAnalysis, lookup, keep: bool) -> RankAnalysis:
     """A fresh analysis (computed or read back through `lookup`) as the run keeps it: whole
     when `keep` and it has kernels (a CPU trace's table is empty: nothing to read again),
     else without its kernels, read again by what identifies the analyzed content (the key
-    of its cache entry, the file's `stamp`: `RankAnalysis.load_kernels`)."""
+    of its cache entry, the file's `stamp`: `RankAnalysis.load_kernels`); kept whole where
+    neither exists."""
     entry = lookup.entry.key if lookup.entry is not None else None
+    # A URL whose filesystem reports no version, analyzed without the cache: nothing would
+    # tell a re-read of it from another object, so its kernels stay.
+    unverifiable = entry is None and lookup.stamp is None
     return result.as_kept(
-        lookup.cache, kernels=keep and bool(result.n_kernels), entry=entry, stamp=lookup.stamp
+        lookup.cache,
+        kernels=(keep or unverifiable) and bool(result.n_kernels),
+        entry=entry,
+        stamp=lookup.stamp,
     )
 
 

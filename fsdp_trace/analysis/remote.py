@@ -304,6 +304,7 @@ class UrlLookup:
                 if entry is None and self.cache:  # no version reported: key on the content
                     content = cache_mod.content_hash(local)
                     entry = cache_mod.AnalysisEntry.for_file(local, self.params, content)
+                    self.entry = entry  # what its kernels are read again from (as_kept)
                     hit = entry.load(self.url) if entry is not None else None
                     if hit is not None:
                         return hit

@@ -209,7 +209,7 @@ class RankAnalysis:
         again = self.reread
         if again is None or not (again.cache and again.entry and cache_mod.enabled()):
             return True
-        return not cache_mod.AnalysisEntry.of_key(again.entry).file.is_file()
+        return not cache_mod.AnalysisEntry.of_key(again.entry).trusted()
 
     def without_kernels(
         self, cache: bool, entry: str | None = None, stamp: str | None = None
@@ -357,11 +357,29 @@ def _changed(rank: RankAnalysis) -> Exception:
     )
 
 
+def _same_content(path: str, key: str | None) -> bool:
+    """Whether a local trace whose size or modification time moved still holds the analyzed
+    bytes (a `touch`, a copy that kept them): its content hash is the one in the key of the
+    analysis's cache entry. False without a key, for a URL, or when it cannot be read."""
+    from pathlib import Path
+
+    from fsdp_trace.analysis import cache as cache_mod
+    from fsdp_trace.analysis.remote import is_url
+
+    if not key or is_url(path):
+        return False
+    try:
+        return f"-{cache_mod.content_hash(Path(path))}-" in key
+    except OSError:
+        return False
+
+
 def _read_kernels(rank: RankAnalysis, cache: bool | None) -> pd.DataFrame:
     """A rank's kernels read again: from the cache entry its analysis wrote (by its key:
-    the analyzed content's, whatever the file holds now), else its trace parsed and analyzed
-    again, when its size and modification time (a URL's version) are as analyzed; either way
-    as many as the analysis kept, else a one-line `UserError`."""
+        the analyzed content's, whatever the file holds now), else its trace parsed and analyzed
+        again, when its size and modification time (a URL's version) are as analyzed or, where only
+    those moved, its content hash is the analyzed one (in the entry's key); either way
+        as many as the analysis kept, else a one-line `UserError`."""
     global _last
     from fsdp_trace.analysis import cache as cache_mod
     from fsdp_trace.analysis.perrank import analyze_file, stamp
@@ -373,7 +391,8 @@ def _read_kernels(rank: RankAnalysis, cache: bool | None) -> pd.DataFrame:
         hit = cache_mod.AnalysisEntry.of_key(again.entry).load(rank.path)
         table = None if hit is None else hit.kernel_table
     if table is None:
-        if again.stamp is not None and stamp(rank.path) != again.stamp:
+        moved = again.stamp is not None and stamp(rank.path) != again.stamp
+        if moved and not _same_content(rank.path, again.entry):
             raise _changed(rank)
         table = analyze_file(rank.path, again.source, cache=cache, progress=False).kernel_table
     if table is None or len(table) != rank.n_kernels:
