@@ -138,3 +138,18 @@ def cpu_run(tmp_path_factory) -> Path:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return out
+
+
+def counting_parses(monkeypatch) -> list[str]:
+    """The traces parsed from now on (`perrank.load_trace` calls in this process), in order."""
+    from fsdp_trace.analysis import perrank
+
+    parsed: list[str] = []
+    load = perrank.load_trace
+
+    def counting(path, *args, **kwargs):
+        parsed.append(str(path))
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(perrank, "load_trace", counting)
+    return parsed

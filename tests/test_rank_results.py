@@ -20,7 +20,7 @@ from fsdp_trace.analysis import perrank
 from fsdp_trace.analysis.breakdown import Spans, partition
 from fsdp_trace.analysis.overlap_tax import measure, op_tax
 from fsdp_trace.analysis.results import RankAnalysis
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, counting_parses
 
 GPT = SAMPLES / "gpt-small-2gpu"
 FULL_AC = SAMPLES / "gpt-small-2gpu-fullac"
@@ -96,14 +96,7 @@ def test_a_small_run_without_the_cache_parses_each_trace_once(jobs, tmp_path, mo
     from fsdp_trace.render.report.timeline import MAX_TIMELINE_RANKS
 
     monkeypatch.setattr(perrank, "POOL_MIN_BYTES", 0)  # jobs=2: parsed in the pool's workers
-    parsed: list[str] = []
-    load = perrank.load_trace
-
-    def counting(path, *args, **kwargs):
-        parsed.append(str(path))
-        return load(path, *args, **kwargs)
-
-    monkeypatch.setattr(perrank, "load_trace", counting)
+    parsed = counting_parses(monkeypatch)
     result = fsdp_trace.analyze(GPT, jobs=jobs, cache=False)
     run = result.only
     assert len(run.ranks) <= MAX_TIMELINE_RANKS
@@ -140,14 +133,8 @@ def test_kernels_are_read_again_as_the_run_was_asked_to_cache(tmp_path, monkeypa
     monkeypatch.setattr(perrank, "MAX_TIMELINE_RANKS", 0)  # not kept: read again
     plain = fsdp_trace.analyze(path, cache=False).ranks[0]
     assert plain.kernel_table is None
-    parsed: list[str] = []
     load = perrank.load_trace
-
-    def counting(path, *args, **kwargs):
-        parsed.append(str(path))
-        return load(path, *args, **kwargs)
-
-    monkeypatch.setattr(perrank, "load_trace", counting)
+    parsed = counting_parses(monkeypatch)
     assert len(plain.kernels) == plain.n_kernels
     assert parsed == [str(path)]  # the trace parsed again, its parsed columns not cached
     assert not folder.exists() or not any(folder.iterdir())

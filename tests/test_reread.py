@@ -21,7 +21,7 @@ from fsdp_trace import cli
 from fsdp_trace.analysis import perrank, results
 from fsdp_trace.analysis.results import MAX_TIMELINE_RANKS
 from fsdp_trace.errors import UserError
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, counting_parses
 from tests.fsdp_sim import Sim
 from tests.test_report import payload
 
@@ -40,18 +40,6 @@ def one_trace(tmp_path: Path) -> Path:
     path = tmp_path / "rank0.timing.json.gz"
     shutil.copyfile(GPT / "rank0.timing.json.gz", path)
     return path
-
-
-def counting_parses(monkeypatch) -> list[str]:
-    parsed: list[str] = []
-    load = perrank.load_trace
-
-    def counting(path, *args, **kwargs):
-        parsed.append(str(path))
-        return load(path, *args, **kwargs)
-
-    monkeypatch.setattr(perrank, "load_trace", counting)
-    return parsed
 
 
 def forget_last_read(monkeypatch) -> None:
