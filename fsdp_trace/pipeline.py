@@ -67,9 +67,9 @@ def analyze(
     if client is not None and jobs != 1:
         raise UserError(f"--jobs {jobs} and a Dask cluster: give one of them")
     inputs = resolve(paths)
-    work = [t for r in inputs.runs for t in r.traces if detailed or t.source != Source.DETAILED]
+    groups = [[t for t in r.traces if detailed or t.source != Source.DETAILED] for r in inputs.runs]
     unsorted = [TraceInput(p) for p in inputs.loose]
-    work += unsorted
+    work = [t for group in [*groups, unsorted] for t in group]
     if client is not None:
         from fsdp_trace.analysis import cluster
 
@@ -77,9 +77,6 @@ def analyze(
         outcomes = cluster.analyze_all(client, work, cache, keep)
     else:
         # Decided per run (the loose traces as one): a small run keeps its kernels.
-        groups = [
-            [t for t in r.traces if detailed or t.source != Source.DETAILED] for r in inputs.runs
-        ]
         keep = [
             k
             for group in [*groups, unsorted]

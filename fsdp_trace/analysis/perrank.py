@@ -159,12 +159,12 @@ def keeps_kernels(work: list[TraceInput], cache: bool, every: bool = False) -> l
     trace (no view draws its kernels). Holding a few ranks' kernels costs less than parsing
     their traces twice; a larger run (or one through the cache, whose entry is read back
     cheaply) keeps its memory to the ranks' tables."""
-    if every:
-        return [t.source != Source.DETAILED for t in work]
-    if cache and cache_mod.enabled():
-        return [False] * len(work)
     timing = [t.source != Source.DETAILED for t in work]
-    return timing if sum(timing) <= MAX_TIMELINE_RANKS else [False] * len(work)
+    if every:
+        return timing
+    if (cache and cache_mod.enabled()) or sum(timing) > MAX_TIMELINE_RANKS:
+        return [False] * len(work)
+    return timing
 
 
 def analyze_all(

@@ -189,22 +189,25 @@ class RankAnalysis:
         (`Reread`): from the cache entry of its analysis where the run used the cache and
         `cache` is not False, else from its trace, parsed again if unchanged since (else a
         one-line `UserError`)."""
-        k = self.kernel_table
-        if k is None:
-            last = _last  # read once: another thread may replace it
-            if last is not None and last[0]() is self:
-                k = last[1]
+        k = self._at_hand()
         if k is None:
             k = _read_kernels(self, cache)
         return k if step is None else k[k["step"].to_numpy() == step]
+
+    def _at_hand(self) -> pd.DataFrame | None:
+        """The kernels without reading anything: held, or the table read last for this
+        analysis (None: neither)."""
+        if self.kernel_table is not None:
+            return self.kernel_table
+        last = _last  # read once: another thread may replace it
+        return last[1] if last is not None and last[0]() is self else None
 
     def rereads_by_parsing(self) -> bool:
         """Whether `load_kernels` would parse the trace here: not held, not read last, and
         no cache entry of the analysis readable by its key on this machine."""
         from fsdp_trace.analysis import cache as cache_mod
 
-        last = _last
-        if self.kernel_table is not None or (last is not None and last[0]() is self):
+        if self._at_hand() is not None:
             return False
         again = self.reread
         if again is None or not (again.cache and again.entry and cache_mod.enabled()):

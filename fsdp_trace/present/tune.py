@@ -82,16 +82,7 @@ HEADERS = (
     "against",
     "kept",
 )
-NUMERIC = {
-    "#",
-    "tok/s/GPU",
-    SPEED,
-    "efficiency",
-    "exposed %",
-    "mem GiB",
-    "predicted Δ",
-    "measured Δ",
-}
+NUMERIC = set(HEADERS) - {"run", "what was tried", "against", "kept"}
 
 
 def numeric(header: str) -> bool:
