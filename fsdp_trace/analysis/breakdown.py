@@ -172,11 +172,7 @@ def exposed_split(rank: RankAnalysis, matched: pd.DataFrame | None) -> dict[str,
     ends = rank.steps["end_us"].to_numpy(dtype=np.float64)
     c = rank.collectives
     has_match = matched is not None and len(matched) > 0
-    if has_match:
-        by_corr = matched.set_index("correlation")
-        transfer = by_corr["transfer_us"].reindex(c["correlation"].to_numpy()).to_numpy()
-    else:
-        transfer = np.full(len(c), np.nan)
+    transfer = _matched(c, matched, "transfer_us") if has_match else np.full(len(c), np.nan)
     sets = _comm_sets(
         c["start_us"].to_numpy(dtype=np.float64), c["end_us"].to_numpy(dtype=np.float64), transfer
     )
@@ -191,6 +187,13 @@ def exposed_intervals(rank: RankAnalysis) -> iv.Intervals:
     """C \\ K of a rank (union form, as its analysis made it)."""
     e = rank.exposed
     return iv.as_arrays(e["start_us"].to_numpy(), e["end_us"].to_numpy())
+
+
+def _matched(collectives: pd.DataFrame, matched: pd.DataFrame, column: str) -> np.ndarray:
+    """A cross-rank figure (`transfer_us`, `wait_us`) of each of a rank's collectives, by
+    correlation (NaN where unmatched)."""
+    by_corr = matched.set_index("correlation")[column]
+    return by_corr.reindex(collectives["correlation"].to_numpy()).to_numpy(dtype=np.float64)
 
 
 def median_step(breakdown: pd.DataFrame) -> pd.Series | None:
@@ -219,11 +222,9 @@ def collective_transfer(
     out["exposed_transfer_us"] = np.nan
     if n == 0 or matched is None or matched.empty:
         return out
-    by_corr = matched.set_index("correlation")
-    corr = collectives["correlation"].to_numpy()
-    transfer = by_corr["transfer_us"].reindex(corr).to_numpy(dtype=np.float64)
+    transfer = _matched(collectives, matched, "transfer_us")
     out["transfer_us"] = transfer
-    out["wait_us"] = by_corr["wait_us"].reindex(corr).to_numpy(dtype=np.float64)
+    out["wait_us"] = _matched(collectives, matched, "wait_us")
     ok = ~np.isnan(transfer)
     end = collectives["end_us"].to_numpy(dtype=np.float64)
     start = np.maximum(end - np.nan_to_num(transfer), collectives["start_us"].to_numpy())
