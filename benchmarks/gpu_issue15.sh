@@ -140,7 +140,10 @@ else
   STEPS_PAIRS="--timing-steps 3 --timed-steps 30"
   STEPS_SCALING="--timed-steps 20"
   STEPS_TUNE="--timing-steps 3 --timed-steps 20"
-  SWEEP_MODEL="--model gpt-1.3b --batch-size ${SWEEP_BATCH:-24}"
+  # AC 0 tight in memory on the card that came: 24 on an H200 (141 GB), 14 on an H100 (80 GB)
+  GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  [ "${GPU_MIB:-0}" -gt 100000 ] && DEFAULT_BATCH=24 || DEFAULT_BATCH=14
+  SWEEP_MODEL="--model gpt-1.3b --batch-size ${SWEEP_BATCH:-$DEFAULT_BATCH}"
   SMALL="--model gpt-small --batch-size 16"
   SMALL_B8="--model gpt-small --batch-size 8"
   SMALL_COMM="--model gpt-small --batch-size 1 --seq-len 256"
@@ -151,14 +154,16 @@ else
   DELAY_MS=30
   TUNE_MODEL="--model gpt-1.3b --batch-size 1"
   TUNE_BUDGET=3
-  CAP_TIMEOUT=200 STAGE_TIMEOUT=530
+  CAP_TIMEOUT=${CAP_TIMEOUT:-200} STAGE_TIMEOUT=${STAGE_TIMEOUT:-530}
 fi
 mkdir -p "$R" "$OUT"
 
 setup() {
-  if ! python3 -c "import msgspec, xxhash, plotly" 2>/dev/null; then
-    python3 -m pip install -q --no-index --find-links "$HERE/wheels" msgspec xxhash plotly \
+  if ! python3 -c "import msgspec, xxhash" 2>/dev/null; then
+    python3 -m pip install -q --no-index --find-links "${WHEELS:-$HERE/wheels}" msgspec xxhash \
       && echo "analysis wheels installed"
+    python3 -m pip install -q --no-index --find-links "${WHEELS:-$HERE/wheels}" plotly 2>/dev/null \
+      || echo "plotly not carried: efficiency.csv only (plot the HTML on the CPU machine)"
   fi
   python3 -c "import torch, fsdp_trace; print('torch', torch.__version__, fsdp_trace.__file__)"
   [ "$CPU" = 1 ] || nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
