@@ -81,8 +81,18 @@ class MeshKind(Word):
 
     FSDP = "fsdp"  # 1-D: every rank in one shard group
     HSDP = "hsdp"  # replicate × shard: gathers inside a shard group, an all-reduce across
+    DDP = "ddp"  # DistributedDataParallel: replicated, gradients all-reduced in buckets
     SINGLE = "single"  # one rank: no communication
     UNKNOWN = "unknown"
+
+
+class Parallelism(Word):
+    """The data-parallel wrapper a run's traces show (fsdp_trace.analysis.setup)."""
+
+    FSDP2 = "FSDP2"  # torch.distributed.fsdp.fully_shard
+    FSDP1 = "FSDP1"  # the FullyShardedDataParallel class
+    DDP = "DDP"  # DistributedDataParallel: every rank holds every parameter
+    NONE = "none"  # none of them seen
 
 
 class Basis(Word):

@@ -30,12 +30,21 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from fsdp_trace.analysis import context
+from fsdp_trace.analysis import setup as setup_mod
 from fsdp_trace.analysis.context import display_name
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.analysis.trace import pg_sizes
 from fsdp_trace.present.fmt import plural
 from fsdp_trace.runrecord import RunRecord
-from fsdp_trace.vocab import NON_BLOCK_UNITS, ROOT, UNATTRIBUTED, Collective, MeshKind, Phase
+from fsdp_trace.vocab import (
+    NON_BLOCK_UNITS,
+    ROOT,
+    UNATTRIBUTED,
+    Collective,
+    MeshKind,
+    Parallelism,
+    Phase,
+)
 
 
 class From:
@@ -82,6 +91,8 @@ class Mesh:
             return f"HSDP, {self.replicate} replicas × {self.shard} shards"
         if self.kind == MeshKind.FSDP:
             return f"FSDP over {self.shard} ranks" if self.shard else "FSDP"
+        if self.kind == MeshKind.DDP:
+            return f"DDP over {self.replicate} ranks" if self.replicate else "DDP"
         if self.kind == MeshKind.SINGLE:
             return "one rank (no communication)"
         return "unknown"
@@ -91,6 +102,7 @@ class Mesh:
 class InferredConfig:
     """What the run's FSDP configuration was, item by item with its source."""
 
+    setup: Item  # value: fsdp_trace.analysis.setup.SetUp (wrapper, offload, float8)
     world_size: Item
     mesh: Item  # value: Mesh
     units: list[Unit]  # forward order, the root last
@@ -106,6 +118,11 @@ class InferredConfig:
 
     def unit(self, name: str) -> Unit | None:
         return next((u for u in self.units if u.name == name), None)
+
+    @property
+    def parallelism(self) -> str:
+        """FSDP2, FSDP1, DDP or none (a `Parallelism`)."""
+        return self.setup.value.parallelism
 
     @property
     def blocks(self) -> list[str]:
@@ -148,6 +165,8 @@ def infer(ranks: list[RankAnalysis], run: RunRecord | None) -> InferredConfig:
     n_steps = max(1, _n_steps(facts, coll))
     labels = facts.any
 
+    found = setup_mod.infer([r.signals for r in ranks])
+    setup = Item(found, From.TRACE, found.parallelism_evidence)
     micro = _micro_batches(facts, run, notices)
     order = _unit_order(facts, coll)
     recompute_units = facts.recompute
@@ -165,8 +184,9 @@ def infer(ranks: list[RankAnalysis], run: RunRecord | None) -> InferredConfig:
         for name in order
     ]
     return InferredConfig(
+        setup=setup,
         world_size=_world_size(ranks, run),
-        mesh=_mesh(ranks, coll, run, notices),
+        mesh=_mesh(ranks, coll, run, notices, found),
         units=units,
         micro_batches=micro,
         checkpointed=_checkpointed(recompute_units, run, notices),
@@ -176,7 +196,7 @@ def infer(ranks: list[RankAnalysis], run: RunRecord | None) -> InferredConfig:
         reduce_dtype=_reduce_dtype(coll, run),
         accum_no_sync=_no_sync(coll, micro.value, n_steps * len(ranks), run),
         labels=labels,
-        notices=notices + _attribution_notices(labels, coll),
+        notices=notices + _attribution_notices(labels, coll, found),
     )
 
 
@@ -498,10 +518,22 @@ def _group_label(name: Any, desc: Any) -> str:
 
 
 def _mesh(
-    ranks: list[RankAnalysis], coll: pd.DataFrame, run: RunRecord | None, notices: list[str]
+    ranks: list[RankAnalysis],
+    coll: pd.DataFrame,
+    run: RunRecord | None,
+    notices: list[str],
+    setup: setup_mod.SetUp,
 ) -> Item:
     world = max([int(r.meta.get("world_size") or 0) for r in ranks] + [0]) or None
     seen = None
+    if setup.parallelism == Parallelism.DDP and run is None:
+        # Every rank holds every parameter; gradients are all-reduced over the world.
+        group = _mode(coll["group_size"]) if not coll.empty else None
+        return Item(
+            Mesh(MeshKind.DDP, None, group or world, None, _group_of(coll)),
+            From.TRACE,
+            f"{setup_mod.DDP_FORWARD} labels; all-reduces over {group or world} ranks",
+        )
     if not coll.empty:
         gathers = coll[
             coll["collective"].isin([Collective.ALL_GATHER, Collective.REDUCE_SCATTER])
@@ -573,10 +605,22 @@ def _group_of(frame: pd.DataFrame) -> str | None:
     return _group_label(first["pg_name"], first["pg_desc"])
 
 
-def _attribution_notices(labels: bool, coll: pd.DataFrame) -> list[str]:
+def _attribution_notices(labels: bool, coll: pd.DataFrame, setup: setup_mod.SetUp) -> list[str]:
     if coll.empty:
         return []
     unattributed = float((coll["block"] == UNATTRIBUTED).mean())
+    if setup.parallelism == Parallelism.DDP:
+        return [
+            "DDP: every rank holds every parameter and gradients are all-reduced in buckets "
+            "during backward; there are no FSDP units, gathers or reduce-scatters, so the "
+            "per-block figures do not apply"
+        ]
+    if setup.parallelism == Parallelism.FSDP1:
+        return [
+            "FSDP1 (the FullyShardedDataParallel class): its labels name no module, so "
+            "collectives are `unattributed` to units and reshard and prefetch cannot be read; "
+            "the overlap, exposure and step breakdown are measured as for FSDP2"
+        ]
     if not labels:
         return [
             "no FSDP2 labels in the traces (FSDP1, torch < 2.5, or labels lost): every "

@@ -212,6 +212,43 @@ class Forest:
         return node[idx]  # idx -1 reads the trailing False
 
 
+# A unit recomputes when backward re-runs at least this share of the forward ops its forward
+# ran (activation checkpointing re-runs all of them). Fewer are ops a backward creates on its
+# own: torchao's float8 linears cast each gradient to float8 in backward through an autograd
+# Function (`_ToFloat8ConstrFunc`), a handful per layer, not the unit's forward.
+RECOMPUTE_SHARE = 0.5
+
+
+def _recomputing(
+    keys: ThreadKeys,
+    windows: Forest,
+    code: np.ndarray,
+    ts: np.ndarray,
+    in_backward: np.ndarray,
+    in_forward: np.ndarray,
+) -> np.ndarray:
+    """Per op (True where kept): forward ops run inside backward (`in_backward`) count as
+    recompute only in units whose backward re-runs `RECOMPUTE_SHARE` of the forward ops
+    (`in_forward`) that the unit's forward ran; by unit window where FSDP2 labels give them,
+    else over the whole trace."""
+
+    def units(mask: np.ndarray) -> np.ndarray:
+        idx = windows.innermost(keys, code[mask], ts[mask])
+        found = windows.fqn_at(idx)
+        return np.where(pd.isna(found), "", found).astype(object)
+
+    back, fwd = units(in_backward), units(in_forward)
+    counts_back = pd.Series(back).value_counts()
+    counts_fwd = pd.Series(fwd).value_counts()
+    share = counts_back / counts_fwd.reindex(counts_back.index).fillna(0).replace(0, np.nan)
+    # no forward ops to compare with (reentrant checkpointing runs forward without grad):
+    # everything re-run in backward is the forward
+    keep_units = set(share[(share >= RECOMPUTE_SHARE) | share.isna()].index)
+    keep = np.ones(len(code), dtype=bool)
+    keep[np.flatnonzero(in_backward)] = np.isin(back, list(keep_units))
+    return keep
+
+
 def _take(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """values[idx] with None where idx is -1 (and for an empty forest)."""
     padded = np.empty(values.size + 1, dtype=object)  # a trailing None for idx -1
@@ -346,7 +383,8 @@ class CpuContext:
         ts, end = cpu["ts"].to_numpy(), cpu["end"].to_numpy()
         is_autograd = name_mask(names, lambda n: n.startswith(AUTOGRAD_PREFIX))
         autograd = ThreadUnion(keys, code[is_autograd], ts[is_autograd], end[is_autograd])
-        # Recompute = forward ops (they carry an autograd sequence number) run inside backward.
+        # Recompute = forward ops (they carry an autograd sequence number) run inside backward,
+        # where they re-run the unit's forward (`_recomputing`).
         candidate = (
             (cpu["sequence_number"].to_numpy() != MISSING)
             & ~name_mask(names, lambda n: "Backward" in n)
@@ -354,6 +392,7 @@ class CpuContext:
         )
         inside = np.zeros(len(cpu), dtype=bool)
         inside[candidate] = autograd.contains(code[candidate], ts[candidate])
+        inside &= _recomputing(keys, windows, code, ts, inside, candidate & ~inside)
         recompute = ThreadUnion(keys, code[inside], ts[inside], end[inside])
         is_opt = name_mask(names, lambda n: n.startswith(OPTIMIZER_PREFIX))
         optimizer = ThreadUnion(keys, code[is_opt], ts[is_opt], end[is_opt])

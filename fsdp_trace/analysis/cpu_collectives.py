@@ -27,6 +27,7 @@ from fsdp_trace.analysis.context import (
     name_mask,
 )
 from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
+from fsdp_trace.analysis.setup import label_signals
 from fsdp_trace.analysis.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Phase
 
@@ -68,6 +69,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
             notices.append(
                 f"{gloo_name}: {ops.size} issued vs {runs.size} run; paired {m} in order"
             )
+    cpu_ctx = CpuContext.build(cpu)
     if not pairs:
         notices.append(_nothing_to_report(gloo_rows.size, issue_rows.size))
         empty = empty_frame(COLLECTIVE_COLUMNS)
@@ -82,9 +84,10 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
             kernel_table=pd.DataFrame(),
             exposed=pd.DataFrame(columns=["start_us", "end_us", "step"]),
             compute_phases=phase_table(pd.Series(dtype=float), trace.rank, source),
-            fsdp=CpuContext.build(cpu).facts(cpu_steps),
+            fsdp=cpu_ctx.facts(cpu_steps),
             notices=notices,
             meta=trace_meta(trace, 0, []),
+            setup=label_signals(cpu, cpu_ctx, len(cpu_steps)).to_dict(),
         )
     notices.insert(
         0, "no GPU kernels: a CPU (gloo) trace; reporting CPU-side collectives, no overlap"
@@ -93,7 +96,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
     run = np.array([p[1] for p in pairs])
     ctype = np.array([p[2] for p in pairs], dtype=object)
 
-    ctx = CpuContext.build(cpu)
+    ctx = cpu_ctx
     thread = ctx.keys.code(events["pid"].to_numpy()[issue], events["tid"].to_numpy()[issue])
     t = events["ts"].to_numpy()[issue]
     chain = ctx.labels.chain(ctx.labels.innermost(ctx.keys, thread, t))
@@ -180,6 +183,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
         streams={},
         notices=notices,
         meta=trace_meta(trace, ctx.compiled_regions, [], ctx.unit_names),
+        setup=label_signals(cpu, ctx, len(cpu_steps)).to_dict(),
     )
 
 

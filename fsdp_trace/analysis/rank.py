@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import classify, context, kernel_figures
+from fsdp_trace.analysis import classify, context, kernel_figures, setup
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis import steps as steps_mod
 from fsdp_trace.analysis.blocks import block_table, empty_frame, phase_table
@@ -331,6 +331,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     exposed["step"] = steps_mod.step_of_time(
         windows, exposed["start_us"].to_numpy(), "start", "end"
     )
+    signals = setup.signals(cpu, cpu_ctx, cpu_steps, k, launch.thread, cover.busy, cover.compute)
     kernels = k.drop(columns=["launch_row"]).assign(
         kind=lambda f: f["kind"].map(classify.KIND_NAMES)
     )
@@ -349,6 +350,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         streams=_stream_roles(kernels, collectives),
         notices=notices,
         meta=trace_meta(trace, cpu_ctx.compiled_regions, device_names(trace), cpu_ctx.unit_names),
+        setup=signals.to_dict(),
     )
 
 
@@ -361,6 +363,7 @@ class _LaunchContext:
     phase: np.ndarray
     inside_label: np.ndarray
     time: np.ndarray  # the launch's CPU time (NaN: no launch in the trace)
+    thread: np.ndarray  # the launching thread's code in the CPU context's keys (-1: none)
 
     @classmethod
     def of(cls, rows: np.ndarray, events: pd.DataFrame, ctx: CpuContext) -> _LaunchContext:
@@ -399,6 +402,7 @@ class _LaunchContext:
             phase=np.where(has_launch, phase, Phase.UNATTRIBUTED.value),  # no launch: no context
             inside_label=(chain[:, 0] >= 0) & has_launch,
             time=np.where(has_launch, time, np.nan),
+            thread=thread,
         )
 
 

@@ -170,10 +170,19 @@ class RankAnalysis:
     op_tax_blocks: list[str] = field(default_factory=list)  # the blocks `op_tax` measures
     op_blocks: list[str] = field(default_factory=list)  # every block of a measurable op
     reread: Reread | None = None  # where the kernels are read again when not held
+    # The set-up evidence of the trace (fsdp_trace.analysis.setup.Signals, as a dict).
+    setup: dict[str, Any] = field(default_factory=dict)
     # The trace's CPU slices (fsdp_trace.analysis.rank.CpuSlices), set on the instance only
     # while `rank.keeping_cpu_slices()` is on: a class attribute, not a field, so the cache
     # never stores it.
     cpu_slices: ClassVar[Any] = None
+
+    @property
+    def signals(self):  # -> fsdp_trace.analysis.setup.Signals
+        """What the trace shows of its set-up (wrapper labels, offload copies, float8)."""
+        from fsdp_trace.analysis.setup import Signals
+
+        return Signals.from_dict(self.setup)
 
     @property
     def kernels(self) -> pd.DataFrame:

@@ -18,6 +18,7 @@ import pandas as pd
 from fsdp_trace import __version__
 from fsdp_trace.analysis.config import InferredConfig, Item, Mesh
 from fsdp_trace.analysis.crossrank import CrossRank
+from fsdp_trace.analysis.setup import SetUp
 from fsdp_trace.diagnose.finding import Finding
 from fsdp_trace.present.view import notices
 from fsdp_trace.result import Result, RunAnalysis
@@ -71,13 +72,14 @@ def _column_values(column: pd.Series) -> list[Any]:
 
 def _item(item: Item) -> dict[str, Any]:
     value = item.value
-    if isinstance(value, Mesh):
+    if isinstance(value, Mesh | SetUp):
         value = {**dataclasses.asdict(value), "description": value.describe()}
     return {"value": value, "source": item.source, "evidence": item.evidence}
 
 
 def config_payload(config: InferredConfig) -> dict[str, Any]:
     return {
+        "setup": _item(config.setup),
         "world_size": _item(config.world_size),
         "mesh": _item(config.mesh),
         "units": [

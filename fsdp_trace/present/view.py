@@ -18,7 +18,7 @@ from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose.finding import Finding, FindingKind
 from fsdp_trace.present import fmt, headline
 from fsdp_trace.result import Result, RunAnalysis
-from fsdp_trace.vocab import Device, Source
+from fsdp_trace.vocab import Device, Parallelism, Source
 
 # The breakdown's parts as people read them, in the order they stack.
 PART_LABELS = {
@@ -297,7 +297,15 @@ def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
 
     mesh = config.mesh.value
     ckpt = config.checkpointed.value or []
+    setup = config.setup.value
     lines = [
+        ("set-up", setup.describe(), f"{config.setup.source}: {config.setup.evidence}"),
+        *(
+            [("CPU offload", "yes", f"{From.TRACE}: {setup.cpu_offload_evidence}")]
+            if setup.cpu_offload
+            else []
+        ),
+        *([("float8", "yes", f"{From.TRACE}: {setup.float8_evidence}")] if setup.float8 else []),
         ("mesh", mesh.describe(), config.mesh.source),
         ("world size", fmt.count(config.world_size.value), config.world_size.source),
         (
@@ -325,6 +333,9 @@ def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
         ("torch.compile", "yes" if config.compiled.value else "no", config.compiled.source),
         ("reduce dtype", str(config.reduce_dtype.value or fmt.DASH), config.reduce_dtype.source),
     ]
+    if config.parallelism != Parallelism.FSDP2:  # no FSDP2 units to read these from
+        unit_rows = {"units", "reshard after forward", "prefetch", "reduce dtype"}
+        lines = [line for line in lines if line[0] not in unit_rows]
     if (config.micro_batches.value or 1) > 1:
         lines.append(
             (
