@@ -75,11 +75,18 @@ CASES = [
         ["diagnosis/max-connections-1", "gpt-small-2gpu"],
     ),
     ("root-resharded", "cpu-root-reshard", ["cpu-gloo-2proc", "gpt-small-2gpu"]),
+    # set-ups fsdp-trace did not capture itself (tests/test_setups.py has more)
+    ("one-unit", "foreign-2gpu/fsdp2-root-only", ["foreign-2gpu/fsdp2", "gpt-small-2gpu"]),
+    ("cpu-offload", "foreign-2gpu/fsdp2-offload", ["foreign-2gpu/fsdp2", "gpt-small-2gpu"]),
+    ("float8-uncompiled", "foreign-2gpu/float8", ["foreign-2gpu/fsdp2", "gpt-small-2gpu"]),
+    ("ddp-allreduce", "foreign-2gpu/ddp", ["foreign-2gpu/fsdp2", "gpt-small-2gpu"]),
+    ("fsdp1", "foreign-2gpu/fsdp1", ["foreign-2gpu/fsdp2", "foreign-2gpu/ddp"]),
 ]
 # Rules shown on synthetic steps only (no shipped capture has the problem): the test named.
 SYNTHETIC = {
     "redundant-collectives": "test_redundant_gathers_fire_only_beyond_the_configuration",
     "shard-group-crosses-nodes": "test_a_shard_group_larger_than_a_node",
+    "hsdp-allreduce": "test_a_costly_symptom_never_hides_under_a_minor_cause",
 }
 
 
@@ -90,7 +97,7 @@ def test_rule_fires_where_the_problem_is_and_only_there(rule, shows, silent):
         assert rule not in found(other), f"{rule} fired on {other}"
     assert any(ch.isdigit() for ch in finding.evidence)  # what it saw, with numbers
     assert finding.cause and finding.why and finding.change.text
-    assert finding.kind == "measurement" or finding.cost_us >= 0
+    assert finding.kind != "cause" or finding.cost_us >= 0
 
 
 def test_every_rule_is_shown_its_problem_somewhere():
@@ -123,7 +130,6 @@ ORDER = {
     "gpt-small-2gpu-fullac": [
         ("host-bound", {"straggler"}),
         ("ac-over-applied", set()),
-        ("overlap-tax", set()),
     ],
     "diagnosis/grad-accum": [("host-bound", {"straggler"}), ("gradient-accumulation", set())],
     "diagnosis/max-connections-1": [("host-bound", {"straggler"}), ("max-connections-1", set())],
@@ -425,16 +431,25 @@ def test_thresholds_are_named_where_the_rule_is():
 
 def test_a_costly_symptom_never_hides_under_a_minor_cause(tmp_path):
     """HSDP, slow replicate all-reduce at the end of backward, a link only just below its
-    floor: the reduction tail is the cause to act on, not folded under a minor bandwidth
-    finding (which measures all-gathers and reduce-scatters, not the all-reduce)."""
+    floor: the all-reduce across replicas is the cause to act on (the reduction tail, mostly
+    that all-reduce, folded under it), never under a minor bandwidth finding (which measures
+    all-gathers and reduce-scatters, not the all-reduce). Silent without HSDP."""
     sim = Sim(ranks=4, blocks=4, bwd_us=2000.0, rs_us=60.0, root_rs_us=60.0, ar_us=4000.0)
     sim.hsdp_replicas = 2
     result = simulate(tmp_path, sim)
     assert not result.diagnosis.healthy
     first = result.findings[0]
-    assert first.rule == "reduction-tail" and first.metrics["all_reduce_us"] > 3000
+    assert first.rule == "hsdp-allreduce"
+    tail = next(s for s in first.symptoms if s.rule == "reduction-tail")
+    assert tail.metrics["all_reduce_us"] > 3000
+    c = result.ranks[0].collectives
+    ar = c[(c["collective"] == "AllReduce") & (c["phase"] == "backward")]
+    per_step = ar.groupby("step")["exposed_us"].sum()
+    assert first.metrics["exposed_us"] <= float(per_step.median()) + 1e-6
     for f in result.diagnosis.minor:
         assert not f.symptoms
+    plain = simulate(tmp_path, healthy(), name="plain")
+    assert "hsdp-allreduce" not in plain.diagnosis.rules()
 
 
 def test_one_ranks_trace_alone_gives_upper_bounds(tmp_path):

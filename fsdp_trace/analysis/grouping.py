@@ -8,10 +8,12 @@ files named `host_pid.<n>.pt.trace.json.gz`, two runs' traces side by side) are 
   clock (`baseTimeNanoseconds` + `ts`) overlap; another run, or another profiled iteration of
   the same job, lies elsewhere in time;
 - the rank (`distributedInfo.rank`, else the file name): one trace per rank in a run;
-- how it was profiled: a detailed trace (record_shapes → `Input Dims`, with_stack → Python
-  stack events) next to a lean one of the same job and ranks, taken just before it, is that
-  run's detailed trace (as `fsdp-trace capture` writes them); a detailed trace with no lean
-  partner is the user's own timing.
+- how it was profiled: detailed traces (record_shapes → `Input Dims`, with_stack → Python
+  stack events) next to a lean profile of the same job that holds their ranks, taken within
+  minutes before it (as `fsdp-trace capture` writes them) or after it (a script that keeps
+  detailed traces for a few ranks only), are that run's detailed traces: one run, timing
+  read from the lean ones only; a detailed trace with no lean partner is the user's own
+  timing.
 """
 
 from __future__ import annotations
@@ -106,6 +108,15 @@ def _cluster(members: list[Member]) -> list[Group]:
     return groups
 
 
+def _gap(detailed: Group, lean: Group) -> float:
+    """ns between a detailed profile and a lean one, whichever came first (a capture takes
+    its detailed step just before its timing steps; a training script may profile a few
+    ranks in detail after the lean profile of every rank)."""
+    if detailed.end <= lean.start:
+        return lean.start - detailed.end
+    return detailed.start - lean.end
+
+
 def group(analyses: list[RankAnalysis]) -> list[tuple[list[int], list[int]]]:
     """Runs among `analyses` (traces given without run.json): per run, the indices of its
     timing traces and of its detailed ones, runs in the order of their first trace given."""
@@ -120,16 +131,16 @@ def group(analyses: list[RankAnalysis]) -> list[tuple[list[int], list[int]]]:
     for job_members in jobs.values():
         lean = _cluster([m for m in job_members if not m.detailed])
         detailed = _cluster([m for m in job_members if m.detailed])
-        for d in detailed:  # beside the lean profile of the same ranks that follows it
+        for d in detailed:  # beside the nearest lean profile of the same job holding its ranks
             partner = min(
                 (
                     g
                     for g in lean
                     if not g.detailed
-                    and g.ranks == d.ranks
-                    and 0 <= g.start - d.end <= DETAILED_BEFORE_NS
+                    and d.ranks <= g.ranks
+                    and -SAME_PROFILE_SLACK_NS <= _gap(d, g) <= DETAILED_BEFORE_NS
                 ),
-                key=lambda g: g.start - d.end,
+                key=lambda g: abs(_gap(d, g)),
                 default=None,
             )
             if partner is None:

@@ -41,7 +41,7 @@ def attach(result: RankAnalysis) -> RankAnalysis:
     )
     result.op_blocks = overlap_tax.op_blocks(k)
     result.op_tax_blocks = [b for b in result.op_blocks if overlap_tax.block_like(b)]
-    ops = overlap_tax.measure(k, set(result.op_tax_blocks))
+    ops = overlap_tax.measure(k, set(result.op_tax_blocks), overlap_tax.moving(result.collectives))
     result.op_tax = (
         ops.reset_index()[OP_TAX_COLUMNS]
         if "slowdown" in ops

@@ -26,7 +26,7 @@ def op_tax(r: RankAnalysis, blocks: set[str]) -> pd.DataFrame:
     if chosen == set(r.op_tax_blocks):
         ops = r.op_tax
     else:
-        ops = measure(r.load_kernels(), blocks).reset_index()
+        ops = measure(r.load_kernels(), blocks, moving(r.collectives)).reset_index()
     if ops.empty and "shape" not in ops:
         return pd.DataFrame()
     return ops.set_index(["shape", "nth"])
@@ -47,9 +47,28 @@ def op_blocks(kernels: pd.DataFrame) -> list[str]:
     return sorted(str(b) for b in k.loc[ok, "block"].dropna().unique())
 
 
-def measure(kernels: pd.DataFrame, blocks: set[str]) -> pd.DataFrame:
+def moving(collectives: pd.DataFrame) -> iv.Intervals | None:
+    """When the rank's NCCL kernels move data: the last `transfer` µs of each, where transfer
+    is the shortest duration of the rank's collectives of the same type, size and group (a
+    kernel that did not wait; the rest of a longer one is waiting for a peer, spinning on
+    few SMs). None without collectives."""
+    c = collectives
+    if c is None or c.empty or "dur_us" not in c:
+        return None
+    keys = [c["collective"].astype(str), c["bytes"].fillna(-1.0), c["group_size"].fillna(-1.0)]
+    shortest = c.groupby(keys, sort=False, observed=True)["dur_us"].transform("min")
+    end = c["end_us"].to_numpy(dtype=np.float64)
+    start = np.maximum(c["start_us"].to_numpy(dtype=np.float64), end - shortest.to_numpy())
+    return iv.union(start, end)
+
+
+def measure(
+    kernels: pd.DataFrame, blocks: set[str], transfer: iv.Intervals | None = None
+) -> pd.DataFrame:
     """Per compute op of `blocks`, its median duration with NCCL beside it and alone, from a
-    rank's kernels.
+    rank's kernels. "Beside NCCL" is beside NCCL moving data (`transfer`, see `moving`; the
+    NCCL kernels' whole span where not given): a kernel that waits for a late peer takes
+    little from the compute beside it, and what a late peer costs is the straggler's.
 
     An op is one kernel position of a block: name, launch grid and block shape, phase and the
     n-th launch of that shape in the block's phase. Every block runs the same ops on the same
@@ -68,9 +87,14 @@ def measure(kernels: pd.DataFrame, blocks: set[str]) -> pd.DataFrame:
     if comm.empty or compute.empty:
         return pd.DataFrame()
     comm_u = iv.union(comm["ts"].to_numpy(), comm["end"].to_numpy())
+    if transfer is not None:
+        comm_u = iv.intersect(comm_u, transfer)
+    # "alone": no NCCL kernel at all beside it, moving data or waiting
+    idle_u = iv.union(comm["ts"].to_numpy(), comm["end"].to_numpy())
     dur = compute["dur"].to_numpy(dtype=np.float64)
     shared = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), comm_u)
     frac = np.divide(shared, dur, out=np.zeros_like(dur), where=dur > 0)
+    touched = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), idle_u)
     shape = ["name", "grid", "block_dim", "phase"]
     frame = pd.DataFrame(
         {
@@ -97,7 +121,9 @@ def measure(kernels: pd.DataFrame, blocks: set[str]) -> pd.DataFrame:
         )
     )
     alone = (
-        frame[frac == 0].groupby(["shape", "nth"])["dur"].agg(median_alone="median", n_alone="size")
+        frame[touched == 0]
+        .groupby(["shape", "nth"])["dur"]
+        .agg(median_alone="median", n_alone="size")
     )
     ops = beside.join(alone, how="inner")
     ops = ops[(ops["n_with"] >= TAX_MIN_LAUNCHES) & (ops["n_alone"] >= TAX_MIN_LAUNCHES)].copy()

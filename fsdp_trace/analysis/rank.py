@@ -220,7 +220,11 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         windows = pd.DataFrame({"step": [0], "start": [k["ts"].min()], "end": [k["end"].max()]})
     else:
         windows = steps_mod.gpu_windows(
-            cpu_steps, k["step"].to_numpy(), k["ts"].to_numpy(), k["end"].to_numpy()
+            cpu_steps,
+            k["step"].to_numpy(),
+            k["ts"].to_numpy(),
+            k["end"].to_numpy(),
+            setup.optimizer_ends(cpu, cpu_steps),
         )
 
     kind_arr = k["kind"].to_numpy()

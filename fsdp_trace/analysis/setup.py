@@ -87,6 +87,17 @@ def _union_per_step(
     return float(np.median(lengths))
 
 
+def optimizer_ends(cpu: pd.DataFrame, cpu_steps: pd.DataFrame) -> pd.Series:
+    """Per step, when its last optimizer step (`Optimizer.step#…`) ends on the host."""
+    is_opt = name_mask(cpu["name"], lambda n: n.startswith(OPTIMIZER_PREFIX))
+    if not is_opt.any() or cpu_steps.empty:
+        return pd.Series(dtype=np.float64)
+    ends = cpu["end"].to_numpy()[is_opt]
+    step = steps_mod.step_of_time(cpu_steps, cpu["ts"].to_numpy()[is_opt])
+    frame = pd.Series(ends[step >= 0]).groupby(step[step >= 0]).max()
+    return frame.astype(np.float64)
+
+
 def label_signals(cpu: pd.DataFrame, cpu_ctx: CpuContext, steps: int) -> Signals:
     """The wrappers' labels alone (a CPU/gloo trace: no GPU work to read)."""
     names = cpu["name"]

@@ -52,9 +52,15 @@ def step_of_time(
 
 
 def gpu_windows(
-    steps: pd.DataFrame, gpu_step: np.ndarray, ts: np.ndarray, end: np.ndarray
+    steps: pd.DataFrame,
+    gpu_step: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    host_end: pd.Series | None = None,
 ) -> pd.DataFrame:
-    """GPU window per CPU step from the GPU events launched in it (those with gpu_step ≥ 0)."""
+    """GPU window per CPU step from the GPU events launched in it (those with gpu_step ≥ 0).
+    `host_end`: per step, when its own host-only work ends (an optimizer step run on the CPU
+    under CPU offload); the last step, which no next step ends, ends no earlier."""
     frame = pd.DataFrame({"step": gpu_step, "ts": ts, "end": end})
     frame = frame[frame["step"] >= 0]
     if frame.empty:
@@ -63,6 +69,11 @@ def gpu_windows(
         frame.groupby("step").agg(start=("ts", "min"), last_end=("end", "max")).sort_values("start")
     )
     per["end"] = per["start"].shift(-1)
-    per.loc[per.index[-1], "end"] = per["last_end"].iloc[-1]
+    # The last step has no next step to end it: it ends when its GPU work does, or when its
+    # own host work does if that is later (an optimizer step on the CPU belongs to the step,
+    # as it does to every earlier one, which the next step's first GPU event ends).
+    last = per.index[-1]
+    tail = float(host_end.get(last, -np.inf)) if host_end is not None else -np.inf
+    per.loc[last, "end"] = max(float(per.loc[last, "last_end"]), tail)
     per = per.drop(columns="last_end").reset_index()
     return per.merge(steps, on="step", how="left")

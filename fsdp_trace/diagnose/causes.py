@@ -45,9 +45,32 @@ def _on_the_link(cause: Finding, symptom: Finding) -> bool:
     return (symptom.metrics.get("all_reduce_us") or 0.0) < 0.5 * exposed
 
 
+def _most_of(cause: Finding, symptom: Finding) -> bool:
+    """On the same rank, the cause accounts for at least half of the symptom's time."""
+    return _same_rank(cause, symptom) and cause.cost_us >= 0.5 * symptom.cost_us
+
+
+def _launches(cause: Finding, symptom: Finding) -> bool:
+    """The float8 casts are a large share of what the host launches on that rank."""
+    return _same_rank(cause, symptom) and (cause.metrics.get("launch_share") or 0.0) >= 0.3
+
+
+def _replicas(cause: Finding, symptom: Finding) -> bool:
+    """A gradient-reduction tail that is mostly the HSDP all-reduce across replicas."""
+    exposed = symptom.metrics.get("exposed_us") or 0.0
+    return (symptom.metrics.get("all_reduce_us") or 0.0) >= 0.5 * exposed
+
+
 # (cause rule, symptom rule, when the cause explains it)
 EXPLAINS: tuple[tuple[str, str, Callable[[Finding, Finding], bool]], ...] = (
     ("host-bound", "straggler", _same_rank),
+    ("cpu-offload", "host-bound", _most_of),
+    ("float8-uncompiled", "host-bound", _launches),
+    ("hsdp-allreduce", "reduction-tail", _replicas),
+    ("ddp-allreduce", "reduction-tail", _always),
+    ("one-unit", "first-allgather-exposed", _always),
+    ("one-unit", "reduction-tail", _always),
+    ("one-unit", "communication-bound", _always),
     *(("low-bus-bandwidth", s, _on_the_link) for s in _EXPOSED_COMMUNICATION),
     *(("max-connections-1", s, _always) for s in _EXPOSED_COMMUNICATION),
     ("max-connections-1", "overlap-tax", _always),
@@ -92,7 +115,7 @@ def order(findings: list[Finding]) -> Diagnosis:
     for finding in roots:
         finding.symptoms.sort(key=_rank)
     causes = sorted((f for f in roots if f.kind == FindingKind.CAUSE and not f.minor), key=_rank)
-    measurement = [f for f in roots if f.kind == FindingKind.MEASUREMENT]
+    measurement = [f for f in roots if f.kind != FindingKind.CAUSE]
     minor = sorted((f for f in roots if f.minor), key=_rank)
     ordered = causes + measurement
     for number, finding in enumerate(ordered, start=1):

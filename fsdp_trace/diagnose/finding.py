@@ -25,6 +25,7 @@ class Change:
 class FindingKind:
     CAUSE = "cause"  # costs training time: act on it
     MEASUREMENT = "measurement"  # about the profile itself (costs un-profiled steps nothing)
+    NOTE = "note"  # a fact about the set-up worth acting on, with no cost that can be measured
 
 
 @dataclass

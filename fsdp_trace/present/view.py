@@ -79,7 +79,7 @@ class FindingView:
     basis: str
     where: str  # "rank 0; layers.3, layers.4"
     symptoms: list[FindingView]
-    kind: str = FindingKind.CAUSE  # or MEASUREMENT: about the profile, costs training nothing
+    kind: str = FindingKind.CAUSE  # or a note (MEASUREMENT, NOTE): no cost of its own
     minor: bool = False
 
 
@@ -639,7 +639,7 @@ def hta_table(run: RunAnalysis) -> Table | None:
 
 
 def finding_view(f: Finding, minor: bool = False) -> FindingView:
-    if f.kind == FindingKind.MEASUREMENT:
+    if f.kind != FindingKind.CAUSE:  # a note: about the measurement, or the set-up
         cost = ""
     elif not f.costed:
         cost = "not costed (CPU trace: no GPU timing)"

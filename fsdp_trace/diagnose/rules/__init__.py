@@ -8,6 +8,16 @@ its problem and on one where it must stay silent (tests/test_diagnosis*.py).
 """
 
 from fsdp_trace.diagnose.registry import RULES, Rule, rule, run_rules
-from fsdp_trace.diagnose.rules import communication, host, overlap, settings
+from fsdp_trace.diagnose.rules import communication, host, overlap, settings, setups
 
-__all__ = ["RULES", "Rule", "communication", "host", "overlap", "rule", "run_rules", "settings"]
+__all__ = [
+    "RULES",
+    "Rule",
+    "communication",
+    "host",
+    "overlap",
+    "rule",
+    "run_rules",
+    "settings",
+    "setups",
+]

@@ -115,7 +115,7 @@ def _symptom(s: FindingView) -> str:
 def finding(f: FindingView) -> str:
     """One numbered cause: what it costs, the cause, where, the evidence, why it matters, the
     change (and how to try it), its basis, and the symptoms it explains folded under it."""
-    measurement = f.kind == "measurement"
+    measurement = f.kind != "cause"  # a note: no cost of its own
     kind = f.kind
     badge = (
         '<span class="badge measurement">about the measurement</span>'
