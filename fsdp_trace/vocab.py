@@ -100,6 +100,7 @@ class Basis(Word):
 
     MEASURED = "measured"
     INFERRED = "inferred"
+    PREDICTED = "predicted"  # a cost: what the change saves, replayed by the what-if engine
 
 
 # The unit FSDP2 labels without a path (the module passed to the last fully_shard).

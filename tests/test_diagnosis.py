@@ -116,7 +116,6 @@ ORDER = {
     # rule ids in output order, and what each top-level cause folds under it
     "gpt-small-2gpu": [("host-bound", {"straggler"}), ("profiler-distortion", set())],
     "diagnosis/p2p-disabled": [
-        ("host-bound", {"straggler"}),
         (
             "low-bus-bandwidth",
             {
@@ -126,12 +125,12 @@ ORDER = {
                 "last-unit-regathered",
             },
         ),
-    ],
-    "gpt-small-2gpu-fullac": [
         ("host-bound", {"straggler"}),
-        ("ac-over-applied", set()),
     ],
-    "diagnosis/grad-accum": [("host-bound", {"straggler"}), ("gradient-accumulation", set())],
+    # the host idles under the profiler only (run.json's un-profiled step): a note
+    "gpt-small-2gpu-fullac": [("ac-over-applied", set()), ("host-bound", {"straggler"})],
+    # no-sync's saving is within this noisy run's spread: minor
+    "diagnosis/grad-accum": [("host-bound", {"straggler"})],
     "diagnosis/max-connections-1": [("host-bound", {"straggler"}), ("max-connections-1", set())],
     "diagnosis/gpt-1.3b-b4-2gpu": [("overlap-tax", set())],
 }
@@ -145,28 +144,36 @@ def test_findings_come_in_the_order_to_act_on_them(path):
     causes = [f for f in findings if f.kind == "cause"]
     assert [f.cost_us for f in causes] == sorted((f.cost_us for f in causes), reverse=True)
     assert all(f.cost_pct >= 1.0 for f in causes)  # below 1 % of the step: minor
-    assert all(f.cost_pct < 1.0 for f in run(path).diagnosis.minor)
+    for f in run(path).diagnosis.minor:
+        assert f.cost_pct < 1.0 or (f.saving is not None and f.saving.within_noise)
 
 
 def test_the_host_bound_rank_explains_its_peers_waiting():
-    """gpt-small-2gpu: rank 0's GPU idles 25 % of the step; rank 1 waits for it inside NCCL
-    kernels (most of its 21.9 % exposed communication is that waiting). One cause, rank 0's
-    host, costed at rank 0's idle time; the straggler finding is folded under it."""
+    """gpt-small-2gpu: rank 0's GPU idles 25 % of the profiled step and rank 1 waits for it
+    inside NCCL kernels; the un-profiled step (run.json) is shorter by more than that idle
+    can lose to the threshold: host-bound only under the profiler, a note, with the
+    straggler (rank 1's waiting, the same host seen from its peer) folded under it; the run
+    is healthy. On diagnosis/straggler (a host sleeping 15 ms a step) it stays a cause,
+    costed at the idle the un-profiled step keeps."""
     result = run("gpt-small-2gpu")
     first = result.findings[0]
-    assert first.rule == "host-bound" and first.ranks == [0]
+    assert first.rule == "host-bound" and first.ranks == [0] and first.kind == "measurement"
     idle = result.ranks[0].steps["idle_us"].median()
-    assert first.cost_us == pytest.approx(idle)
-    assert first.cost_pct == pytest.approx(100 * idle / result.ranks[0].steps["step_us"].median())
-    wait = result.ranks[1].steps["exposed_wait_us"].median()
-    exposed = result.ranks[1].steps["exposed_us"].median()
-    assert wait > 0.8 * exposed  # rank 1's exposed communication is mostly waiting
-    assert first.metrics["peers_wait_us"] == pytest.approx(wait)
+    assert first.metrics["idle_us"] == pytest.approx(idle)
+    unprofiled = result.run.figures.step_time_ms.median * 1e3
+    profiled = float(np.median([r.steps["step_us"].median() for r in result.ranks]))
+    assert idle - (profiled - unprofiled) < host.HOST_IDLE * unprofiled
     (symptom,) = first.symptoms
     assert symptom.rule == "straggler" and symptom.ranks == [0]
-    assert (
-        result.diagnosis.verdict.startswith("Host-bound") and "(rank 0)" in result.diagnosis.verdict
-    )
+    assert result.diagnosis.healthy and result.diagnosis.verdict.startswith("healthy")
+    sleeping = run("diagnosis/straggler")
+    cause = sleeping.findings[0]
+    assert cause.rule == "host-bound" and cause.kind == "cause" and cause.ranks == [1]
+    idle = sleeping.rank_breakdown(sleeping.ranks[1])["idle_us"]
+    stats = sleeping.run.figures.step_time_ms.median * 1e3
+    extra = float(np.median([r.steps["step_us"].median() for r in sleeping.ranks])) - stats
+    assert cause.cost_us == pytest.approx(idle - min(extra, idle))
+    assert "spends 13." in cause.evidence and "more than rank 0's on Python" in cause.evidence
 
 
 def test_a_slow_gpu_is_a_straggler_of_its_own(tmp_path):
@@ -220,8 +227,8 @@ def test_root_resharded_is_the_setting_not_a_redundancy(tmp_path):
     again = c[
         (c["block"] == "root") & (c["phase"] == "backward") & (c["collective"] == "AllGather")
     ]
-    assert finding.cost_us == pytest.approx(again["exposed_transfer_us"].sum() / 3)  # 3 steps
-    assert finding.cost_us > 0.5 * 900.0  # at the start of backward nothing hides it
+    assert finding.measured_us == pytest.approx(again["exposed_transfer_us"].sum() / 3)  # 3 steps
+    assert finding.measured_us > 0.5 * 900.0  # at the start of backward nothing hides it
     assert result.config.reshards("root") is True
     assert result.config.unit("root").reshard_after_forward.source == "trace"
 
@@ -318,7 +325,7 @@ def test_ac_over_applied_and_its_silence_where_recompute_hides_gathers(tmp_path)
         b = r.blocks[(r.blocks["phase"] == "backward")].drop_duplicates("block")
         per_rank.append(b.set_index("block")["recompute_us_per_step"].dropna())
     expected = sum(np.median([p[u] for p in per_rank]) for u in finding.blocks)
-    assert finding.cost_us == pytest.approx(expected)
+    assert finding.measured_us == pytest.approx(expected)
     assert len(finding.blocks) == 8 and finding.change.cli == "--ac-coverage 0.00"
     assert "peak memory 7.4 of 140 GiB" in finding.evidence  # run.json's memory headroom
     # Backward compute (0.4 ms) shorter than the gather it overlaps (0.9 ms): the recompute
@@ -418,7 +425,10 @@ def test_advice_never_names_a_knob_the_run_already_set(tmp_path):
     for f in run("diagnosis/tuned-b16").diagnosis.all():
         assert "--shard-embeddings" not in f.change.cli
         assert "--keep-last-unsharded" not in f.change.cli
-    assert "--compile" in get("gpt-small-2gpu", "host-bound").change.cli
+    plain = get("foreign-2gpu/fsdp2", "host-bound")  # not compiled: its host's largest use
+    largest = plain.metrics["largest"]
+    assert largest == max(plain.metrics["host"], key=plain.metrics["host"].get)
+    assert plain.change.text == host.HOST_ADVICE[largest][0]
 
 
 def test_thresholds_are_named_where_the_rule_is():
@@ -501,8 +511,9 @@ def test_a_backward_all_reduce_that_is_not_hsdp(tmp_path):
 
 
 def test_the_verdict_the_cards_and_the_table_say_one_number():
-    """grad-accum rank 1: the verdict's cost, the idle card and the breakdown table all read
-    the rank's median step."""
+    """grad-accum rank 1: the finding's measured cost, the idle card and the breakdown table
+    all read the rank's median step; the verdict's cost is what its change buys, the figure
+    `fsdp-trace whatif --set` prints for it."""
     from fsdp_trace.present.view import run_view
 
     run_ = run("diagnosis/grad-accum")
@@ -510,7 +521,12 @@ def test_the_verdict_the_cards_and_the_table_say_one_number():
     first = run_.findings[0]
     worst = run_.ranks[first.metrics["rank"]]
     b = run_.rank_breakdown(worst)
-    assert first.cost_us == pytest.approx(b["idle_us"]) and first.step_us == b["step_us"]
+    unprofiled = run_.run.figures.step_time_ms.median * 1e3
+    profiled = float(np.median([r.steps["step_us"].median() for r in run_.ranks]))
+    profiler = min(max(0.0, profiled - unprofiled), b["idle_us"])
+    assert first.measured_us == pytest.approx(b["idle_us"] - profiler)
     card = next(c for c in view.cards if c.key == "idle_pct")
     assert card.value == f"{100 * b['idle_us'] / b['step_us']:.1f} %"
-    assert f"{first.cost_pct:.1f} %" in card.value
+    assert f"{first.metrics['idle_pct']:.1f} %" in card.value
+    assert first.saving is not None and first.saving.knobs in run_.diagnosis.verdict
+    assert f"{first.cost_pct:.1f} %" in run_.diagnosis.verdict

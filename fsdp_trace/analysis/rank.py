@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import classify, context, kernel_figures, setup
+from fsdp_trace.analysis import classify, context, hostside, kernel_figures, setup
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis import steps as steps_mod
 from fsdp_trace.analysis.blocks import block_table, empty_frame, phase_table
@@ -336,6 +336,9 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         windows, exposed["start_us"].to_numpy(), "start", "end"
     )
     signals = setup.signals(cpu, cpu_ctx, cpu_steps, k, launch.thread, cover.busy, cover.compute)
+    host = hostside.host_time(
+        cpu, kinds[cpu_mask], cpu_ctx, k, launch.thread, windows, cover.busy, cpu_steps
+    )
     kernels = k.drop(columns=["launch_row"]).assign(
         kind=lambda f: f["kind"].map(classify.KIND_NAMES)
     )
@@ -355,6 +358,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         notices=notices,
         meta=trace_meta(trace, cpu_ctx.compiled_regions, device_names(trace), cpu_ctx.unit_names),
         setup=signals.to_dict(),
+        host=host.to_dict(),
     )
 
 

@@ -172,6 +172,8 @@ class RankAnalysis:
     reread: Reread | None = None  # where the kernels are read again when not held
     # The set-up evidence of the trace (fsdp_trace.analysis.setup.Signals, as a dict).
     setup: dict[str, Any] = field(default_factory=dict)
+    # What the host did while the GPU idled (fsdp_trace.analysis.hostside.HostTime, a dict).
+    host: dict[str, Any] = field(default_factory=dict)
     # The trace's CPU slices (fsdp_trace.analysis.rank.CpuSlices), set on the instance only
     # while `rank.keeping_cpu_slices()` is on: a class attribute, not a field, so the cache
     # never stores it.
@@ -183,6 +185,13 @@ class RankAnalysis:
         from fsdp_trace.analysis.setup import Signals
 
         return Signals.from_dict(self.setup)
+
+    @property
+    def host_time(self):  # -> fsdp_trace.analysis.hostside.HostTime
+        """What the launching host thread did while the GPU idled, per step."""
+        from fsdp_trace.analysis.hostside import HostTime
+
+        return HostTime.from_dict(self.host)
 
     @property
     def kernels(self) -> pd.DataFrame:

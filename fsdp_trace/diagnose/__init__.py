@@ -3,12 +3,14 @@
     from fsdp_trace.diagnose import diagnose
     diagnosis = diagnose(run_analysis)  # the facade runs it: fsdp_trace.analyze(...)
 
-The rules live in `fsdp_trace.diagnose.rules` (a registry); `causes` orders and folds them.
+The rules live in `fsdp_trace.diagnose.rules` (a registry); `pricing` costs each cause by
+what its change buys (the what-if replay); `causes` orders and folds them.
 """
 
 from fsdp_trace.diagnose.causes import order
 from fsdp_trace.diagnose.context import Context
-from fsdp_trace.diagnose.finding import Change, Diagnosis, Finding
+from fsdp_trace.diagnose.finding import Change, Diagnosis, Finding, Saving
+from fsdp_trace.diagnose.pricing import price
 from fsdp_trace.diagnose.rules import RULES, run_rules
 from fsdp_trace.vocab import Basis, MeshKind
 
@@ -37,6 +39,7 @@ def diagnose(analysis) -> Diagnosis:
     if not analysis.gpu:  # gloo: collectives on the host, no GPU timing to cost anything
         for f in findings:
             f.costed = False
+    notices += price(analysis, findings)
     diagnosis = order(findings)
     diagnosis.notices = notices
     if not analysis.gpu:
@@ -51,4 +54,4 @@ def diagnose(analysis) -> Diagnosis:
     return diagnosis
 
 
-__all__ = ["RULES", "Change", "Diagnosis", "Finding", "diagnose"]
+__all__ = ["RULES", "Change", "Diagnosis", "Finding", "Saving", "diagnose"]

@@ -28,6 +28,26 @@ class FindingKind:
     NOTE = "note"  # a fact about the set-up worth acting on, with no cost that can be measured
 
 
+@dataclass(frozen=True)
+class Saving:
+    """What a finding's change buys, predicted by the what-if replay on the measured step:
+    the same figures `fsdp-trace whatif RUN --set KNOBS` prints for it."""
+
+    knobs: str  # the change replayed, as `--set` takes it ("shard_embeddings=true")
+    measured_step_us: float  # the step the prediction starts from
+    predicted_step_us: float  # for the measured step's tokens (a batch change: per its tokens)
+    uncertainty_us: float  # of the predicted step, for the measured step's tokens
+    step_basis: str  # what the measured step is ("the 10th percentile of 20 un-profiled …")
+
+    @property
+    def saving_us(self) -> float:
+        return self.measured_step_us - self.predicted_step_us
+
+    @property
+    def within_noise(self) -> bool:
+        return abs(self.saving_us) <= self.uncertainty_us
+
+
 @dataclass
 class Finding:
     """One diagnosis: the cause, where (ranks, blocks), what it costs per step, the evidence,
@@ -52,6 +72,12 @@ class Finding:
     upper_bound: bool = False
     # False on CPU (gloo) traces: no GPU timing, so the finding is structural, not costed.
     costed: bool = True
+    # What the cost is: the saving its change buys (`saving`, predicted) or, where no knob of
+    # the what-if replay models the change, the measured time of the cause (`measured_us`,
+    # the rule's own figure, kept either way) and why it is not a prediction (`cost_note`).
+    measured_us: float | None = None
+    saving: Saving | None = None
+    cost_note: str = ""
 
     @property
     def cost_pct(self) -> float:
@@ -59,9 +85,12 @@ class Finding:
 
     @property
     def minor(self) -> bool:
-        return (
-            self.kind == FindingKind.CAUSE and self.costed and self.cost_us < MINOR * self.step_us
-        )
+        """A cause whose cost is below 1 % of the step, or whose predicted saving is within
+        the run's noise: listed apart, never first."""
+        if self.kind != FindingKind.CAUSE or not self.costed:
+            return False
+        noise = self.saving is not None and self.saving.within_noise
+        return noise or self.cost_us < MINOR * self.step_us
 
     # The names the first version of the diagnosis used, kept for readers of old JSON.
     @property

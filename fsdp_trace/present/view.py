@@ -15,6 +15,7 @@ import pandas as pd
 from fsdp_trace.analysis.breakdown import PARTS
 from fsdp_trace.analysis.config import From, InferredConfig
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.diagnose.causes import cost_text
 from fsdp_trace.diagnose.finding import Finding, FindingKind
 from fsdp_trace.present import fmt, headline
 from fsdp_trace.result import Result, RunAnalysis
@@ -138,7 +139,10 @@ def diagnosis_heading(run: RunAnalysis) -> str:
     if causes:
         return f"{fmt.plural(len(causes), 'cause')} to act on, the first first{about}"
     if d.minor:
-        return f"Healthy: no cause costs 1 % of the step or more (minor ones below){about}"
+        return (
+            "Healthy: no cause costs 1 % of the step or more, or has a change predicted to save "
+            f"more than the run's noise (minor ones below){about}"
+        )
     return f"Healthy: no rule found a problem in the run{about}"
 
 
@@ -644,9 +648,13 @@ def finding_view(f: Finding, minor: bool = False) -> FindingView:
     elif not f.costed:
         cost = "not costed (CPU trace: no GPU timing)"
     else:
-        cost = f"{fmt.ms(f.cost_us, ' ms')} per step ({f.cost_pct:.1f} % of the step)"
+        cost = cost_text(f)
         if f.upper_bound:
             cost = "up to " + cost
+        if f.saving is not None:
+            cost += f"; measured {fmt.ms(f.measured_us, ' ms')} per step"
+        elif f.cost_note:
+            cost += f"; {f.cost_note}"
     where = "; ".join(
         p
         for p in (

@@ -19,6 +19,7 @@ import numpy as np
 
 from fsdp_trace.analysis.overlap_tax import tax_rate
 from fsdp_trace.errors import UserError
+from fsdp_trace.vocab import Parallelism
 from fsdp_trace.whatif.knobs import Context, Knobs, apply, parse
 from fsdp_trace.whatif.program import Program, extract
 from fsdp_trace.whatif.replay import Timeline, replay
@@ -31,7 +32,16 @@ MODEL_ERROR = 0.05
 ANCHOR = "p10"
 HOST_SCALE_ITERATIONS = 12  # bisection steps for the host scale (1/4096 of the range)
 
-__all__ = ["Knobs", "Prediction", "candidates", "parse", "predict", "rank_candidates"]
+__all__ = [
+    "Knobs",
+    "Prediction",
+    "candidates",
+    "finding_knobs",
+    "parse",
+    "predict",
+    "rank_candidates",
+    "unmodelled",
+]
 
 
 @dataclass
@@ -121,15 +131,28 @@ def _step(run) -> int:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def unmodelled(run) -> str | None:
+    """Why the replay cannot model this run (None: it can): it replays FSDP2 steps of GPU
+    kernels, not DDP's buckets, FSDP1's flat parameters or a CPU trace."""
+    if not any(r.n_kernels for r in run.ranks):
+        return f"{run.name}: no GPU kernels to replay (CPU/gloo traces have no GPU timing)"
+    setup = run.config.setup.value
+    if setup.parallelism in (Parallelism.DDP, Parallelism.FSDP1):
+        return (
+            f"{run.name} is {setup.describe()}: the what-if replay models FSDP2 (fully_shard) "
+            "steps only"
+        )
+    return None
+
+
 def programs(run) -> tuple[list[Program], dict]:
     """Every GPU rank's program of one common step, and the ranks' clock offsets. Reads each
     rank's kernels again (a run does not hold them: `RankAnalysis.load_kernels`), one rank at
     a time, keeping only its program of that step."""
     ranks = [r for r in run.ranks if r.n_kernels]
-    if not ranks:
-        raise UserError(
-            f"{run.name}: no GPU kernels to replay (CPU/gloo traces have no GPU timing)"
-        )
+    reason = unmodelled(run)
+    if reason is not None:
+        raise UserError(reason)
     step = _step(run)
     cross = run.crossrank
     participants = None if cross.empty else cross.participants
@@ -337,33 +360,39 @@ def _unvalidated(knobs: Knobs) -> list[str]:
 STANDARD = "a standard FSDP2 knob"  # what names a candidate no finding named
 
 
+def finding_knobs(run, finding) -> list[Knobs]:
+    """The changes a finding names that the replay models, as knobs (its own change first),
+    leaving out those already in effect in the run; [] where no knob models its change."""
+    rule = finding.rule
+    out: list[Knobs] = []
+    if rule in ("first-allgather-exposed", "reduction-tail"):
+        out = [Knobs(shard_embeddings=True), Knobs(reduce_dtype="bf16")]
+    elif rule == "hsdp-allreduce":
+        out = [Knobs(reduce_dtype="bf16")]
+    elif rule == "last-unit-regathered":
+        out = [Knobs(keep_last_unsharded=True)]
+    elif rule == "root-resharded":
+        out = [Knobs(root_reshard_after_forward=False)]
+    elif rule == "communication-bound":
+        out = [Knobs(reshard_after_forward=False), _doubled_batch(run), Knobs(ac_coverage=1.0)]
+    elif rule == "ac-over-applied":
+        n = len(run.config.blocks) or 1
+        out = [Knobs(ac_coverage=finding.metrics.get("keep", 0) / n)]
+    elif rule == "gradient-accumulation":
+        out = [Knobs(accum_no_sync=True)]
+    elif rule == "host-bound" and not finding.metrics.get("imbalanced"):
+        # (a rank whose host is slower than its peers': its change is that host, no knob)
+        out = [_doubled_batch(run), Knobs(prefetch_forward=1)]
+    return [k for k in out if not in_effect(k, run) and _modelled(k, run)]
+
+
 def candidates(run, standard: bool = False) -> list[tuple[Knobs, str]]:
     """The changes the diagnosis names, as knobs the replay models (each with the rule that
     named it); with `standard`, then FSDP2's usual knobs too. Changes already in effect in
     the run (run.json's options, else the inferred configuration) are left out."""
-    out: list[tuple[Knobs, str]] = []
-    config = run.config
-    for finding in run.diagnosis.all():
-        rule = finding.rule
-        if rule in ("first-allgather-exposed", "reduction-tail"):
-            out.append((Knobs(shard_embeddings=True), rule))
-            out.append((Knobs(reduce_dtype="bf16"), rule))
-        elif rule == "last-unit-regathered":
-            out.append((Knobs(keep_last_unsharded=True), rule))
-        elif rule == "root-resharded":
-            out.append((Knobs(root_reshard_after_forward=False), rule))
-        elif rule == "communication-bound":
-            out.append((Knobs(reshard_after_forward=False), rule))
-            out.append((_doubled_batch(run), rule))
-            out.append((Knobs(ac_coverage=1.0), rule))
-        elif rule == "ac-over-applied":
-            n = len(config.blocks) or 1
-            out.append((Knobs(ac_coverage=finding.metrics.get("keep", 0) / n), rule))
-        elif rule == "gradient-accumulation":
-            out.append((Knobs(accum_no_sync=True), rule))
-        elif rule == "host-bound":
-            out.append((_doubled_batch(run), rule))
-            out.append((Knobs(prefetch_forward=1), rule))
+    out: list[tuple[Knobs, str]] = [
+        (k, finding.rule) for finding in run.diagnosis.all() for k in finding_knobs(run, finding)
+    ]
     if standard:
         out += [
             (Knobs(reshard_after_forward=False), STANDARD),

@@ -35,11 +35,72 @@ def _waiting_on_others(ctx: Context, ranks: set[int]) -> tuple[float, list[int]]
     return (float(np.median(waits)) if waits else float("nan")), [int(r.rank) for r in others]
 
 
+# The profiler's own host cost per recorded event (cpu_op, annotation, runtime call), as the
+# shipped captures measured it (profiled step − un-profiled step, over the events per step, on
+# the host-bound ones: 1.4–6.4 µs on two VMs; record_shapes/with_stack cost more): used to say
+# how much of a trace's idle the profiler may explain where no un-profiled step was timed.
+PROFILER_US_PER_EVENT = (1.5, 6.0)
+
+# What to do about the largest use of the host's time while the GPU idles.
+HOST_ADVICE = {
+    "synchronization": (
+        "take the synchronizations out of the step: the host waits for the GPU (a loss "
+        "`.item()` or print every step, torch.cuda.synchronize(), a blocking copy); read "
+        "metrics every N steps or asynchronously",
+        "loss_log.append(loss.detach())  # .item() only every N steps",
+    ),
+    "optimizer": (
+        "a cheaper optimizer step on the host: fused=True (or foreach) AdamW, fewer parameter "
+        "tensors",
+        "torch.optim.AdamW(model.parameters(), lr=lr, fused=True)",
+    ),
+    "FSDP hooks": (
+        "less FSDP hook work per step: fewer and larger units (each unit's hooks run on the "
+        "host every forward and backward), and more compute per unit (a larger batch)",
+        "fully_shard(model.layers[i : i + 2])  # two blocks a unit",
+    ),
+    "other operators": (
+        "fewer, larger kernels to launch: torch.compile fuses the small operators; a larger "
+        "batch gives each launch more work",
+        "for block in model.layers: block.compile()  # before fully_shard",
+    ),
+    "Python": (
+        "the host runs Python outside any operator between launches (the training loop, data "
+        "loading, logging): move input preparation to DataLoader workers, keep the loop lean",
+        "DataLoader(..., num_workers=N, pin_memory=True, persistent_workers=True)",
+    ),
+}
+
+
+def _profiler_share(ctx: Context, r, idle_us: float) -> tuple[float, str, bool]:
+    """How much of a rank's idle the profiler's own overhead explains (µs), how that is known,
+    and whether it is measured (run.json's un-profiled step) or an estimate."""
+    stats = ctx.record.figures.step_time_ms if ctx.record is not None else None
+    if stats is not None and stats.median:
+        unprofiled = float(stats.median) * 1e3
+        profiled = ctx.median_step_us()
+        extra = max(0.0, profiled - unprofiled)
+        text = (
+            f"the un-profiled step is {ms(unprofiled)} (run.json median), the profiled one "
+            f"{ms(profiled)}: up to {ms(min(extra, idle_us))} of the idle is the profiler's own"
+        )
+        return min(extra, idle_us), text, True
+    events = r.host_time.events_per_step
+    low, high = (events * c for c in PROFILER_US_PER_EVENT)
+    text = (
+        f"no un-profiled step to compare (no run.json): the profiler recorded {events:.0f} "
+        f"events per step, {ms(low)}–{ms(high)} of host time at "
+        f"{PROFILER_US_PER_EVENT[0]:g}–{PROFILER_US_PER_EVENT[1]:g} µs each"
+    )
+    return min(low, idle_us), text, False
+
+
 @rule("host-bound", "Host-bound: the GPU waits for the CPU", "the GPU is idle ≥ 20 % of the step")
 def host_bound(ctx: Context) -> Finding | None:
     """The GPU sits idle: the CPU (Python, FSDP hooks, launches, the optimizer, data loading)
     cannot keep up. When one rank's host is the slow one, the others wait for it inside their
-    NCCL kernels: that waiting is this cause's, folded under it."""
+    NCCL kernels: that waiting is this cause's, folded under it. What the host does while the
+    GPU idles says what to change; idle the un-profiled step does not have is the profiler's."""
     idle = {}
     for r in ctx.gpu_ranks:
         idle[int(r.rank)] = (ctx.part(r, "idle_us"), ctx.step_us(r), r)
@@ -48,65 +109,70 @@ def host_bound(ctx: Context) -> Finding | None:
         return None
     worst = max(bound, key=lambda k: bound[k][0] / bound[k][1])
     idle_us, step, r = bound[worst]
-    per_step = r.n_compute / max(len(r.steps), 1)
-    mean_us = r.compute_mean_us if r.compute_mean_us is not None else float("nan")
+    host = r.host_time
+    profiler_us, profiler_text, measured = _profiler_share(ctx, r, idle_us)
+    if measured and idle_us - profiler_us < HOST_IDLE * (step - profiler_us):
+        return _profiler_only(ctx, worst, idle_us, step, profiler_text)
     wait, others = _waiting_on_others(ctx, set(bound))
     peers = ""
     if others and np.isfinite(wait) and wait > 0:
         peers = f"; {_who(others)} for it inside NCCL kernels {ms(wait)} per step (exposed, median)"
     where = f"rank {worst}" if len(bound) == 1 else f"ranks {', '.join(map(str, sorted(bound)))}"
-    knobs, cli = [], []
-    if not ctx.config.compiled.value:
-        knobs.append("torch.compile the blocks")
-        cli.append("--compile")
-    knobs += ["fewer and larger FSDP units", "explicit prefetch", "a larger batch per step"]
-    cli += ["--prefetch-forward 1", "--batch-size"]
     # The same work on every rank: a rank idling far more than its peers has a slow or busy
     # host (data loading, another process, logging on rank 0), not launch overhead alone.
     shares = {k: v[0] / v[1] for k, v in idle.items() if v[1] > 0}
     calm = min(shares.values()) if shares else 0.0
     lone = len(shares) > 1 and calm < IMBALANCE * shares[worst]
+    spent = {k: v for k, v in host.by_category.items() if v > 0}
+    doing = "; ".join(f"{name} {ms(v)}" for name, v in sorted(spent.items(), key=lambda kv: -kv[1]))
+    top = ", ".join(f"{name} {ms(v)}" for name, v in host.top_ops[:3])
+    largest = host.largest or "other operators"
+    extra = ""
+    if lone:  # what the slow host does more of than the calm one, over its whole step
+        calm_rank = min(shares, key=shares.get)
+        mine, theirs = host.main_by_category, idle[calm_rank][2].host_time.main_by_category
+        more = {c: mine.get(c, 0.0) - theirs.get(c, 0.0) for c in mine}
+        if more and max(more.values()) > 0:
+            largest = max(more, key=more.get)
+            extra = (
+                f"; over its whole step rank {worst}'s main thread spends {ms(more[largest])} "
+                f"more than rank {calm_rank}'s on {largest}"
+            )
+    text, code = HOST_ADVICE[largest]
+    text, code = _not_already(ctx, largest, text, code)
     if lone:
         text = (
             f"look at rank {worst}'s host first: it idles {pct(shares[worst])} of the step where "
             f"another rank on the same work idles {pct(calm)} (data loading, CPU contention or "
-            "affinity, another process, logging or metrics on that rank); then launch less from "
-            "the host: " + ", ".join(knobs)
-        )
-        code = (
-            "DataLoader(..., num_workers=N, pin_memory=True, persistent_workers=True)  # the "
-            "slow rank's input; pin its threads (taskset / numactl) away from others"
+            f"affinity, another process, logging or metrics on that rank); it spends its extra "
+            f"time on {largest}: {text}"
         )
         cause = (
             f"{where}: its host is slower than its peers' on the same work, so its GPU idles "
             f"{pct(idle_us / step)} of the step"
         )
     else:
-        text = (
-            "launch less from the host: "
-            + ", ".join(knobs)
-            + "; check the optimizer's and the data loader's CPU time"
-        )
-        code = (
-            "for block in model.layers: block.compile()  # before fully_shard; "
-            "layers[i].set_modules_to_forward_prefetch([layers[i + 1]])"
-        )
         cause = (
             f"{where}: the host cannot launch work fast enough, so the GPU idles "
-            f"{pct(idle_us / step)} of the step"
+            f"{pct(idle_us / step)} of the step, its host busiest with {largest}"
         )
+    per_step = r.n_compute / max(len(r.steps), 1)
+    mean_us = r.compute_mean_us if r.compute_mean_us is not None else float("nan")
     return Finding(
         "host-bound",
         "Host-bound: the GPU waits for the CPU",
         cause=cause + (" and the other ranks wait for it" if peers else ""),
         evidence=f"{where}: the GPU is idle {pct(idle_us / step)} of the step ({ms(idle_us)}, "
         f"its median step; threshold {pct(HOST_IDLE)}), running {per_step:.0f} compute kernels "
-        f"per step of {mean_us:.0f} µs on average{peers}",
+        f"per step of {mean_us:.0f} µs on average{peers}. While it idles, the launching host "
+        f"thread runs: {doing or 'nothing recorded'}"
+        + (f" (operators most in the gaps: {top})" if top else "")
+        + extra
+        + f"; {profiler_text}",
         why="with no communication or compute running, the GPU waits for the host to launch "
-        "work (Python, FSDP hooks, the optimizer, data loading); a rank that is late makes "
-        "every collective wait for it",
-        change=Change(text, cli=" / ".join(cli), code=code),
-        cost_us=idle_us,
+        "work; a rank that is late makes every collective wait for it",
+        change=Change(text, cli="--compile" if largest == "other operators" else "", code=code),
+        cost_us=idle_us - (profiler_us if measured else 0.0),
         step_us=step,
         ranks=sorted(bound),
         metrics={
@@ -115,7 +181,45 @@ def host_bound(ctx: Context) -> Finding | None:
             "kernels_per_step": per_step,
             "peers_wait_us": wait,
             "imbalanced": lone,
+            "host": dict(host.by_category),
+            "largest": largest,
+            "profiler_us": profiler_us,
         },
+    )
+
+
+def _not_already(ctx: Context, largest: str, text: str, code: str) -> tuple[str, str]:
+    """The advice for the largest use of host time, without a knob the run already set."""
+    if largest == "other operators" and ctx.config.compiled.value:
+        return (
+            "the blocks are compiled already: what is left launches outside them (the loss, "
+            "the optimizer, FSDP's copies); a larger batch gives each launch more work",
+            "",
+        )
+    return text, code
+
+
+def _profiler_only(ctx: Context, rank: int, idle_us: float, step: float, text: str) -> Finding:
+    """The idle is the profiler's: the un-profiled step does not have it."""
+    return Finding(
+        "host-bound",
+        "Host-bound only under the profiler",
+        cause=f"rank {rank}'s GPU idles {pct(idle_us / step)} of the profiled step, but the "
+        "un-profiled step is shorter by about that much: the profiler's own host overhead, not "
+        "the training's",
+        evidence=f"rank {rank}: {ms(idle_us)} idle per profiled step; {text}",
+        why="the profiler adds host time to every operator it records; a step that keeps its "
+        "GPU busy unprofiled can idle under it",
+        change=Change(
+            "nothing to change in training; read host-boundness from un-profiled timing "
+            "(`fsdp-trace capture` times un-profiled steps), and profile with record_shapes "
+            "and with_stack off",
+        ),
+        cost_us=0.0,
+        step_us=step,
+        ranks=[int(rank)],
+        kind=FindingKind.MEASUREMENT,
+        metrics={"rank": rank, "idle_us": idle_us},
     )
 
 

@@ -1,0 +1,161 @@
+"""What the host does while its GPU idles: for each gap with nothing on the GPU inside a step,
+the thread that launches the kernel ending the gap, and what that thread runs meanwhile, by
+category (first that applies): a synchronization (the host waiting for the GPU: stream or
+device synchronize, a blocking copy, `.item()`), the optimizer step, an FSDP hook, another
+operator, or nothing recorded (Python between operators). Also the operators that overlap the
+gaps the most, and how many events the profiler recorded per step (its own cost grows with
+them). Made with the rank's analysis, from its CPU events and kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analysis import classify
+from fsdp_trace.analysis import intervals as iv
+from fsdp_trace.analysis.context import CpuContext, name_mask
+
+SYNC_NAMES = re.compile(
+    r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy|"
+    r"cuStreamSynchronize|cuCtxSynchronize|aten::item|aten::_local_scalar_dense)$"
+)
+OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
+FSDP_HOOK = re.compile(r"^FSDP::|^FullyShardedDataParallel\.|^DistributedDataParallel\.")
+# In the order a gap's time is given to them: a synchronization inside the optimizer step is
+# the host waiting, an operator inside an FSDP hook is the hook's.
+CATEGORIES = ("synchronization", "optimizer", "FSDP hooks", "other operators", "Python")
+TOP_OPS = 5
+
+
+@dataclass(frozen=True)
+class HostTime:
+    """Per step (median over the steps): the GPU's idle time and what the launching host
+    thread did during it, by category (µs); the operators overlapping it most (name, µs per
+    step, inclusive of the operators they call); the profiler's events per step."""
+
+    idle_us: float = 0.0
+    by_category: dict[str, float] = field(default_factory=dict)
+    top_ops: list[list[Any]] = field(default_factory=list)
+    events_per_step: float = 0.0
+    # The main thread's whole step (its CPU ProfilerStep span) by the same categories: what
+    # tells a slow host from its peers' (their gaps may be empty).
+    main_by_category: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> HostTime:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (values or {}).items() if k in known})
+
+    @property
+    def largest(self) -> str | None:
+        found = {k: v for k, v in self.by_category.items() if v > 0}
+        return max(found, key=found.get) if found else None
+
+
+def host_time(
+    cpu: pd.DataFrame,
+    cpu_kinds: np.ndarray,
+    cpu_ctx: CpuContext,
+    kernels: pd.DataFrame,
+    launch_thread: np.ndarray,
+    windows: pd.DataFrame,
+    busy: iv.Intervals,
+    cpu_steps: pd.DataFrame,
+) -> HostTime:
+    """From the CPU events (`cpu`, their classify kinds), the kept GPU events with the code
+    of each one's launching thread, the GPU step windows and the busy union."""
+    if windows.empty or kernels.empty:
+        return HostTime()
+    keys = cpu_ctx.keys
+    codes = keys.codes
+    names = cpu["name"]
+    ts, end = cpu["ts"].to_numpy(np.float64), cpu["end"].to_numpy(np.float64)
+    is_op = cpu_kinds == classify.CPU_OP
+    masks = {
+        "synchronization": name_mask(names, lambda n: bool(SYNC_NAMES.match(n))),
+        "optimizer": name_mask(names, lambda n: bool(OPTIMIZER.match(n))),
+        "FSDP hooks": name_mask(names, lambda n: bool(FSDP_HOOK.match(n))),
+        "other operators": is_op,
+    }
+    unions = {
+        c: iv.union(keys.key(codes[m], ts[m]), keys.key(codes[m], end[m])) for c, m in masks.items()
+    }
+
+    # The GPU events that can end a gap (compute and communication: what `busy` is made of).
+    kind = kernels["kind"].to_numpy()
+    ends_gap = (kind == classify.COMPUTE) | (kind == classify.COMM)
+    k_ts = kernels["ts"].to_numpy(np.float64)[ends_gap]
+    k_thread = launch_thread[ends_gap]
+    order = np.argsort(k_ts, kind="stable")
+    k_ts, k_thread = k_ts[order], k_thread[order]
+
+    per_step: dict[str, list[float]] = {c: [] for c in CATEGORIES}
+    idle, op_time = [], np.zeros(len(cpu))
+    for start, stop in zip(windows["start"].to_numpy(), windows["end"].to_numpy(), strict=True):
+        inside = iv.clip(busy, float(start), float(stop))
+        gaps = iv.subtract((np.array([start], float), np.array([stop], float)), inside)
+        idle.append(iv.length(gaps))
+        g0, g1 = gaps
+        nxt = np.searchsorted(k_ts, g1, side="left")
+        thread = np.where(nxt < k_ts.size, k_thread[np.minimum(nxt, max(k_ts.size - 1, 0))], -1)
+        known = thread >= 0
+        remaining = iv.union(keys.key(thread[known], g0[known]), keys.key(thread[known], g1[known]))
+        for category in CATEGORIES[:-1]:
+            got = iv.intersect(remaining, unions[category])
+            per_step[category].append(iv.length(got))
+            remaining = iv.subtract(remaining, got)
+        per_step["Python"].append(iv.length(remaining) + float(np.sum(g1[~known] - g0[~known])))
+        gap_keys = iv.union(keys.key(thread[known], g0[known]), keys.key(thread[known], g1[known]))
+        op_time[is_op] += iv.overlap_each(
+            keys.key(codes[is_op], ts[is_op]), keys.key(codes[is_op], end[is_op]), gap_keys
+        )
+    n_steps = len(windows)
+    totals = (
+        pd.Series(op_time[is_op] / n_steps).groupby(np.asarray(names.array[is_op], object)).sum()
+    )
+    top = totals[totals > 0].sort_values(ascending=False).head(TOP_OPS)
+    main = _main_thread(cpu, cpu_kinds, codes)
+    whole: dict[str, list[float]] = {c: [] for c in CATEGORIES}
+    if main is not None and not cpu_steps.empty:
+        for start, stop in zip(cpu_steps["cpu_start"], cpu_steps["cpu_end"], strict=True):
+            remaining = iv.union(
+                [keys.key(np.array([main]), float(start))[0]],
+                [keys.key(np.array([main]), float(stop))[0]],
+            )
+            for category in CATEGORIES[:-1]:
+                got = iv.intersect(remaining, unions[category])
+                whole[category].append(iv.length(got))
+                remaining = iv.subtract(remaining, got)
+            whole["Python"].append(iv.length(remaining))
+    recorded = cpu_kinds != classify.OTHER
+    if cpu_steps.empty:
+        events = float(recorded.sum())
+    else:
+        first, last = cpu_steps["cpu_start"].min(), cpu_steps["cpu_end"].max()
+        events = float((recorded & (ts >= first) & (ts <= last)).sum()) / max(len(cpu_steps), 1)
+    return HostTime(
+        idle_us=float(np.median(idle)),
+        by_category={c: float(np.median(v)) for c, v in per_step.items()},
+        top_ops=[[str(n), float(v)] for n, v in top.items()],
+        events_per_step=events,
+        main_by_category={c: float(np.median(v)) for c, v in whole.items() if v},
+    )
+
+
+def _main_thread(cpu: pd.DataFrame, cpu_kinds: np.ndarray, codes: np.ndarray) -> int | None:
+    """The thread code of the training loop: the one holding the ProfilerStep annotations."""
+    steps = (cpu_kinds == classify.ANNOTATION) & name_mask(
+        cpu["name"], lambda n: n.startswith("ProfilerStep#")
+    )
+    if not steps.any():
+        return None
+    values, counts = np.unique(codes[steps], return_counts=True)
+    return int(values[np.argmax(counts)])
