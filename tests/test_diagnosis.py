@@ -185,7 +185,16 @@ def test_a_slow_gpu_is_a_straggler_of_its_own(tmp_path):
     first = result.findings[0]
     assert first.rule == "straggler" and first.ranks == [1] and first.metrics["slow_gpu"]
     assert "host-bound" not in result.diagnosis.rules()
-    assert "computes 30% longer" in first.cause
+    assert "computes 30% (" in first.cause and first.title == "Slow GPU: rank 1"
+    # The kernels that account for it: each name's compute per step, rank 1 minus rank 0.
+    per = {
+        r.rank: r.kernels[r.kernels["kind"] == "compute"].groupby("name")["dur"].sum()
+        / len(r.steps)
+        for r in result.ranks
+    }
+    extra = (per[1] - per[0].reindex(per[1].index, fill_value=0)).sort_values(ascending=False)
+    top = extra.index[0]
+    assert f"{top[:60]} +{extra.iloc[0] / 1e3:.2f} ms" in first.evidence
     # Its cost: rank 0's exposed waiting per step, from the breakdown.
     wait = result.ranks[0].steps["exposed_wait_us"].median()
     assert (

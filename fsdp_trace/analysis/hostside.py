@@ -25,7 +25,7 @@ SYNC_NAMES = re.compile(
     r"cuStreamSynchronize|cuCtxSynchronize|aten::item|aten::_local_scalar_dense)$"
 )
 OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
-FSDP_HOOK = re.compile(r"^FSDP::|^FullyShardedDataParallel\.|^DistributedDataParallel\.")
+FSDP_HOOK = re.compile(r"^FSDP::|^FullyShardedDataParallel\._")  # hooks, not whole forwards
 # In the order a gap's time is given to them: a synchronization inside the optimizer step is
 # the host waiting, an operator inside an FSDP hook is the hook's.
 CATEGORIES = ("synchronization", "optimizer", "FSDP hooks", "other operators", "Python")

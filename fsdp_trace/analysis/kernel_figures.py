@@ -22,6 +22,8 @@ from fsdp_trace.analysis.breakdown import kernel_parts
 from fsdp_trace.analysis.results import OP_TAX_COLUMNS, RankAnalysis
 from fsdp_trace.vocab import Kind, Phase
 
+KERNEL_TIME_TOP = 50  # kernel names whose compute time per step a rank keeps
+
 
 def attach(result: RankAnalysis) -> RankAnalysis:
     """`result` (fresh from its trace, its kernels held) with its kernels' figures, in place.
@@ -34,6 +36,9 @@ def attach(result: RankAnalysis) -> RankAnalysis:
     result.n_kernels = len(k)
     result.n_compute = len(compute)
     result.compute_mean_us = float(compute["dur"].mean()) if len(compute) else None
+    per_name = compute.groupby(compute["name"].astype(str), observed=True)["dur"].sum()
+    top = per_name.sort_values(ascending=False).head(KERNEL_TIME_TOP) / max(len(result.steps), 1)
+    result.kernel_time = {str(k): float(v) for k, v in top.items()}
     backward = compute[compute["phase"].isin([Phase.BACKWARD, Phase.RECOMPUTE])]
     last = backward.groupby("step")["end"].max()
     result.backward_end = pd.DataFrame(

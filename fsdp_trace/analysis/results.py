@@ -169,6 +169,9 @@ class RankAnalysis:
     op_tax: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=OP_TAX_COLUMNS))
     op_tax_blocks: list[str] = field(default_factory=list)  # the blocks `op_tax` measures
     op_blocks: list[str] = field(default_factory=list)  # every block of a measurable op
+    # Compute time per step by kernel name (the `KERNEL_TIME_TOP` largest): what tells which
+    # kernels make one rank's GPU slower than its peers'.
+    kernel_time: dict[str, float] = field(default_factory=dict)
     reread: Reread | None = None  # where the kernels are read again when not held
     # The set-up evidence of the trace (fsdp_trace.analysis.setup.Signals, as a dict).
     setup: dict[str, Any] = field(default_factory=dict)

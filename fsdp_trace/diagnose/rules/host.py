@@ -255,24 +255,28 @@ def straggler(ctx: Context) -> Finding | None:
         and others_compute
         and compute[rank] >= SLOW_COMPUTE * float(np.median(others_compute))
     )
+    kernels = ""
     if slow_gpu:
+        extra_us = compute[rank] - float(np.median(others_compute))
         cause = (
             f"rank {rank}'s GPU computes {compute[rank] / np.median(others_compute) - 1:.0%} "
-            "longer per step than the others', so it arrives last and they wait"
+            f"({ms(extra_us)}) longer per step than the others' on the same work, so it "
+            "arrives last and they wait"
         )
         look = "GPU: clocks and thermals (nvidia-smi -q -d CLOCK,PERFORMANCE), a different "
         look += "GPU model, or other work sharing it"
+        kernels = _extra_kernels(by_rank, rank)
     else:
         cause = f"rank {rank} arrives last at most collectives and the other ranks wait for it"
         look = "host: data loading, CPU contention or affinity, a different GPU"
     return Finding(
         "straggler",
-        f"Straggler: rank {rank}",
+        f"Slow GPU: rank {rank}" if slow_gpu else f"Straggler: rank {rank}",
         cause=cause,
         evidence=f"rank {rank} arrived last at {pct(slow['arrived_last_share'])} of its "
         f"{int(slow['n_matched'])} matched collectives (median {late / 1e3:.2f} ms late; "
         f"threshold {pct(STRAGGLER_SHARE)}); {_who(others)} for it {ms(wait)} per step, exposed "
-        f"({pct(wait / step)} of the step, median; threshold {pct(STRAGGLER_WAIT)})",
+        f"({pct(wait / step)} of the step, median; threshold {pct(STRAGGLER_WAIT)})" + kernels,
         why="a collective ends when its last rank arrives: every other rank's NCCL kernel "
         "includes that wait, so the slowest rank sets the pace of all",
         change=Change(
@@ -289,6 +293,22 @@ def straggler(ctx: Context) -> Finding | None:
             "slow_gpu": bool(slow_gpu),
         },
     )
+
+
+def _extra_kernels(by_rank: dict, rank: int) -> str:
+    """The kernels that take the slow rank longer than the others' median, per step."""
+    mine = by_rank[rank].kernel_time
+    others = [r.kernel_time for k, r in by_rank.items() if k != rank]
+    if not mine or not others:
+        return ""
+    extra = {
+        name: us - float(np.median([o.get(name, 0.0) for o in others])) for name, us in mine.items()
+    }
+    top = sorted(((v, n) for n, v in extra.items() if v > 0), reverse=True)[:3]
+    if not top:
+        return ""
+    listed = ", ".join(f"{n[:60]} +{ms(v)}" for v, n in top)
+    return f"; the kernels that account for it (per step, against the others' median): {listed}"
 
 
 @rule(
