@@ -35,19 +35,20 @@ def rules_table() -> str:
 
 
 def sample_runs() -> list[Path]:
-    """Every shipped capture run that still has its traces (the sweep's points do not)."""
+    """Every shipped capture run that still has its traces (the sweep's points do not), then
+    the set-ups fsdp-trace did not make (foreign-*/: traces as torch.profiler wrote them)."""
     runs = []
     for run_json in sorted(SAMPLES.rglob(RUN_FILE)):
         folder = run_json.parent
         if any(folder.glob("rank*.timing.json.gz")):
             runs.append(folder)
-    return runs
+    return runs + sorted(p for p in SAMPLES.glob("foreign-*/*") if p.is_dir())
 
 
 def samples_table() -> str:
     lines = [
-        "| sample | verdict (first) | causes, in order (folded symptoms) | minor |",
-        "|---|---|---|---|",
+        "| sample | set-up | verdict (first) | findings, in order (folded symptoms) | minor |",
+        "|---|---|---|---|---|",
     ]
     for folder in sample_runs():
         run = fsdp_trace.analyze(folder, cache=False).only
@@ -66,7 +67,10 @@ def samples_table() -> str:
             first = "healthy"
         else:
             first = f"`{d.findings[0].rule}` {d.findings[0].cost_pct:.0f} %"
-        lines.append(f"| `{name}` | {first} | {' → '.join(causes) or '—'} | {minor or '—'} |")
+        setup = run.config.setup.value.describe()
+        lines.append(
+            f"| `{name}` | {setup} | {first} | {' → '.join(causes) or '—'} | {minor or '—'} |"
+        )
     return "\n".join(lines)
 
 

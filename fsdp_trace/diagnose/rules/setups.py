@@ -81,7 +81,11 @@ def one_unit(ctx: Context) -> Finding | None:
         )
 
     worst = _worst(ctx, lambda r: _exposed(ctx, r, root))
-    if worst is None or worst[1] < SETUP_COST * worst[2]:
+    if worst is None and not ctx.analysis.gpu and ctx.analysis.ranks:
+        # a CPU (gloo) trace: structural, not costed (the diagnosis marks it so)
+        first = ctx.analysis.ranks[0]
+        worst = (first, 0.0, float(first.steps["step_us"].median() or 0.0))
+    elif worst is None or worst[1] < SETUP_COST * worst[2]:
         return None
     r, cost, step = worst
     c = ctx.collectives(r)
@@ -97,7 +101,8 @@ def one_unit(ctx: Context) -> Finding | None:
         "the last; nothing is left to overlap them with",
         evidence=f"rank {r.rank}: the only unit is the root; it all-gathers {size} "
         f"{plural(per_step, 'time')} per step and its gathers and reduce-scatters are exposed "
-        f"{ms(cost)} per step ({pct(cost / step)}, waiting for peers excluded); the whole "
+        f"{ms(cost)} per step ({pct(cost / step) if step else 'not timed'}, waiting for peers "
+        "excluded); the whole "
         f"model ({size} in the compute dtype) is unsharded at once on every rank, where one "
         "unit per block holds only the blocks being computed and prefetched",
         why="FSDP overlaps a unit's gather with the previous unit's compute: with a single unit "
