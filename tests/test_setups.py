@@ -225,3 +225,26 @@ def test_the_overlap_tax_never_leads_a_verdict():
             assert tax.kind == "note" and tax not in [f for f in d.findings if f.kind == "cause"]
         assert not d.verdict.startswith("Overlap tax")
     assert run("diagnosis/gpt-1.3b-b4-2gpu").diagnosis.get("overlap-tax") is not None
+
+
+def test_fsdp1_collectives_are_attributed_to_its_units_by_hook_order():
+    """FSDP1's labels name no module: its units are numbered by forward order (the root
+    first, enclosing the others). Every gather and reduce-scatter lands on a unit; each block
+    unit is gathered in forward and again in backward and reduced once per step; the root
+    (embeddings and head) moves the most bytes; a unit's gradient reduce-scatter (fp32)
+    moves twice its bf16 gather."""
+    r = run(f"{GPU}/fsdp1")
+    assert r.config.blocks == [f"unit {i}" for i in range(1, 7)]
+    for rank in r.ranks:
+        c = rank.collectives
+        assert not (c["block"] == "unattributed").any()
+        n = rank.steps["step"].nunique()
+        per = c.groupby(["block", "collective", "phase"]).size() / n
+        for unit in r.config.blocks:
+            assert per[(unit, "AllGather", "forward")] == 1
+            assert per[(unit, "AllGather", "backward")] == 1
+            assert per[(unit, "ReduceScatter", "backward")] == 1
+        gathers = c[c["collective"] == "AllGather"].groupby("block")["bytes"].median()
+        reduced = c[c["collective"] == "ReduceScatter"].groupby("block")["bytes"].median()
+        assert gathers.idxmax() == "root"
+        assert (reduced[r.config.blocks] == 2 * gathers[r.config.blocks]).all()

@@ -617,9 +617,9 @@ def _attribution_notices(labels: bool, coll: pd.DataFrame, setup: setup_mod.SetU
         ]
     if setup.parallelism == Parallelism.FSDP1:
         return [
-            "FSDP1 (the FullyShardedDataParallel class): its labels name no module, so "
-            "collectives are `unattributed` to units and reshard and prefetch cannot be read; "
-            "the overlap, exposure and step breakdown are measured as for FSDP2"
+            "FSDP1 (the FullyShardedDataParallel class): its labels name no module, so its "
+            "units are named by forward order (root, unit 1 … unit N) and each collective is "
+            "attributed by the order of FSDP1's hooks (analysis/fsdp1.py)"
         ]
     if not labels:
         return [

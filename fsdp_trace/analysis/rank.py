@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import classify, context, hostside, kernel_figures, setup
+from fsdp_trace.analysis import classify, context, fsdp1, hostside, kernel_figures, setup
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis import steps as steps_mod
 from fsdp_trace.analysis.blocks import block_table, empty_frame, phase_table
@@ -307,6 +307,11 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
             "their launches are not in the trace): no communication in the analyzed steps"
         )
 
+    fsdp1_units = None
+    if cpu_ctx.label_table.empty and is_comm.any():  # no FSDP2 labels: FSDP1's, by order
+        fsdp1_units = fsdp1.attribute(
+            cpu, cpu_ctx.keys, cpu_steps, launch.thread[is_comm], launch.time[is_comm]
+        )
     collectives = _collectives(
         trace,
         comm_events,
@@ -316,6 +321,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         launch.chain[is_comm],
         cover.compute,
         source,
+        fsdp1_units,
     )
     unknown = int(collectives["group_size"].isna().sum()) if len(collectives) else 0
     if unknown:
@@ -423,6 +429,7 @@ def _collectives(
     chain: np.ndarray,
     compute_u: iv.Intervals,
     source: str,
+    fsdp1_units: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """One row per communication kernel (`comm_events`: their trace events with the NCCL args;
     `comm`: their rows of the kernel table): unit, phase, bytes, bandwidth, exposed share."""
@@ -446,6 +453,8 @@ def _collectives(
         ),
     )
     block = np.where(pd.isna(block), labels.fqn_at(hooks), block)
+    if fsdp1_units is not None:  # FSDP1: its units by the order of its hooks
+        block = np.where(pd.isna(block), fsdp1_units[0], block)
     prefetch = labels.first_of(chain, context.PREFETCH_LABELS)
     issuer = labels.first_of(chain, context.ISSUER_LABELS)
     issued_by = labels.fqn_at(issuer)
@@ -488,6 +497,8 @@ def _collectives(
         Phase.BACKWARD.value,
         phase,
     )
+    if fsdp1_units is not None:
+        phase = np.where(pd.isna(fsdp1_units[1]), phase, fsdp1_units[1])
     frame = pd.DataFrame(
         {
             "rank": trace.rank,

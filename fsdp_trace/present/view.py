@@ -337,7 +337,7 @@ def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
         ("torch.compile", "yes" if config.compiled.value else "no", config.compiled.source),
         ("reduce dtype", str(config.reduce_dtype.value or fmt.DASH), config.reduce_dtype.source),
     ]
-    if config.parallelism != Parallelism.FSDP2:  # no FSDP2 units to read these from
+    if config.parallelism not in (Parallelism.FSDP2, Parallelism.FSDP1):  # no FSDP units
         unit_rows = {"units", "reshard after forward", "prefetch", "reduce dtype"}
         lines = [line for line in lines if line[0] not in unit_rows]
     if (config.micro_batches.value or 1) > 1:
