@@ -4,6 +4,9 @@
 # run.json), into $R/NAME; all of them tarred into $OUT/foreign.tgz.
 #   device tool `run`, kind nvidia-h100-x2, carry [".gpu"] (.gpu/ao: a torchao wheel for float8):
 #     bash benchmarks/gpu_runs_foreign.sh [NAME ...]      (default: every set-up below)
+#   EXTRA: more foreign_setups.py options for every run, e.g. a GPU-bound size (the shipped
+#   foreign-2gpu/ runs used the defaults, small enough that the host is the limit):
+#     EXTRA="--layers 12 --d-model 2048 --seq-len 2048 --batch-size 8" R=/tmp/captures/foreign-big
 set -u
 R=${R:-/tmp/captures/foreign}
 OUT=${OUT:-/tmp/out}
@@ -20,7 +23,7 @@ for name in "${NAMES[@]}"; do
   fi
   rm -rf "$R/$name"; s=$(date +%s)
   timeout "$RUN_TIMEOUT" torchrun --nproc-per-node 2 benchmarks/foreign_setups.py --setup "$name" \
-    --out "$R/$name" > "$R/$name.log" 2>&1
+    --out "$R/$name" ${EXTRA:-} > "$R/$name.log" 2>&1
   printf '== %-18s rc=%s %ss %s\n' "$name" "$?" "$(( $(date +%s) - s ))" "$(du -sh "$R/$name" 2>/dev/null | cut -f1)"
   grep -E "^\[rank|foreign_setups:|Error|error" "$R/$name.log" | tail -4
 done
