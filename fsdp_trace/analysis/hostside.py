@@ -8,7 +8,6 @@ them). Made with the rank's analysis, from its CPU events and kernels."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ import pandas as pd
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.context import CpuContext, name_mask
+from fsdp_trace.analysis.results import DictRecord
 
 SYNC_NAMES = re.compile(
     r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy|"
@@ -33,7 +33,7 @@ TOP_OPS = 5
 
 
 @dataclass(frozen=True)
-class HostTime:
+class HostTime(DictRecord):
     """Per step (median over the steps): the GPU's idle time and what the launching host
     thread did during it, by category (µs); the operators overlapping it most (name, µs per
     step, inclusive of the operators they call); the profiler's events per step."""
@@ -45,14 +45,6 @@ class HostTime:
     # The main thread's whole step (its CPU ProfilerStep span) by the same categories: what
     # tells a slow host from its peers' (their gaps may be empty).
     main_by_category: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any] | None) -> HostTime:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in (values or {}).items() if k in known})
 
     @property
     def largest(self) -> str | None:

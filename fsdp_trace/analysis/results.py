@@ -114,6 +114,19 @@ OP_TAX_COLUMNS = [
 ]
 
 
+class DictRecord:
+    """A frozen dataclass a RankAnalysis keeps as a plain dict (cached as JSON, pickled as
+    such): read back by its fields, ignoring keys an older or newer version wrote."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None):
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (values or {}).items() if k in known})
+
+
 class Reread(NamedTuple):
     """How a per-rank result that holds no kernels reads them again: the trace analyzed as
     `source` (the cache key's), through the cache when `cache` (as the run was analyzed);

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,6 +18,7 @@ from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis import steps as steps_mod
 from fsdp_trace.analysis.context import CpuContext, ThreadUnion, name_mask
+from fsdp_trace.analysis.results import DictRecord
 from fsdp_trace.vocab import Parallelism, Phase
 
 # The wrappers' own record_function names (torch 2.11; trace-facts.md).
@@ -36,7 +36,7 @@ FLOAT8_REGION = re.compile(r"float8|Float8|_scaled_mm")
 
 
 @dataclass(frozen=True)
-class Signals:
+class Signals(DictRecord):
     """One rank's evidence of its set-up: label counts over the trace, and per step (median
     over its steps, µs) the GPU time of the work a set-up adds."""
 
@@ -53,14 +53,6 @@ class Signals:
     optimizer_cpu_us: float = 0.0  # the host inside Optimizer.step#…
     optimizer_gpu_us: float = 0.0  # GPU kernels launched by it
     optimizer_idle_us: float = 0.0  # the GPU idle while the host is in the optimizer step
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any] | None) -> Signals:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in (values or {}).items() if k in known})
 
 
 def _per_step(values: np.ndarray, step_of: np.ndarray, steps: np.ndarray) -> float:

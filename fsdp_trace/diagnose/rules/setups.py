@@ -44,6 +44,18 @@ def _worst(ctx: Context, cost) -> tuple | None:
     return best
 
 
+def _exposure(ctx: Context, mask) -> tuple | None:
+    """The rank whose collectives in `mask` expose the most per step: (rank, exposed µs,
+    its median step, those collectives, their transfer per step); None below `SETUP_COST`."""
+    worst = _worst(ctx, lambda r: _exposed(ctx, r, mask))
+    if worst is None or worst[1] < SETUP_COST * worst[2]:
+        return None
+    r, cost, step = worst
+    c = ctx.collectives(r)
+    rows = c[mask(c)]
+    return r, cost, step, rows, float(rows["net_us"].sum()) / max(len(r.steps), 1)
+
+
 def _parameters(ctx: Context) -> float | None:
     """Parameters of the model (elements), from one rank's forward all-gathers of one step:
     each unit is gathered once in forward, whole (NaN-free bytes and a known dtype)."""
@@ -263,16 +275,12 @@ def ddp_allreduce(ctx: Context) -> Finding | None:
     def reduce(c: pd.DataFrame) -> pd.Series:
         return c["collective"] == Collective.ALL_REDUCE
 
-    worst = _worst(ctx, lambda r: _exposed(ctx, r, reduce))
-    if worst is None or worst[1] < SETUP_COST * worst[2]:
+    found = _exposure(ctx, reduce)
+    if found is None:
         return None
-    r, cost, step = worst
-    c = ctx.collectives(r)
-    ar = c[reduce(c)]
-    n_steps = max(len(r.steps), 1)
-    buckets = len(ar) / n_steps
+    r, cost, step, ar, transfer = found
+    buckets = len(ar) / max(len(r.steps), 1)
     mb = float(ar["bytes"].median()) / 1e6 if len(ar) else float("nan")
-    transfer = float(ar["net_us"].sum()) / n_steps
     return Finding(
         "ddp-allreduce",
         "DDP: gradient all-reduce exposed",
@@ -314,14 +322,11 @@ def hsdp_allreduce(ctx: Context) -> Finding | None:
     def replicate(c: pd.DataFrame) -> pd.Series:
         return (c["collective"] == Collective.ALL_REDUCE) & (c["phase"] == Phase.BACKWARD)
 
-    worst = _worst(ctx, lambda r: _exposed(ctx, r, replicate))
-    if worst is None or worst[1] < SETUP_COST * worst[2]:
+    found = _exposure(ctx, replicate)
+    if found is None:
         return None
-    r, cost, step = worst
-    c = ctx.collectives(r)
-    ar = c[replicate(c)]
+    r, cost, step, ar, transfer = found
     n_steps = max(len(r.steps), 1)
-    transfer = float(ar["net_us"].sum()) / n_steps
     dtype = str(ctx.config.reduce_dtype.value or "")
     bf16 = dtype in ("bf16", "BFloat16")
     knobs = [] if bf16 else ["reduce in bf16 (half the bytes across replicas)"]
