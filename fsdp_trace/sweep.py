@@ -45,6 +45,7 @@ TABLE_COLUMNS = [
     "ac_blocks",  # blocks under activation checkpointing, of
     "n_blocks",
     "alloc_retries",  # caching-allocator retries in the timed steps (run.json num_alloc_retries)
+    "baseline_alloc_retries",  # those of the 1-GPU run the efficiency is measured against
 ]
 
 
@@ -378,6 +379,7 @@ def run_table(
                 "peak_allocated_gib": figures.peak_memory_gib,
                 "figures_from": source,
                 "alloc_retries": None if on_cpu else figures.num_alloc_retries,
+                "baseline_alloc_retries": None,
                 "saved_baseline": figures.baseline_dir,
             }
         )
@@ -392,9 +394,8 @@ def run_table(
         "scaling_efficiency",
     ):
         table[column] = pd.to_numeric(table[column], errors="coerce")
-    table = _fill_efficiency(table)
+    table = _fill_efficiency(table).drop(columns="saved_baseline")
     retries = allocator_notices(table)
-    table = table.drop(columns=["saved_baseline", "baseline_row"])
     notices = [
         f"exposed % and recompute % left blank for {plural(len(paths), 'run')} "
         f"({why}): {_paths(paths, 4)}"
@@ -436,17 +437,12 @@ def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
     (against the capture's --baseline) where the list has no such run. `baseline` names the
     run used. CPU runs get none (their timing says nothing about scaling)."""
     single = table[(table["world_size"] == 1) & (table["device"] != "cpu")]
-    efficiency, names, rows = [], [], []
+    efficiency, names, retries = [], [], []
     for row in table.itertuples(index=False):
-        if row.device == "cpu":
-            efficiency.append(float("nan"))
+        if row.device == "cpu" or row.world_size == 1:
+            efficiency.append(float("nan") if row.device == "cpu" else 1.0)
             names.append("")
-            rows.append(-1)
-            continue
-        if row.world_size == 1:
-            efficiency.append(1.0)
-            names.append("")
-            rows.append(-1)
+            retries.append(pd.NA)
             continue
         base, differs = None, []
         for key in (EXACT_KEY, LOOSE_KEY):
@@ -469,19 +465,19 @@ def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
             efficiency.append(row.tokens_per_s_per_gpu / base["tokens_per_s_per_gpu"])
             name = Path(str(base["run"])).name
             names.append(f"{name} (differs: {', '.join(differs)})" if differs else name)
-            rows.append(int(table.index.get_loc(base.name)))
+            retries.append(base["alloc_retries"])
         elif pd.notna(row.scaling_efficiency):
             efficiency.append(row.scaling_efficiency)
             saved = row.saved_baseline
             names.append(f"run.json: {Path(saved).name}" if saved else "run.json")
-            rows.append(-1)
+            retries.append(pd.NA)
         else:
             efficiency.append(float("nan"))
             names.append("")
-            rows.append(-1)
+            retries.append(pd.NA)
     table["scaling_efficiency"] = pd.to_numeric(pd.Series(efficiency), errors="coerce")
     table["baseline"] = names
-    table["baseline_row"] = rows  # the position of the 1-GPU run used, -1 for none
+    table["baseline_alloc_retries"] = pd.array(retries, dtype="Int64")
     return table
 
 
@@ -521,14 +517,13 @@ def allocator_notices(table: pd.DataFrame) -> list[str]:
     efficiency measured against it holds that slowness (above 1 it is not super-linear
     scaling); a multi-GPU run that retried is slowed the same way, its efficiency understated.
     Any run with retries, whatever its setup; none for a run without (or not counting them:
-    CPU runs, older run.json). Needs `baseline_row` (`_fill_efficiency`)."""
+    CPU runs, older run.json)."""
     gpu = table["device"] != "cpu"
     retried = table[gpu & (table["alloc_retries"].fillna(0) > 0)]
     notices = []
     ones = retried[retried["world_size"] == 1]
     if len(ones):
-        positions = {table.index.get_loc(i) for i in ones.index}
-        against = table[table["baseline_row"].isin(positions)]
+        against = table[(table["baseline_alloc_retries"].fillna(0) > 0) & gpu]
         against = against[against["scaling_efficiency"].notna()]
         text = (
             f"allocator retries in {plural(len(ones), 'run')} on 1 GPU ({_retried(ones)} "

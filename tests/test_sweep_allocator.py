@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from fsdp_trace import sweep
@@ -54,9 +55,15 @@ def test_the_committed_sweep_says_its_retrying_baselines_are_no_scaling():
     assert f"{min(each):.2f}-{max(each):.2f}" in notice
     assert ("above 1 it is not super-linear scaling" in notice) == (max(each) > 1)
     assert "multi-GPU" not in notice
-    # The table carries each run's count (efficiency.csv's alloc_retries).
+    # The table carries each run's count and its baseline's (efficiency.csv's columns).
     for row in table.itertuples():
-        assert row.alloc_retries == figures(Path(row.run))["num_alloc_retries"]
+        run = Path(row.run)
+        assert row.alloc_retries == figures(run)["num_alloc_retries"]
+        if row.world_size == 1:
+            assert row.baseline_alloc_retries is pd.NA
+        else:
+            baseline = run.with_name(run.name.replace("-2gpu", "-1gpu"))
+            assert row.baseline_alloc_retries == figures(baseline)["num_alloc_retries"]
 
 
 def test_plot_says_it_on_stderr_and_under_the_page(tmp_path):
@@ -73,8 +80,13 @@ def test_plot_says_it_on_stderr_and_under_the_page(tmp_path):
     # wrapped: no drawn line is wider than the page takes
     lines = [line for a in fig.layout.annotations for line in a.text.split("<br>")]
     assert max(map(len, lines)) <= efficiency.FOOTNOTE_WIDTH
-    csv = (tmp_path / "efficiency.csv").read_text().splitlines()
-    assert csv[0].split(",")[-1] == "alloc_retries"
+    csv = pd.read_csv(tmp_path / "efficiency.csv")
+    assert csv["alloc_retries"].tolist() == table["alloc_retries"].tolist()
+    # the page's subtitle: the best point's efficiency is against a baseline that retried
+    best = efficiency.best_point(table)
+    title = fig.layout.title.text
+    retried = best["baseline_alloc_retries"] > 0
+    assert retried == ("against a 1-GPU run slowed by allocator retries" in title)
 
 
 def copied_repeat(tmp_path: Path, retries: dict[str, int]) -> Path:
@@ -92,8 +104,11 @@ def copied_repeat(tmp_path: Path, retries: dict[str, int]) -> Path:
 def test_no_retries_no_notice(tmp_path):
     folder = copied_repeat(tmp_path, {})
     notices: list[str] = []
-    sweep.run_table(sweep.find_runs([folder]), with_traces=False, notify=notices.append)
+    table = sweep.run_table(sweep.find_runs([folder]), with_traces=False, notify=notices.append)
     assert allocator(notices) == []
+    fig = efficiency.figure(table, "t")
+    assert "allocator" not in fig.layout.title.text
+    assert not any("allocator retries in" in a.text for a in fig.layout.annotations)
     done = run_cli("plot", str(folder), "--no-traces")
     assert done.returncode == 0 and "allocator" not in done.stderr
     # real runs without retries, through compare

@@ -211,11 +211,13 @@ def figure(table: pd.DataFrame, title: str):
         subtitle = f"<br><sup>best: {best['label']} — {best['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
         if pd.notna(efficiency):
             subtitle += f", efficiency {efficiency:.1%}"
+            if pd.notna(best.get("baseline_alloc_retries")) and best["baseline_alloc_retries"] > 0:
+                subtitle += " against a 1-GPU run slowed by allocator retries (below)"
         subtitle += "</sup>"
     notes = [READING, *footnotes(full)]
     fig.update_layout(
         title={"text": title + subtitle, "x": 0.01, "xanchor": "left"},
-        height=820,
+        height=PLOTS_PX + 110 + 60 + _footnote_height(notes),  # the notes below, not over
         autosize=True,
         template="plotly_white",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.07, "xanchor": "right", "x": 1},
@@ -264,6 +266,8 @@ def repeats_note(table: pd.DataFrame) -> str | None:
     )
 
 
+# Height of the GPU page's two rows of panels, between its title and its notes.
+PLOTS_PX = 640
 # Characters of a footnote line (12 px type) before it wraps: the page is ~1400 px wide.
 FOOTNOTE_WIDTH = 170
 FOOTNOTE_LINE_PX = 18
@@ -411,11 +415,12 @@ def footnotes(table: pd.DataFrame) -> list[str]:
 def write_efficiency_html(table: pd.DataFrame, path: Path, title: str) -> None:
     from fsdp_trace.render import plotlyjs  # plotly.js inlined packed: the page stays small
 
+    fig = figure(table, title)
     html = plotlyjs.to_html(
-        figure(table, title),
+        fig,
         full_html=True,
         default_width="100%",
-        default_height="820px",
+        default_height=f"{fig.layout.height}px",
         config={"responsive": True, "displaylogo": False},
     )
     atomic.write_text(path, html)
