@@ -199,8 +199,8 @@ def h100_b4() -> str:
 
 
 def sweep_commands() -> str:
-    """The sweeps as typed (each repeat's run.json `argv`), then every point's capture (its
-    `command`), by repeat."""
+    """The sweeps as typed (each repeat's run.json `argv`) and the plot, then every point's
+    capture (its `command`) under its path here (tests/test_capture_samples.py reads them)."""
     typed, captures = [], []
     for repeat in repeats():
         for run in sorted(repeat.iterdir()):
@@ -208,25 +208,29 @@ def sweep_commands() -> str:
             line = shlex.join(["fsdp-trace", *record["argv"][1:]])
             if line not in typed:
                 typed.append(line)
-            captures.append(f"{record['command']}   # {repeat.name}/{run.name}")
+            captures += [f"# {run.relative_to(SWEEP.parent).as_posix()}", record["command"]]
+    plot = [
+        "fsdp-trace",
+        "plot",
+        *(f"sample_traces/{SWEEP.name}/{r.name}" for r in repeats()),
+        "--no-traces",
+        "--out",
+        f"sample_traces/{SWEEP.name}/efficiency.html",
+    ]
     return "\n".join(
         [
+            "The sweeps as typed (run.json `argv`; r1 was captured in two parts, r1a with AC 0-0.5",
+            "and r1b with AC 0.75 and 1, merged into `r1` here), then the plot, from the",
+            "repository root:",
+            "",
             "```bash",
-            "# sweep-gpt-1.3b-b14: the sweeps as typed (run.json `argv`); r1 was captured in two",
-            "# parts, r1a (AC 0-0.5) and r1b (AC 0.75, 1), merged into r1 here",
             *typed,
-            "# then, from the repository root:",
-            shlex.join(
-                [
-                    "fsdp-trace",
-                    "plot",
-                    *(f"sample_traces/{SWEEP.name}/{r.name}" for r in repeats()),
-                    "--no-traces",
-                    "--out",
-                    f"sample_traces/{SWEEP.name}/efficiency.html",
-                ]
-            ),
-            "# each point's own capture (run.json `command`), with the folder it is in here",
+            shlex.join(plot),
+            "```",
+            "",
+            "Each point's own capture, as its run.json records it:",
+            "",
+            "```bash",
             *captures,
             "```",
         ]
