@@ -435,7 +435,8 @@ def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
     model, batch and sequence (the knobs differ: `baseline` says so), one in the run's own
     folder first (repeats of a sweep each have their 1-GPU run); run.json's own figure
     (against the capture's --baseline) where the list has no such run. `baseline` names the
-    run used. CPU runs get none (their timing says nothing about scaling)."""
+    run used, `baseline_alloc_retries` its allocator retries. CPU runs get none (their timing
+    says nothing about scaling)."""
     single = table[(table["world_size"] == 1) & (table["device"] != "cpu")]
     efficiency, names, retries = [], [], []
     for row in table.itertuples(index=False):
