@@ -75,13 +75,13 @@
 #       --nproc-per-node 2 --baseline $R/scaling-b4/b4-rN-1gpu (N = 1, 2, 3; the same at b1)
 #
 # What a GPU session does after (extract each tarball into a scratch folder first):
-#   - sample_traces/sweep-gpt-1.3b-b24/: the six rN{a,b} folders (run.json + analysis.json
-#     per point) with `fsdp-trace plot sample_traces/sweep-gpt-1.3b-b24/r* --no-traces --out
-#     sample_traces/sweep-gpt-1.3b-b24/efficiency.html`; delete sample_traces/sweep-gpt-1.3b-b1
-#     and point tests/test_sweep.py (SWEEP: 30 runs, format-2 analysis.json so no "format 1"
-#     notice, exposed % no longer ~1/3 at b24), tests/test_cli.py and
-#     tests/test_report_browser.py (they plot the committed sweep) at the new folder; README
-#     "Sweeps and comparisons" gets the efficiency-vs-coverage figures with their spread.
+#   - sample_traces/sweep-gpt-1.3b-bB/ (B: the sweep's batch): one folder per repeat, r1..r3
+#     (a repeat's parts a and b merged), run.json + analysis.json per point, with `fsdp-trace
+#     plot sample_traces/sweep-gpt-1.3b-bB/r1 .../r2 .../r3 --no-traces --out
+#     sample_traces/sweep-gpt-1.3b-bB/efficiency.html`. Done for B=14 on 2x H100
+#     (sample_traces/sweep-gpt-1.3b-b14, which replaced the batch-1 sweep in the tests, the
+#     notebook and the README); `python scripts/gpu_tables.py` writes its README table and the
+#     commands in sample_traces/README.md from the run.json files.
 #   - sample_traces/diagnosis/: the rules-* captures (timing traces; detailed kept for
 #     small-b16, tiny and big-b4, the profiler-distortion pair), commands from each run.json
 #     in sample_traces/README.md; tests/test_diagnosis.py CASES: each rule's shows/silent from
@@ -94,8 +94,10 @@
 #     REAL_PAIRS gains the predict rows (AC, reshard, prefetch, batch, shard-embeddings), and
 #     the README "What if" table their errors (the note that prefetch is checked by no real
 #     pair goes once it is).
-#   - benchmarks/results/capture/: the scaling run.json files (b4 x3, b1 x3, with their 1-GPU
-#     baselines); README's benchmark figures (0.987 once) become the median and spread of 3.
+#   - benchmarks/results/capture/h100x2/: the scaling run.json files (b4 x3, b1 x3, with their
+#     1-GPU baselines) as MODEL-bB-rN-Ngpu.run.json (done, 2x H100); `python
+#     scripts/gpu_tables.py` writes their table (median, min-max) into
+#     benchmarks/results/capture_scaling.md and the batch-4 figure into README.md.
 #
 # CPU=1: the same stages on this CPU machine (tiny model, --device cpu, gloo, 2 processes, few
 # steps) to check every command line end to end; runs under /tmp/issue15-cpu. whatif refuses

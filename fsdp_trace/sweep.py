@@ -44,6 +44,8 @@ TABLE_COLUMNS = [
     "device",  # "cuda" or "cpu": a CPU run's timing says nothing about scaling
     "ac_blocks",  # blocks under activation checkpointing, of
     "n_blocks",
+    "alloc_retries",  # caching-allocator retries in the timed steps (run.json num_alloc_retries)
+    "baseline_alloc_retries",  # those of the 1-GPU run the efficiency is measured against
 ]
 
 
@@ -376,10 +378,13 @@ def run_table(
                 "recompute_pct": None if on_cpu else found.get("recompute_pct"),
                 "peak_allocated_gib": figures.peak_memory_gib,
                 "figures_from": source,
+                "alloc_retries": None if on_cpu else figures.num_alloc_retries,
+                "baseline_alloc_retries": None,
                 "saved_baseline": figures.baseline_dir,
             }
         )
     table = pd.DataFrame(rows, columns=[*TABLE_COLUMNS, "saved_baseline"])
+    table["alloc_retries"] = pd.to_numeric(table["alloc_retries"], errors="coerce").astype("Int64")
     for column in (
         "exposed_pct",
         "exposed_transfer_pct",
@@ -390,6 +395,7 @@ def run_table(
     ):
         table[column] = pd.to_numeric(table[column], errors="coerce")
     table = _fill_efficiency(table).drop(columns="saved_baseline")
+    retries = allocator_notices(table)
     notices = [
         f"exposed % and recompute % left blank for {plural(len(paths), 'run')} "
         f"({why}): {_paths(paths, 4)}"
@@ -404,6 +410,7 @@ def run_table(
     if cpu:
         which = "every run" if len(cpu) == len(table) else plural(len(cpu), "run")
         notices.append(CPU_NOTICE.format(runs=f"{which} ({_paths(cpu, 3)})"))
+    notices += retries
     table.attrs["notices"] = notices
     if notify is not None:
         for notice in notices:
@@ -428,17 +435,15 @@ def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
     model, batch and sequence (the knobs differ: `baseline` says so), one in the run's own
     folder first (repeats of a sweep each have their 1-GPU run); run.json's own figure
     (against the capture's --baseline) where the list has no such run. `baseline` names the
-    run used. CPU runs get none (their timing says nothing about scaling)."""
+    run used, `baseline_alloc_retries` its allocator retries. CPU runs get none (their timing
+    says nothing about scaling)."""
     single = table[(table["world_size"] == 1) & (table["device"] != "cpu")]
-    efficiency, names = [], []
+    efficiency, names, retries = [], [], []
     for row in table.itertuples(index=False):
-        if row.device == "cpu":
-            efficiency.append(float("nan"))
+        if row.device == "cpu" or row.world_size == 1:
+            efficiency.append(float("nan") if row.device == "cpu" else 1.0)
             names.append("")
-            continue
-        if row.world_size == 1:
-            efficiency.append(1.0)
-            names.append("")
+            retries.append(pd.NA)
             continue
         base, differs = None, []
         for key in (EXACT_KEY, LOOSE_KEY):
@@ -461,16 +466,94 @@ def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
             efficiency.append(row.tokens_per_s_per_gpu / base["tokens_per_s_per_gpu"])
             name = Path(str(base["run"])).name
             names.append(f"{name} (differs: {', '.join(differs)})" if differs else name)
+            retries.append(base["alloc_retries"])
         elif pd.notna(row.scaling_efficiency):
             efficiency.append(row.scaling_efficiency)
             saved = row.saved_baseline
             names.append(f"run.json: {Path(saved).name}" if saved else "run.json")
+            retries.append(pd.NA)
         else:
             efficiency.append(float("nan"))
             names.append("")
+            retries.append(pd.NA)
     table["scaling_efficiency"] = pd.to_numeric(pd.Series(efficiency), errors="coerce")
     table["baseline"] = names
+    table["baseline_alloc_retries"] = pd.array(retries, dtype="Int64")
     return table
+
+
+def short_name(run: Any) -> str:
+    """'r2/ac0.50-2gpu': a run by its folder and name (repeats differ by their folder)."""
+    path = Path(str(run))
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+def _coverages(rows: pd.DataFrame) -> str:
+    points = sorted({float(c) for c in rows["ac_coverage"].dropna()})
+    return "AC " + ", ".join(f"{c:g}" for c in points) if points else "AC coverage unknown"
+
+
+def _retried(rows: pd.DataFrame) -> str:
+    """'AC 0: r1/ac0.00-1gpu, r2/ac0.00-1gpu; 30 retries each' (or '12 to 30 retries')."""
+    counts = sorted(int(n) for n in rows["alloc_retries"])
+    if len(counts) == 1:
+        many = plural(counts[0], "retry", "retries")
+    elif counts[0] == counts[-1]:
+        many = f"{counts[0]} retries each"
+    else:
+        many = f"{counts[0]} to {counts[-1]} retries"
+    names = [short_name(r) for r in rows["run"]]
+    return f"{_coverages(rows)}: {', '.join(names[:6])}{', ...' if len(names) > 6 else ''}; {many}"
+
+
+def _range(values: pd.Series) -> str:
+    low, high = float(values.min()), float(values.max())
+    return f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
+
+
+def allocator_notices(table: pd.DataFrame) -> list[str]:
+    """What allocator retries (run.json `num_alloc_retries` > 0: the caching allocator found no
+    free block, released its cached memory — a cudaFree and a device synchronize — and tried
+    again) mean for the table: a 1-GPU run that retried is slowed by memory, so a scaling
+    efficiency measured against it holds that slowness (above 1 it is not super-linear
+    scaling); a multi-GPU run that retried is slowed the same way, its efficiency understated.
+    Any run with retries, whatever its setup; none for a run without (or not counting them:
+    CPU runs, older run.json)."""
+    gpu = table["device"] != "cpu"
+    retried = table[gpu & (table["alloc_retries"].fillna(0) > 0)]
+    notices = []
+    ones = retried[retried["world_size"] == 1]
+    if len(ones):
+        against = table[(table["baseline_alloc_retries"].fillna(0) > 0) & gpu]
+        against = against[against["scaling_efficiency"].notna()]
+        text = (
+            f"allocator retries in {plural(len(ones), 'run')} on 1 GPU ({_retried(ones)} "
+            "in the timed steps): the caching allocator found no free block, released its "
+            "cached memory and tried again (a cudaFree and a device synchronize each time), so "
+            "those steps are slowed by memory, not compute"
+        )
+        if len(against):
+            efficiency = against["scaling_efficiency"]
+            text += (
+                f"; the scaling efficiency of {plural(len(against), 'run')} measured against "
+                f"them ({_coverages(against)}: {_range(efficiency)}) measures that baseline's "
+                "slowness too: "
+                + (
+                    "above 1 it is not super-linear scaling"
+                    if (efficiency > 1).any()
+                    else "it is overstated"
+                )
+            )
+        notices.append(text)
+    many = retried[retried["world_size"] > 1]
+    if len(many):
+        notices.append(
+            f"allocator retries in {plural(len(many), 'multi-GPU run')} ({_retried(many)} in the "
+            "timed steps): their steps are slowed by memory, not communication, so their "
+            "tokens/s and scaling efficiency understate the GPUs; more AC coverage or a smaller "
+            "batch removes the retries"
+        )
+    return notices
 
 
 IGNORED_KNOBS = {

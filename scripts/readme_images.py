@@ -5,11 +5,13 @@
 docs/images/terminal.svg   `fsdp-trace analyze sample_traces/gpt-small-2gpu` (rich's SVG export)
 docs/images/report.png     the HTML report of that run, the whole page (headless Chromium)
 docs/images/efficiency.png the committed AC-coverage sweep's efficiency.html (made by
-                           `fsdp-trace plot .` in sample_traces/sweep-gpt-1.3b-b1)
+                           `fsdp-trace plot r1 r2 r3 --no-traces --out efficiency.html` in
+                           sample_traces/sweep-gpt-1.3b-b14)
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -50,8 +52,10 @@ def main() -> None:
         if errors:
             raise SystemExit(f"the report logged to the console: {errors}")
         screenshot(report, IMAGES / "report.png", 1400, int(probe["height"]))
-    sweep = ROOT / "sample_traces" / "sweep-gpt-1.3b-b1" / "efficiency.html"
-    screenshot(sweep, IMAGES / "efficiency.png", 1420, 860)
+    sweep = ROOT / "sample_traces" / "sweep-gpt-1.3b-b14" / "efficiency.html"
+    # the figure's own height (it grows with the notes under it), and the page's margins
+    height = int(re.search(r"height:(\d+)px", sweep.read_text(encoding="utf-8")).group(1))
+    screenshot(sweep, IMAGES / "efficiency.png", 1420, height + 30)
     print(f"wrote {', '.join(p.name for p in sorted(IMAGES.iterdir()))}")
 
 

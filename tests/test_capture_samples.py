@@ -1,4 +1,5 @@
-"""sample_traces/README.md lists each shipped run's command exactly as its run.json records it."""
+"""sample_traces/README.md lists each shipped run's command exactly as its run.json records it
+(a sweep's points under their path in sample_traces/, repeats alike by name)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_every_shipped_run_has_its_recorded_command_in_the_readme():
     assert len(runs) >= 20
     for path in runs:
         run_dir = path.parent
-        name = run_dir.parent.name if run_dir.parent.name.startswith("sweep-") else run_dir.name
+        relative = run_dir.relative_to(SAMPLES)
+        name = relative.as_posix() if relative.parts[0].startswith("sweep-") else run_dir.name
         recorded = json.loads(path.read_text())["command"]
         assert listed.get(name) == recorded, (name, recorded)

@@ -157,7 +157,7 @@ def test_outputs_are_checked_before_the_analysis_and_never_an_input(tmp_path):
 def test_plot_names_the_csv_and_lands_in_the_folder_given(tmp_path):
     sweep_dir = tmp_path / "sweep"
     for name in ("ac0.00-1gpu", "ac0.00-2gpu"):
-        source = SAMPLES / "sweep-gpt-1.3b-b1" / name
+        source = SAMPLES / "sweep-gpt-1.3b-b14" / "r1" / name
         shutil.copytree(source, sweep_dir / name)
     done = run_cli("plot", str(sweep_dir), "--no-traces")
     assert done.returncode == 0, done.stderr
@@ -176,7 +176,7 @@ def test_plot_names_the_csv_and_lands_in_the_folder_given(tmp_path):
 
 def test_plot_without_plotly_writes_the_csv_and_says_so(tmp_path, monkeypatch, capsys):
     point = tmp_path / "ac0.00-2gpu"
-    shutil.copytree(SAMPLES / "sweep-gpt-1.3b-b1" / "ac0.00-2gpu", point)
+    shutil.copytree(SAMPLES / "sweep-gpt-1.3b-b14" / "r1" / "ac0.00-2gpu", point)
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly fails
     cli.write_efficiency([point], tmp_path / "efficiency.html", with_traces=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ac0.00-2gpu", "efficiency.csv"]
@@ -320,7 +320,7 @@ def test_cpu_sweep_plot_draws_no_timing_as_fact(tmp_path):
     assert cells[3] == ["— (CPU)"] * 4
     # Among GPU runs, a CPU run is left out of the timing panels and never the best point.
     gpu = sweep.run_table(
-        sweep.find_runs([SAMPLES / "sweep-gpt-1.3b-b1"]), with_traces=False, notify=None
+        sweep.find_runs([SAMPLES / "sweep-gpt-1.3b-b14" / "r1"]), with_traces=False, notify=None
     )
     mixed = pd.concat([gpu, table], ignore_index=True)
     assert efficiency.best_point(mixed)["device"] == "cuda"

@@ -1,11 +1,16 @@
 """The README's generated parts are current: the diagnosis tables are written from the code
-by scripts/rules_table.py, never kept by hand."""
+by scripts/rules_table.py, the 2-GPU runs' figures from their run.json files by
+scripts/gpu_tables.py, never kept by hand."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -22,3 +27,54 @@ def test_rules_tables_are_written_from_the_code():
         env={"FSDP_TRACE_CACHE_DIR": os.environ["FSDP_TRACE_CACHE_DIR"], "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def gpu_tables():
+    """scripts/gpu_tables.py as a module (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location("gpu_tables", REPO / "scripts" / "gpu_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_tables_are_written_from_the_runs():
+    """The sweep table and the H100 scaling figures in README.md, capture_scaling.md and
+    sample_traces/README.md are what scripts/gpu_tables.py writes from the run.json files."""
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_tables.py", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_stale_gpu_table_is_caught(tmp_path, monkeypatch, capsys):
+    tables = gpu_tables()
+    readme = tmp_path / "README.md"
+    text = tables.README.read_text()
+    begin = text.index("<!-- sweep:begin -->")
+    row = text.index("\n| 0.25 |", begin)  # one figure of the table changed
+    readme.write_text(text[:row] + text[row:].replace("| 0.25 |", "| 0.26 |", 1))
+    monkeypatch.setattr(tables, "README", readme)
+    monkeypatch.setattr(sys, "argv", ["gpu_tables.py", "--check"])
+    assert tables.main() == 1
+    assert "README.md" in capsys.readouterr().out
+
+
+def test_the_scaling_pairs_are_the_captured_ones():
+    """Each 2-GPU scaling run is paired with the 1-GPU run its capture measured against
+    (run.json's baseline_dir), so the table's efficiency is the captured one."""
+    tables = gpu_tables()
+    runs = tables.scaling_runs()
+    assert sorted(runs) == [1, 4] and all(sorted(r) == [1, 2, 3] for r in runs.values())
+    for batch, by_repeat in runs.items():
+        for repeat, pair in by_repeat.items():
+            two = pair[2]["figures"]
+            assert Path(two["baseline_dir"]).name == f"b{batch}-r{repeat}-1gpu"
+            ratio = two["tokens_per_s_per_gpu"] / pair[1]["figures"]["tokens_per_s_per_gpu"]
+            assert ratio == pytest.approx(two["scaling_efficiency"])
+    for row in tables.scaling_rows():
+        captured = [runs[row["batch"]][r][2]["figures"]["scaling_efficiency"] for r in (1, 2, 3)]
+        assert row["efficiency"] == pytest.approx(captured)

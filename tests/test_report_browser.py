@@ -391,23 +391,26 @@ def test_efficiency_page_draws_without_console_errors(tmp_path):
     from fsdp_trace.render.efficiency import COLORS as WORLD_COLORS
 
     page = tmp_path / "efficiency.html"
-    done = run_cli("plot", str(SAMPLES / "sweep-gpt-1.3b-b1"), "--out", str(page))
+    sweep = SAMPLES / "sweep-gpt-1.3b-b14"
+    repeats = sorted(p for p in sweep.iterdir() if p.is_dir())
+    done = run_cli("plot", *map(str, repeats), "--out", str(page))
     assert done.returncode == 0, done.stderr
     undrawn, blank, probe = full_check(page, tmp_path)
     assert undrawn == {} and blank == {}, (undrawn, blank)
     ((key, chart),) = probe["figures"].items()
-    # 5 points a line: 2 GPUs in 5 panels, 1 GPU in 3 (no efficiency or exposed %), and the
-    # best point's star in each panel.
-    assert chart["points"] == 5 * (5 + 3) + 5, chart
+    # A point a coverage on each median line and a dot a run beside it: 2 GPUs in 5 panels,
+    # 1 GPU in 3 (no efficiency or exposed %), and the best point's star in each panel.
+    points = len({p.name.split("-")[0] for p in repeats[0].iterdir()})
+    assert chart["points"] == points * (1 + len(repeats)) * (5 + 3) + 5, chart
     area = region(probe["shot"], chart["plot"])
     for color in WORLD_COLORS[:2]:
         assert near(area, color) > 200, (key, color)
 
 
 def test_the_committed_efficiency_page_draws(tmp_path):
-    """sample_traces/sweep-gpt-1.3b-b1/efficiency.html as committed (packed plotly.js)."""
+    """sample_traces/sweep-gpt-1.3b-b14/efficiency.html as committed (packed plotly.js)."""
     page = tmp_path / "efficiency.html"
-    shutil.copy(SAMPLES / "sweep-gpt-1.3b-b1" / "efficiency.html", page)
+    shutil.copy(SAMPLES / "sweep-gpt-1.3b-b14" / "efficiency.html", page)
     probe, attributes, errors = probed(page, tmp_path)
     assert check_page(attributes, errors, 1) == len(probe["figures"]) == 1
     assert undrawn_in_dom(probe) == {}

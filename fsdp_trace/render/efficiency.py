@@ -16,6 +16,7 @@ import pandas as pd
 
 from fsdp_trace import atomic
 from fsdp_trace.present.fmt import plural
+from fsdp_trace.sweep import short_name
 
 PANELS = (
     ("scaling_efficiency", "Scaling efficiency (vs 1 GPU)", ".0%"),
@@ -128,7 +129,7 @@ def figure(table: pd.DataFrame, title: str):
                         marker={"color": color, "size": 5, "opacity": 0.45},
                         customdata=list(
                             zip(
-                                [_run_name(r) for r in group["run"]],
+                                [short_name(r) for r in group["run"]],
                                 group["step_ms"],
                                 strict=True,
                             )
@@ -210,17 +211,29 @@ def figure(table: pd.DataFrame, title: str):
         subtitle = f"<br><sup>best: {best['label']} — {best['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
         if pd.notna(efficiency):
             subtitle += f", efficiency {efficiency:.1%}"
+            if pd.notna(best.get("baseline_alloc_retries")) and best["baseline_alloc_retries"] > 0:
+                subtitle += " against a 1-GPU run slowed by allocator retries (below)"
         subtitle += "</sup>"
+    notes = [READING, *footnotes(full)]
     fig.update_layout(
         title={"text": title + subtitle, "x": 0.01, "xanchor": "left"},
-        height=820,
+        height=PLOTS_PX + 110 + 60 + _footnote_height(notes),  # the notes below, not over
         autosize=True,
         template="plotly_white",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.07, "xanchor": "right", "x": 1},
-        margin={"l": 60, "r": 30, "t": 110, "b": 60 + 18 * len(footnotes(full))},
+        margin={"l": 60, "r": 30, "t": 110, "b": 60 + _footnote_height(notes)},
     )
-    _footnotes(fig, footnotes(full))
+    _footnotes(fig, notes)
     return fig
+
+
+# What the GPU page is for, under it: the trade AC coverage makes and the point to pick.
+READING = (
+    "Reading it: more AC coverage recomputes more blocks' forward in backward, so tokens/s per "
+    "GPU falls (recompute % rises) while peak memory falls; scaling efficiency compares each "
+    "point on N GPUs with 1 GPU at the same coverage. Pick the lowest coverage whose memory "
+    "fits the card with room to spare (no allocator retries): it is the fastest that fits."
+)
 
 
 def per_point(group: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -239,12 +252,6 @@ def per_point(group: pd.DataFrame, column: str) -> pd.DataFrame:
     return point
 
 
-def _run_name(run) -> str:
-    """'r2/ac0.50-2gpu': a run by its folder and name (repeats differ by their folder)."""
-    path = Path(str(run))
-    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
-
-
 def repeats_note(table: pd.DataFrame) -> str | None:
     """The footnote of a sweep whose points were captured more than once."""
     counts = table.groupby(["world_size", "ac_coverage"]).size()
@@ -259,20 +266,39 @@ def repeats_note(table: pd.DataFrame) -> str | None:
     )
 
 
+# Height of the GPU page's two rows of panels, between its title and its notes.
+PLOTS_PX = 640
+# Characters of a footnote line (12 px type) before it wraps: the page is ~1400 px wide.
+FOOTNOTE_WIDTH = 170
+FOOTNOTE_LINE_PX = 18
+
+
+def _wrapped(lines: list[str]) -> list[str]:
+    """Each footnote as the lines it is drawn in (plotly does not wrap annotations)."""
+    return ["<br>".join(textwrap.wrap(line, FOOTNOTE_WIDTH)) or line for line in lines]
+
+
+def _footnote_height(lines: list[str]) -> int:
+    return FOOTNOTE_LINE_PX * sum(text.count("<br>") + 1 for text in _wrapped(lines))
+
+
 def _footnotes(fig, lines: list[str]) -> None:
-    for i, line in enumerate(lines):
+    shift = 0
+    for text in _wrapped(lines):
         fig.add_annotation(
-            text=line,
+            text=text,
             xref="paper",
             yref="paper",
             x=0,
             xanchor="left",
+            align="left",
             y=-0.08,
             yanchor="top",
-            yshift=-18 * i,
+            yshift=-shift,
             showarrow=False,
             font={"size": 12, "color": "#555"},
         )
+        shift += FOOTNOTE_LINE_PX * (text.count("<br>") + 1)
 
 
 CPU_PANELS = (
@@ -362,7 +388,7 @@ def cpu_figure(table: pd.DataFrame, title: str):
         autosize=True,
         template="plotly_white",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.1, "xanchor": "right", "x": 1},
-        margin={"l": 60, "r": 30, "t": 130, "b": 80 + 18 * len(notes)},
+        margin={"l": 60, "r": 30, "t": 130, "b": 80 + _footnote_height(notes)},
     )
     _footnotes(fig, notes)
     return fig
@@ -389,11 +415,12 @@ def footnotes(table: pd.DataFrame) -> list[str]:
 def write_efficiency_html(table: pd.DataFrame, path: Path, title: str) -> None:
     from fsdp_trace.render import plotlyjs  # plotly.js inlined packed: the page stays small
 
+    fig = figure(table, title)
     html = plotlyjs.to_html(
-        figure(table, title),
+        fig,
         full_html=True,
         default_width="100%",
-        default_height="820px",
+        default_height=f"{fig.layout.height}px",
         config={"responsive": True, "displaylogo": False},
     )
     atomic.write_text(path, html)
