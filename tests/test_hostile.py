@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import fsdp_trace
 from tests.conftest import REPO, SAMPLES, run_cli
 
 SAMPLE = SAMPLES / "gpt-small-2gpu" / "rank0.timing.json.gz"
@@ -596,13 +597,14 @@ def test_corpus_is_large_and_varied():
 # --- focused tests: one per defect -------------------------------------------------------------
 
 
-def _cli_error(done, *fragments: str) -> str:
+def _cli_error(done, *fragments: str, command: str = "analyze") -> str:
     """The one-line error of a refused input (exit 2, no traceback); returns the line."""
     both = done.stdout + done.stderr
     assert "Traceback" not in both, both[-3000:]
     assert done.returncode == 2, both[-2000:]
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX), done.stderr
+    prefix = f"fsdp-trace {command}: error: "
+    assert len(lines) == 1 and lines[0].startswith(prefix), done.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
@@ -1245,3 +1247,104 @@ def test_loader_notices_reach_the_output(tmp_path, base):
     _duplicated(document)
     got = _analyze_json(tmp_path, _write(tmp_path / "rank0.json", _dump(document)))
     assert "duplicated events" in json.dumps(got["notices"])
+
+
+# --- issue 21: a newcomer's pass and a second hostile corpus --------------------------------
+
+
+def _sim_run(tmp_path, name: str = "run", **sim) -> Path:
+    from tests.fsdp_sim import Sim
+
+    folder = tmp_path / name
+    Sim(host_speed=4.0, **sim).write(folder)
+    return folder
+
+
+def _edit_traces(folder: Path, edit) -> None:
+    """`edit(document, rank)` applied to every rank{R}.json in `folder`."""
+    for path in sorted(folder.glob("rank*.json")):
+        document = json.loads(path.read_text())
+        edit(document, document["distributedInfo"]["rank"])
+        path.write_text(json.dumps(document))
+
+
+def _memsets_sharing_correlation(document: dict, rank: int) -> None:
+    """A memset beside each compute kernel, under the kernel's correlation id: what a Triton
+    kernel's launch writes (HTA's public a100_16rank trace has hundreds)."""
+    extra = []
+    for e in document["traceEvents"]:
+        if e.get("cat") == "kernel" and not e["name"].startswith("nccl"):
+            memset = {**e, "cat": "gpu_memset", "name": "Memset (Device)", "dur": 1.0}
+            memset["ts"] = e["ts"] - 2.0
+            memset["args"] = dict(e["args"])
+            extra.append(memset)
+    document["traceEvents"].extend(extra)
+
+
+def test_gpu_events_sharing_a_correlation_id_are_replayed(tmp_path):
+    """issue 21 (1): `whatif` and the report's what-if panel on kernels that share their
+    correlation id with a memset: a prediction, not pandas' InvalidIndexError."""
+    run = _sim_run(tmp_path)
+    _edit_traces(run, _memsets_sharing_correlation)
+    done = run_cli("whatif", str(run), "--set", "ac_coverage=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    report = tmp_path / "r.html"
+    done = run_cli("analyze", str(run), "--report", str(report))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert 'data-panel="whatif"' in report.read_text()
+
+
+def _without_fsdp_labels(document: dict, rank: int) -> None:
+    document["traceEvents"] = [
+        e for e in document["traceEvents"] if not e.get("name", "").startswith("FSDP::")
+    ]
+
+
+def test_whatif_on_traces_without_fsdp2_labels_refuses_in_one_line(tmp_path):
+    """issue 21 (1): HTA's a100_16rank trace has no FSDP2 labels (pipeline SendRecv): the
+    replay of FSDP2's schedule has nothing to model. `whatif` says so in one line, exit 2;
+    the report's what-if panel says it in the panel and the report is written."""
+    run = _sim_run(tmp_path)
+    _edit_traces(run, _without_fsdp_labels)
+    done = run_cli("whatif", str(run))
+    _cli_error(done, "no FSDP2 labels", "fully_shard", command="whatif")
+    report = tmp_path / "r.html"
+    done = run_cli("analyze", str(run), "--report", str(report))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "No prediction: " in report.read_text() and "no FSDP2 labels" in report.read_text()
+
+
+def test_a_report_panel_that_fails_says_why_and_the_report_is_written(tmp_path, monkeypatch):
+    """issue 21 (1): a panel that cannot be computed says why in the panel; the other panels
+    and the report stand."""
+    from fsdp_trace.present import whatif as present_whatif
+    from fsdp_trace.render.report import render_html
+
+    def broken(run, peers):
+        raise KeyError("no such column")
+
+    monkeypatch.setattr(present_whatif, "panel_view", broken)
+    page = render_html(fsdp_trace.analyze(_sim_run(tmp_path), detailed=False))
+    assert 'data-panel="whatif"' in page and 'data-panel="diagnosis"' in page
+    assert "This panel could not be computed (KeyError: &#x27;no such column&#x27;)" in page
+
+
+HTA_PUBLIC = REPO.parent / "shared" / "traces" / "hta"  # HTA's public test traces, beside the repo
+
+
+@pytest.mark.skipif(not HTA_PUBLIC.is_dir(), reason="HTA's public traces are not beside the repo")
+def test_htas_public_traces_analyze_with_a_report_and_whatif_refuses(tmp_path):
+    """issue 21 (1), on the files themselves: the folder and the 16-rank file alone analyze
+    with their report written; `whatif` on the file refuses in one line."""
+    import shutil
+
+    folder = shutil.copytree(HTA_PUBLIC, tmp_path / "hta")
+    done = run_cli("analyze", str(folder))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (folder / "report.html").is_file()
+    one = folder / "a100_16rank_rank0_pt20.json.gz"
+    done = run_cli("analyze", str(one), "--no-detailed")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no FSDP2 labels" in (folder / "a100_16rank_rank0_pt20.report.html").read_text()
+    _cli_error(run_cli("whatif", str(one)), "no FSDP2 labels", command="whatif")

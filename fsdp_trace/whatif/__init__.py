@@ -130,6 +130,12 @@ def programs(run) -> tuple[list[Program], dict]:
         raise UserError(
             f"{run.name}: no GPU kernels to replay (CPU/gloo traces have no GPU timing)"
         )
+    if not run.config.labels:
+        raise UserError(
+            f"{run.name}: no FSDP2 labels in the traces (FSDP1, DDP, pipeline parallel, or "
+            "labels lost): the replay models FSDP2's schedule unit by unit, so it has nothing "
+            "to replay; capture with FSDP2 (`fully_shard`) on torch >= 2.5"
+        )
     step = _step(run)
     cross = run.crossrank
     participants = None if cross.empty else cross.participants
