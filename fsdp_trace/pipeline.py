@@ -117,11 +117,15 @@ def analyze(
     grouping = grouping_line(runs_in, len(work))
     if failed:
         grouping += f"; {len(failed)} failed (left out)"
+    if inputs.skipped:
+        grouping += f"; {plural(len(inputs.skipped), 'run')} not analyzed (see the notices)"
     return Result(
         inputs=given,
         runs=runs,
         grouping=grouping,
-        notices=notices + [f.line() for f in lost if id(f) not in placed],
+        notices=[f"not analyzed: {line}" for line in inputs.skipped]
+        + notices
+        + [f.line() for f in lost if id(f) not in placed],
     )
 
 

@@ -1348,3 +1348,71 @@ def test_htas_public_traces_analyze_with_a_report_and_whatif_refuses(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no FSDP2 labels" in (folder / "a100_16rank_rank0_pt20.report.html").read_text()
     _cli_error(run_cli("whatif", str(one)), "no FSDP2 labels", command="whatif")
+
+
+def _left_out_point(folder: Path) -> Path:
+    """A sweep point whose traces were left out: run.json (listing them) and analysis.json."""
+    folder.mkdir(parents=True)
+    files = {"timing": ["rank0.timing.json.gz"], "detailed": ["rank0.detailed.json.gz"]}
+    (folder / "run.json").write_text(json.dumps({"files": files}))
+    (folder / "analysis.json").write_text(json.dumps({"format": 1}))
+    return folder
+
+
+def test_a_folder_of_many_runs_analyzes_those_it_can_and_names_the_rest(tmp_path):
+    """issue 21 (4): `analyze sample_traces` stopped at the first sweep point whose traces
+    were left out. Every run that can be analyzed is; each other one is named in one notice
+    line (a point without its traces as "traces left out", not an error); the tool's own
+    records (tune.json) beside runs are not read as traces."""
+    runs = tmp_path / "runs"
+    _sim_run(runs, "good")
+    _left_out_point(runs / "sweep" / "ac0.00-1gpu")
+    broken = runs / "broken"
+    broken.mkdir()
+    (broken / "run.json").write_text(json.dumps({"files": {"timing": "rank0.json"}}))
+    tune = runs / "tune"
+    _sim_run(tune, "eager")
+    (tune / "tune.json").write_text(json.dumps({"trials": []}))
+    out = tmp_path / "o.json"
+    before = _tree_digest([str(runs)])
+    done = run_cli("analyze", str(runs), "--json", str(out), "--no-report")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "error" not in done.stderr and "Traceback" not in done.stderr
+    got = json.loads(out.read_text())
+    assert len(got["runs"]) == 2  # good and tune/eager
+    skipped = [n for n in got["notices"] if n.startswith("not analyzed: ")]
+    assert len(skipped) == 2, got["notices"]
+    left, bad = sorted(skipped, key=lambda n: "left out" not in n)
+    assert f"{runs / 'sweep' / 'ac0.00-1gpu'}: traces left out" in left and "\n" not in left
+    assert str(broken) in bad and "run.json" in bad
+    printed = [ln for ln in done.stdout.splitlines() if ln.startswith("notice: not analyzed")]
+    assert len(printed) == 2
+    assert "2 runs not analyzed" in got["grouping"]
+    assert _tree_digest([str(runs)]) == before
+
+
+def test_a_run_whose_traces_were_left_out_named_itself_is_one_line(tmp_path):
+    """Pointed at directly, a point without its traces is a one-line error that says so."""
+    point = _left_out_point(tmp_path / "ac0.00-1gpu")
+    line = _cli_error(run_cli("analyze", str(point)), "traces left out", "analysis.json")
+    assert "plot" in line
+
+
+def test_the_records_fsdp_trace_writes_are_never_read_as_traces():
+    from fsdp_trace.analysis.inputs import OWN_RECORDS
+    from fsdp_trace.runrecord import RUN_FILE
+    from fsdp_trace.sweep import SUMMARY_FILE
+    from fsdp_trace.tune import TUNE_FILE
+
+    assert {RUN_FILE, SUMMARY_FILE, TUNE_FILE} == OWN_RECORDS
+
+
+@pytest.mark.slow  # every shipped sample: ~20 s
+def test_analyze_sample_traces_as_one_folder(tmp_path):
+    """issue 21 (4), as the user typed it."""
+    out = tmp_path / "o.json"
+    done = run_cli("analyze", "sample_traces", "--json", str(out), "--no-report", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert len(got["runs"]) > 20
+    assert all("traces left out" in n for n in got["notices"] if n.startswith("not analyzed"))

@@ -128,6 +128,7 @@ def find(url: str, depth: int) -> tuple[list[Url], list[Url]]:
     walk finds them (`fsdp_trace.analysis.inputs`): a folder with run.json is a run, a folder
     with traces is not searched further, and at most `depth` folders down."""
     from fsdp_trace.analysis import readers
+    from fsdp_trace.analysis.inputs import OWN_RECORDS
     from fsdp_trace.analysis.trace import rank_from_name
     from fsdp_trace.runrecord import RUN_FILE
 
@@ -166,7 +167,7 @@ def find(url: str, depth: int) -> tuple[list[Url], list[Url]]:
             for leaf, item in entries
             if item.get("type") != "directory"
             and leaf.endswith(readers.suffixes())
-            and leaf != RUN_FILE
+            and leaf not in OWN_RECORDS
         ]
         if files or left == 0:
             rank = lambda u: r if (r := rank_from_name(Path(u.name))) is not None else 1 << 30  # noqa: E731
