@@ -66,6 +66,11 @@ def analyze(
         raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
     if client is not None and jobs != 1:
         raise UserError(f"--jobs {jobs} and a Dask cluster: give one of them")
+    if hta:
+        from fsdp_trace.analysis.hta_check import NOT_INSTALLED, hta_tool
+
+        if hta_tool() is None:  # asked for: refused before any work, not a notice after it
+            raise UserError(NOT_INSTALLED)
     inputs = resolve(paths)
     groups = [[t for t in r.traces if detailed or t.source != Source.DETAILED] for r in inputs.runs]
     unsorted = [TraceInput(p) for p in inputs.loose]
