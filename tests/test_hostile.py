@@ -1416,3 +1416,79 @@ def test_analyze_sample_traces_as_one_folder(tmp_path):
     got = json.loads(out.read_text())
     assert len(got["runs"]) > 20
     assert all("traces left out" in n for n in got["notices"] if n.startswith("not analyzed"))
+
+
+def _rename_steps(names: dict[int, str], ranks=(0, 1)):
+    """ProfilerStep#N renamed to names[N] on the given ranks."""
+
+    def edit(document: dict, rank: int) -> None:
+        if rank not in ranks:
+            return
+        for e in document["traceEvents"]:
+            name = e.get("name", "")
+            if name.startswith("ProfilerStep#") and int(name[13:]) in names:
+                e["name"] = names[int(name[13:])]
+
+    return edit
+
+
+def _rank_notices(result) -> str:
+    return " ".join(n for r in result.only.ranks for n in r.notices)
+
+
+@pytest.mark.parametrize(
+    ("edit", "notice", "steps"),
+    [
+        (_rename_steps({3: "ProfilerStep#2"}), "ProfilerStep numbers repeat (#2)", [1, 2]),
+        (_rename_steps({3: f"ProfilerStep#{2**70}"}), "past int64", [1, 2]),
+    ],
+    ids=["repeated", "beyond-int64"],
+)
+def test_profiler_step_numbers_that_cannot_be_keys(tmp_path, edit, notice, steps):
+    """issue 21 (9): two ProfilerSteps with one number (TypeError in the report's what-if
+    panel) and a number past int64 (OverflowError): the window is left out with a notice;
+    analyze, its report and whatif all answer."""
+    run = _sim_run(tmp_path)
+    _edit_traces(run, edit)
+    result = fsdp_trace.analyze(run, detailed=False)
+    assert notice in _rank_notices(result)
+    assert sorted(set(result.steps["step"])) == steps
+    report = tmp_path / "r.html"
+    done = run_cli("analyze", str(run), "--report", str(report))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "could not be computed" not in report.read_text()
+    done = run_cli("whatif", str(run), "--set", "ac_coverage=1")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_overlapping_profiler_step_windows_get_a_notice(tmp_path):
+    """issue 21 (9): a ProfilerStep that starts before the one before it ends."""
+
+    def overlap(document: dict, rank: int) -> None:
+        step = {
+            e["name"]: e
+            for e in document["traceEvents"]
+            if e.get("name", "")[:13] == "ProfilerStep#"
+        }
+        step["ProfilerStep#2"]["dur"] += step["ProfilerStep#3"]["dur"] / 2
+
+    run = _sim_run(tmp_path)
+    plain = fsdp_trace.analyze(run, detailed=False, cache=False).steps["step_us"].tolist()
+    _edit_traces(run, overlap)
+    result = fsdp_trace.analyze(run, detailed=False)
+    assert "ProfilerStep windows overlap the next one (1 of 3: #3 starts before #2 ends)" in (
+        _rank_notices(result)
+    )
+    assert result.steps["step_us"].tolist() == plain
+
+
+def test_ranks_without_a_common_step_number(tmp_path):
+    """issue 21 (9): rank 1 profiled other steps than rank 0 (IndexError in whatif): one line
+    from whatif, the reason in the report's what-if panel."""
+    run = _sim_run(tmp_path)
+    _edit_traces(run, _rename_steps({n: f"ProfilerStep#{n + 10}" for n in (1, 2, 3)}, ranks=(1,)))
+    _cli_error(run_cli("whatif", str(run)), "share no ProfilerStep number", command="whatif")
+    report = tmp_path / "r.html"
+    done = run_cli("analyze", str(run), "--report", str(report))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "No prediction: run: the ranks&#x27; traces share no ProfilerStep" in report.read_text()

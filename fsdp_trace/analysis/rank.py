@@ -186,7 +186,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
 
     cpu_mask = classify.kind_mask(kinds, classify.CPU_OP, classify.ANNOTATION, classify.LAUNCH)
     cpu = events.loc[cpu_mask, list(CpuContext.COLUMNS)]  # only what the CPU context reads
-    cpu_steps = steps_mod.cpu_steps(events, kinds)
+    cpu_steps = steps_mod.cpu_steps(events, kinds, notices)
     launch_row = _link_launches(events, kinds, gpu_idx)
     linked = launch_row >= 0
     launch_ts = np.where(linked, events["ts"].to_numpy()[np.maximum(launch_row, 0)], np.nan)

@@ -114,6 +114,11 @@ def _step(run) -> int:
     """The step every rank has whose length (the slowest rank's) is the median."""
     ranks = [r for r in run.ranks if r.n_kernels]
     common = set.intersection(*(set(r.steps["step"]) for r in ranks))
+    if not common:
+        raise UserError(
+            f"{run.name}: the ranks' traces share no ProfilerStep number, so no step ran on "
+            "every rank to replay: give traces of the same steps (one profiling session)"
+        )
     length = {
         s: max(float(r.steps.set_index("step").at[s, "step_us"]) for r in ranks) for s in common
     }
