@@ -4,6 +4,7 @@ are built only for capture (DeferredCommand). Annotations are evaluated where th
 (no `from __future__ import annotations`): typer would otherwise evaluate every parameter's
 annotation text again at each start (~5 ms)."""
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -1324,5 +1325,58 @@ def cache_clear() -> None:
         )
 
 
+class _Stdout:
+    """Standard output as the commands write it: a reader that went away (`| head -1`) stops
+    the printing, not the command (its files are still written, and it exits as it would);
+    a stdout that cannot be written (`> /dev/full`) is a one-line error; text the terminal's
+    encoding cannot show is replaced, never a UnicodeEncodeError. Everything else is the
+    stream's own."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    def _closed_under_us(self) -> None:
+        """Later writes, and the interpreter's last flush, go nowhere."""
+        self._gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+    def _do(self, action, *args):
+        if self._gone:
+            return None
+        try:
+            return action(*args)
+        except BrokenPipeError:
+            self._closed_under_us()
+        except OSError as exc:
+            self._closed_under_us()
+            raise UserError(
+                f"cannot write to standard output ({exc.strerror or exc}): the output stops "
+                "here, nothing else written"
+            ) from None
+        return None
+
+    def write(self, text: str) -> int:
+        self._do(self._stream.write, text)
+        self._do(self._stream.flush)
+        return len(text)
+
+    def flush(self) -> None:
+        self._do(self._stream.flush)
+
+
 def main() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
+            stream.reconfigure(errors="backslashreplace" if stream is sys.stderr else "replace")
+    if sys.stdout is not None:
+        sys.stdout = _Stdout(sys.stdout)
     app()

@@ -1492,3 +1492,86 @@ def test_ranks_without_a_common_step_number(tmp_path):
     done = run_cli("analyze", str(run), "--report", str(report))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "No prediction: run: the ranks&#x27; traces share no ProfilerStep" in report.read_text()
+
+
+def test_a_trace_file_name_that_is_not_utf8_reaches_the_json(tmp_path):
+    """issue 21 (9): msgspec.DecodeError writing --json for a file named with a byte that is
+    not UTF-8: the JSON is written, valid for strict readers, the byte as "?"."""
+    import msgspec
+
+    run = _sim_run(tmp_path)
+    folder = tmp_path / "named"
+    folder.mkdir()
+    try:
+        target = os.fsencode(folder) + b"/rank0\xff.json"
+        os.rename(run / "rank0.json", target)
+    except OSError:
+        pytest.skip("this filesystem takes only UTF-8 names")
+    out = tmp_path / "o.json"
+    done = run_cli("analyze", str(folder), "--json", str(out), "--no-report")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "rank0?.json" in json.dumps(msgspec.json.decode(out.read_bytes()))
+
+
+def test_an_output_name_too_long_for_the_filesystem_is_one_line(tmp_path):
+    """issue 21 (9): a 300-character --json name was an OSError (ENAMETOOLONG)."""
+    run = _sim_run(tmp_path)
+    long = tmp_path / ("a" * 300 + ".json")
+    line = _cli_error(run_cli("analyze", str(run), "--json", str(long), "--no-report"))
+    assert "File name too long" in line and "give another path" in line
+
+
+def _cli_with_stdout(stdout, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fsdp_trace", *args],
+        cwd=REPO,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1", **(env or {})},
+    )
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_stdout_that_cannot_be_written_is_one_line(tmp_path):
+    """issue 21 (9): `> /dev/full` was an OSError traceback; nothing else is written."""
+    run = _sim_run(tmp_path)
+    out = tmp_path / "o.json"
+    with open("/dev/full", "w") as full:
+        done = _cli_with_stdout(full, "analyze", str(run), "--json", str(out), "--no-report")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines() == [
+        "fsdp-trace analyze: error: cannot write to standard output (No space left on device): "
+        "the output stops here, nothing else written"
+    ]
+    assert not out.exists()
+
+
+def test_a_terminal_encoding_that_cannot_show_the_text(tmp_path):
+    """issue 21 (9): PYTHONIOENCODING=ascii was a UnicodeEncodeError."""
+    run = _sim_run(tmp_path)
+    done = _cli_with_stdout(
+        subprocess.PIPE, "analyze", str(run), "--no-report", env={"PYTHONIOENCODING": "ascii"}
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "Verdict:" in done.stdout
+
+
+def test_a_reader_that_stops_early_does_not_stop_the_command(tmp_path):
+    """issue 21 (9): `--json o.json | head -1` exited 1 with no message and no JSON. The
+    printing stops with the reader (here one gone before the first line: every write meets
+    a closed pipe); the files are written and the command ends as usual."""
+    run = _sim_run(tmp_path)
+    out = tmp_path / "o.json"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = _cli_with_stdout(write, "analyze", str(run), "--json", str(out))
+    finally:
+        os.close(write)
+    assert done.returncode == 0 and done.stderr.strip().splitlines() == [
+        f"fsdp-trace: wrote {out}",
+        f"fsdp-trace: wrote {run / 'report.html'}",
+    ], done.stderr
+    assert json.loads(out.read_text())["verdict"]
