@@ -1575,3 +1575,23 @@ def test_a_reader_that_stops_early_does_not_stop_the_command(tmp_path):
         f"fsdp-trace: wrote {run / 'report.html'}",
     ], done.stderr
     assert json.loads(out.read_text())["verdict"]
+
+
+def test_a_trace_in_nanoseconds_says_so(tmp_path):
+    """issue 21 (9): `displayTimeUnit: "ns"` traces (ts and dur in ns, as Perfetto reads
+    them) were read as µs: 1000× longer steps and a false bandwidth finding."""
+    run = _sim_run(tmp_path)
+    plain = fsdp_trace.analyze(run, detailed=False, cache=False)
+
+    def in_ns(document: dict, rank: int) -> None:
+        document["displayTimeUnit"] = "ns"
+        for e in document["traceEvents"]:
+            for key in ("ts", "dur"):
+                if key in e:
+                    e[key] = e[key] * 1000
+
+    _edit_traces(run, in_ns)
+    result = fsdp_trace.analyze(run, detailed=False)
+    assert result.steps["step_us"].tolist() == pytest.approx(plain.steps["step_us"].tolist())
+    assert [f.rule for f in result.findings] == [f.rule for f in plain.findings]
+    assert 'displayTimeUnit "ns"' in _rank_notices(result)

@@ -126,6 +126,7 @@ class _TraceFile(msgspec.Struct):
     distributedInfo: dict[str, Any] | None = None
     baseTimeNanoseconds: int | None = None
     traceName: str | None = None
+    displayTimeUnit: Any = None  # "ns": timestamps in ns (Perfetto's reading); else µs
 
 
 _DECODER = msgspec.json.Decoder(_TraceFile)
@@ -821,7 +822,17 @@ def _parse(path: Path, progress: bool | None, parallel: bool | None = None) -> T
         raise UserError(f"{path}: 'traceEvents' is empty: the profiler recorded nothing")
     if not len(columns):
         raise UserError(f"{path}: no complete ('X') events: unknown or empty trace layout")
-    frame, notices = validate.events(path, columns.frame())
+    frame = columns.frame()
+    ns = parsed.displayTimeUnit == "ns"
+    if ns:  # Perfetto reads such a trace's ts and dur in ns; Kineto writes µs ("ms" here)
+        for column in ("ts", "dur", "end"):
+            frame[column] = frame[column] / 1000.0
+    frame, notices = validate.events(path, frame)
+    if ns:
+        notices.append(
+            'displayTimeUnit "ns": timestamps and durations read as nanoseconds (as '
+            "Perfetto reads them), not Kineto's microseconds"
+        )
     if columns.too_big:
         counts = ", ".join(f"{_INT_KEYS.get(k, k)} ×{n}" for k, n in columns.too_big.items())
         notices.append(
