@@ -95,6 +95,7 @@ def analyze(
     runs_in: list[tuple[RunInput, list[RankAnalysis]]] = []
     missing: list[list[Failure]] = []
     notices: list[str] = []
+    detailed_said: dict[int, list[str]] = {}  # per run (its RunInput's id): its notices
     done = 0
     for run_in in inputs.runs:
         n = sum(1 for t in run_in.traces if detailed or t.source != Source.DETAILED)
@@ -104,6 +105,9 @@ def analyze(
         if not any(a.source != Source.DETAILED for a in analyses):  # no timing trace left
             notices += [f"{run_in.name}: {f.line()}" for f in mine if isinstance(f, Failure)]
             continue
+        analyses, said = timing_by_content(analyses)
+        if said:
+            detailed_said[id(run_in)] = said
         runs_in.append((run_in, analyses))
         missing.append([a for a in mine if isinstance(a, Failure)])
     loose = [(f, a) for f, a in zip(inputs.loose, outcomes[done:], strict=True)]
@@ -114,7 +118,7 @@ def analyze(
     runs_in += grouped
     missing += [[f for f in lost if _near(f, run_in)] for run_in, _ in grouped]
     runs = [
-        analyze_run(r, a, hta=hta, cache=cache, missing=m)
+        analyze_run(r, a, hta=hta, cache=cache, missing=m, said=detailed_said.get(id(r), []))
         for (r, a), m in zip(runs_in, missing, strict=True)
     ]
     placed = {id(f) for m in missing for f in m}
@@ -132,6 +136,45 @@ def analyze(
         + notices
         + [f.line() for f in lost if id(f) not in placed],
     )
+
+
+def timing_by_content(analyses: list[RankAnalysis]) -> tuple[list[RankAnalysis], list[str]]:
+    """A capture run's traces as timing or detailed by what they hold, not by their names or
+    run.json's lists: a trace with shapes or Python frames (record_shapes, with_stack, which
+    slow the host) never times the run while a lean trace of its rank is there; where none
+    is, it does, and a notice says so."""
+    detailed = grouping.is_detailed
+    lean_ranks = {a.rank for a in analyses if not detailed(a)}
+    out, moved, kept = [], [], []
+    for a in analyses:
+        if a.source != Source.DETAILED and detailed(a):
+            if a.rank in lean_ranks:
+                moved.append(a)
+                a = relabel(a, Source.DETAILED)
+            else:
+                kept.append(a)
+        elif a.source == Source.DETAILED and not detailed(a):
+            a = relabel(a, Source.TIMING)  # a lean trace is timing, whatever its name
+        out.append(a)
+    said = []
+    if moved:
+        said.append(
+            f"{_names(moved)}: given as timing traces but detailed (shapes or Python frames: "
+            "record_shapes/with_stack, which slow the host): used as the run's detailed "
+            "traces, not for its timing, which the lean traces give"
+        )
+    if kept:
+        said.append(
+            f"{_names(kept)}: detailed traces (record_shapes/with_stack) and no lean trace of "
+            "their ranks: they time the run, but the profiler slows their host side, so host "
+            "time and GPU idle are overstated; capture lean timing traces to measure them"
+        )
+    return out, said
+
+
+def _names(analyses: list[RankAnalysis]) -> str:
+    names = [Path(a.path).name for a in analyses]
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _near(failure: Failure, run_in: RunInput) -> bool:
@@ -226,11 +269,13 @@ def analyze_run(
     hta: bool = False,
     cache: bool = True,
     missing: Sequence[Failure] = (),
+    said: Sequence[str] = (),
 ) -> RunAnalysis:
     """One run from its traces' analyses: configuration, cross-rank view, breakdown,
-    diagnosis. `missing`: its traces that failed (each said in a notice)."""
+    diagnosis. `missing`: its traces that failed (each said in a notice); `said`: notices
+    about its inputs."""
     timing, notices = number_unnamed([r for r in analyses if r.source != Source.DETAILED])
-    notices = [f.line() for f in missing] + notices
+    notices = [f.line() for f in missing] + list(said) + notices
     detailed, _ = number_unnamed([r for r in analyses if r.source == Source.DETAILED])
     config = infer(timing, run_in.run)
     notices += config.notices

@@ -1595,3 +1595,70 @@ def test_a_trace_in_nanoseconds_says_so(tmp_path):
     assert result.steps["step_us"].tolist() == pytest.approx(plain.steps["step_us"].tolist())
     assert [f.rule for f in result.findings] == [f.rule for f in plain.findings]
     assert 'displayTimeUnit "ns"' in _rank_notices(result)
+
+
+def _as_detailed(document: dict, rank: int) -> None:
+    """What record_shapes and with_stack add: shapes on the ops, Python frames."""
+    extra = []
+    for e in document["traceEvents"]:
+        if e.get("cat") == "cpu_op":
+            e["args"]["Input Dims"] = [[8, 1024]]
+            frame = {**e, "cat": "python_function", "name": "train.py(12): step", "args": {}}
+            extra.append(frame)
+    document["traceEvents"].extend(extra)
+
+
+def _run_with_detailed_listed_as_timing(tmp_path, swap_names: bool) -> tuple[Path, list]:
+    """A capture run whose lean traces say the host keeps up and whose detailed ones (the
+    profiler's record_shapes/with_stack slow the host: a gap between launches) say it does
+    not; run.json lists the detailed ones as its timing traces, or (swap_names) the files'
+    names say so."""
+    run = tmp_path / "run"
+    lean = _sim_run(tmp_path, "lean")
+    slow = _sim_run(tmp_path, "slow", gap_us=600.0)
+    _edit_traces(slow, _as_detailed)
+    run.mkdir()
+    for r in (0, 1):
+        os.rename(lean / f"rank{r}.json", run / f"rank{r}.timing.json")
+        os.rename(slow / f"rank{r}.json", run / f"rank{r}.detailed.json")
+    plain = fsdp_trace.analyze([run / "rank0.timing.json", run / "rank1.timing.json"]).only
+    timing = [f"rank{r}.{'timing' if swap_names else 'detailed'}.json" for r in (0, 1)]
+    detailed = [f"rank{r}.{'detailed' if swap_names else 'timing'}.json" for r in (0, 1)]
+    if swap_names:  # the file names lie: the detailed content under the timing name
+        for r in (0, 1):
+            os.rename(run / f"rank{r}.timing.json", run / "x")
+            os.rename(run / f"rank{r}.detailed.json", run / f"rank{r}.timing.json")
+            os.rename(run / "x", run / f"rank{r}.detailed.json")
+    record = {"files": {"timing": timing, "detailed": detailed}}
+    (run / "run.json").write_text(json.dumps(record))
+    return run, plain.steps["step_us"].tolist()
+
+
+@pytest.mark.parametrize("swap_names", [False, True], ids=["listed", "named"])
+def test_detailed_traces_are_never_the_timing_when_lean_ones_exist(tmp_path, swap_names):
+    """issue 21 (9): detailed traces named or listed as the timing traces were used for the
+    timing figures (host-bound 53 % instead of 25 %). Told apart by their content (shapes,
+    Python frames): the lean traces time the run, the detailed ones stay detailed, and a
+    notice says so."""
+    run, lean_steps = _run_with_detailed_listed_as_timing(tmp_path, swap_names)
+    result = fsdp_trace.analyze(run).only
+    timing = result.steps[result.steps["source"] == "timing"]
+    assert timing["step_us"].tolist() == pytest.approx(lean_steps)
+    assert [r.source for r in result.ranks] == ["timing", "timing"]
+    assert [r.source for r in result.detailed] == ["detailed", "detailed"]
+    lean = "detailed" if swap_names else "timing"  # the lean content's file name
+    assert [Path(r.path).name for r in result.ranks] == [f"rank{r}.{lean}.json" for r in (0, 1)]
+    notice = next(n for n in result.notices if "record_shapes/with_stack" in n)
+    assert "used as the run's detailed traces, not for its timing" in notice
+
+
+def test_only_detailed_traces_time_the_run_with_a_notice(tmp_path):
+    """Without lean traces the detailed ones are all there is: used, and said."""
+    slow = _sim_run(tmp_path, "slow")
+    _edit_traces(slow, _as_detailed)
+    (slow / "run.json").write_text(
+        json.dumps({"files": {"timing": ["rank0.json", "rank1.json"], "detailed": []}})
+    )
+    result = fsdp_trace.analyze(slow).only
+    assert len(result.ranks) == 2
+    assert any("the profiler slows their host side" in n for n in result.notices), result.notices
