@@ -135,11 +135,11 @@ def programs(run) -> tuple[list[Program], dict]:
         raise UserError(
             f"{run.name}: no GPU kernels to replay (CPU/gloo traces have no GPU timing)"
         )
-    if not run.config.labels:
+    if not run.config.labels and any(len(r.collectives) for r in ranks):
         raise UserError(
-            f"{run.name}: no FSDP2 labels in the traces (FSDP1, DDP, pipeline parallel, or "
-            "labels lost): the replay models FSDP2's schedule unit by unit, so it has nothing "
-            "to replay; capture with FSDP2 (`fully_shard`) on torch >= 2.5"
+            f"{run.name}: collectives but no FSDP2 labels in the traces (FSDP1, DDP, pipeline "
+            "parallel, or labels lost): the replay models FSDP2's schedule unit by unit and "
+            "cannot place them; capture with FSDP2 (`fully_shard`) on torch >= 2.5"
         )
     step = _step(run)
     cross = run.crossrank
