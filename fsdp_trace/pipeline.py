@@ -277,7 +277,16 @@ def analyze_run(
     timing, notices = number_unnamed([r for r in analyses if r.source != Source.DETAILED])
     notices = [f.line() for f in missing] + list(said) + notices
     detailed, _ = number_unnamed([r for r in analyses if r.source == Source.DETAILED])
-    config = infer(timing, run_in.run)
+    record = run_in.run
+    config = infer(timing, record)
+    contradiction = run_record_contradicts(record, timing, config)
+    if contradiction:  # another run's run.json: nothing of it describes these traces
+        notices.append(
+            f"{contradiction}: run.json describes another run; its configuration and figures "
+            "are not used, the traces' own are"
+        )
+        record = None
+        config = infer(timing, None)
     notices += config.notices
     for r in timing + detailed:
         _apply_expectations(r, config)
@@ -292,7 +301,7 @@ def analyze_run(
         inputs=run_in.sources,
         ranks=timing,
         detailed=detailed,
-        run=run_in.run,
+        run=record,
         config=config,
         crossrank=crossrank,
         diagnosis=Diagnosis([], [], "", True),
@@ -307,6 +316,30 @@ def analyze_run(
         analysis.hta, hta_notices = cross_check(timing, cache=cache)
         analysis.notices += hta_notices
     return analysis
+
+
+def run_record_contradicts(
+    record, timing: list[RankAnalysis], config: InferredConfig
+) -> str | None:
+    """How a run's run.json contradicts its traces (their world size or rank count, their
+    number of transformer blocks), in words; None where it agrees or cannot tell."""
+    if record is None:
+        return None
+    recorded = record.world.world_size
+    worlds = sorted({int(w) for r in timing if isinstance(w := r.meta.get("world_size"), int)})
+    ranks = {r.rank for r in timing if r.rank is not None}
+    if worlds and recorded not in worlds:
+        shown = " and ".join(map(str, worlds))
+        return f"run.json records a world of {recorded}, the traces one of {shown}"
+    if len(ranks) > recorded:
+        return f"run.json records a world of {recorded}, the traces are of {len(ranks)} ranks"
+    blocks = record.model.n_blocks
+    if blocks and config.labels and config.blocks and len(config.blocks) != blocks:
+        return (
+            f"run.json records {plural(blocks, 'transformer block')}, the traces' FSDP2 "
+            f"labels show {len(config.blocks)}"
+        )
+    return None
 
 
 def _participants(crossrank: CrossRank, rank: RankAnalysis) -> pd.DataFrame | None:

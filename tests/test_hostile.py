@@ -1662,3 +1662,56 @@ def test_only_detailed_traces_time_the_run_with_a_notice(tmp_path):
     result = fsdp_trace.analyze(slow).only
     assert len(result.ranks) == 2
     assert any("the profiler slows their host side" in n for n in result.notices), result.notices
+
+
+def _with_run_json(tmp_path, change) -> Path:
+    """The 2-rank simulated run beside the shipped 1-GPU sample's run.json (8 blocks, a world
+    of 1), changed by `change`."""
+    run = _sim_run(tmp_path, blocks=8)
+    record = json.loads((SAMPLES / "gpt-small-1gpu" / "run.json").read_text())
+    record["files"] = {"timing": ["rank0.json", "rank1.json"], "detailed": []}
+    change(record)
+    (run / "run.json").write_text(json.dumps(record))
+    return run
+
+
+def _world(n: int):
+    def change(record: dict) -> None:
+        record["world"].update(world_size=n, local_world_size=n)
+
+    return change
+
+
+def _blocks(n: int):
+    def change(record: dict) -> None:
+        _world(2)(record)
+        record["model"]["n_blocks"] = n
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "notice"),
+    [
+        (lambda record: None, "run.json records a world of 1, the traces one of 2"),
+        (_world(8), "run.json records a world of 8, the traces one of 2"),
+        (_blocks(24), "run.json records 24 transformer blocks, the traces' FSDP2 labels show 8"),
+    ],
+    ids=["1-gpu-run.json", "world-8", "24-blocks"],
+)
+def test_a_run_json_that_contradicts_the_traces_is_not_used(tmp_path, change, notice):
+    """issue 21 (9): run.json contradicting its traces (a 1-GPU run's beside 2-GPU traces,
+    a world of 8 beside 2, 24 blocks beside 8) was used silently (a false shard-group
+    finding). A notice says so, and the traces' own configuration is used."""
+    result = fsdp_trace.analyze(_with_run_json(tmp_path, change), detailed=False).only
+    said = [n for n in result.notices if n.startswith(notice)]
+    assert said and "run.json describes another run" in said[0], result.notices
+    assert result.run is None
+    assert result.config.world_size.value == 2 and result.config.mesh.source == "trace"
+    assert "shard-group-crosses-nodes" not in [f.rule for f in result.findings]
+
+
+def test_a_run_json_that_agrees_with_the_traces_is_used(tmp_path):
+    result = fsdp_trace.analyze(_with_run_json(tmp_path, _world(2)), detailed=False).only
+    assert result.run is not None and result.config.world_size.source == "run.json"
+    assert not [n for n in result.notices if "describes another run" in n]
