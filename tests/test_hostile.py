@@ -1715,3 +1715,44 @@ def test_a_run_json_that_agrees_with_the_traces_is_used(tmp_path):
     result = fsdp_trace.analyze(_with_run_json(tmp_path, _world(2)), detailed=False).only
     assert result.run is not None and result.config.world_size.source == "run.json"
     assert not [n for n in result.notices if "describes another run" in n]
+
+
+def _group_size_arg(size: int):
+    def edit(document: dict, rank: int) -> None:
+        for e in document["traceEvents"]:
+            if "Group size" in (e.get("args") or {}):
+                e["args"]["Group size"] = size
+
+    return edit
+
+
+def test_a_group_size_the_process_groups_contradict(tmp_path):
+    """issue 21 (9): kernels saying `Group size` 8 in a 2-rank world whose pg_config lists
+    the group's 2 ranks gave "FSDP over 8 ranks" and an 8-rank busbw factor. The group's
+    member list wins, with a notice."""
+    run = _sim_run(tmp_path)
+    plain = fsdp_trace.analyze(run, detailed=False, cache=False).only
+    _edit_traces(run, _group_size_arg(8))
+    result = fsdp_trace.analyze(run, detailed=False).only
+    assert result.config.mesh.value.describe() == "FSDP over 2 ranks"
+    assert set(result.collectives["group_size"]) == {2}
+    assert result.collectives["busbw_gbps"].tolist() == pytest.approx(
+        plain.collectives["busbw_gbps"].tolist(), nan_ok=True
+    )
+    assert "`Group size` 8 where the trace's pg_config lists 2 ranks" in _rank_notices(
+        fsdp_trace.analyze(run, detailed=False)
+    )
+
+
+def test_a_group_size_beyond_the_world_without_process_groups(tmp_path):
+    """Without pg_config to tell: a group larger than the world is left unknown, said."""
+
+    def no_pg_config(document: dict, rank: int) -> None:
+        del document["distributedInfo"]["pg_config"]
+
+    run = _sim_run(tmp_path)
+    _edit_traces(run, _group_size_arg(8))
+    _edit_traces(run, no_pg_config)
+    result = fsdp_trace.analyze(run, detailed=False)
+    assert result.only.collectives["group_size"].isna().all()
+    assert "`Group size` 8, more than the world of 2: left unknown" in _rank_notices(result)
