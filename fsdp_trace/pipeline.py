@@ -290,7 +290,15 @@ def analyze_run(
     notices += config.notices
     for r in timing + detailed:
         _apply_expectations(r, config)
-    crossrank = match(timing)
+    copies = copied_ranks(timing)
+    notices += [
+        f"rank {copy.rank}'s trace is rank {original.rank}'s (every step and collective at "
+        "the same µs: one trace copied under two ranks?): left out of the cross-rank match, "
+        "which would see no waiting at all; give each rank's own trace"
+        for copy, original in copies
+    ]
+    left_out = {id(copy) for copy, _ in copies}
+    crossrank = match([r for r in timing if id(r) not in left_out])
     notices += crossrank.notices
     for r in timing:
         _apply_crossrank(r, _participants(crossrank, r))
@@ -316,6 +324,26 @@ def analyze_run(
         analysis.hta, hta_notices = cross_check(timing, cache=cache)
         analysis.notices += hta_notices
     return analysis
+
+
+def copied_ranks(timing: list[RankAnalysis]) -> list[tuple[RankAnalysis, RankAnalysis]]:
+    """(copy, original) for each rank's trace that is another rank's over again: the same
+    process ids and the same steps and collectives to the µs, which two real ranks (two
+    processes) never have."""
+    seen: dict[bytes, RankAnalysis] = {}
+    out = []
+    for r in timing:
+        c = r.collectives
+        if c.empty or r.steps.empty:
+            continue
+        key = repr(r.meta.get("first_pids")).encode() + b"".join(
+            frame[["start_us", "end_us"]].to_numpy(dtype=np.float64).tobytes()
+            for frame in (r.steps, c)
+        )
+        original = seen.setdefault(key, r)
+        if original is not r and original.rank != r.rank:
+            out.append((r, original))
+    return out
 
 
 def run_record_contradicts(

@@ -1756,3 +1756,18 @@ def test_a_group_size_beyond_the_world_without_process_groups(tmp_path):
     result = fsdp_trace.analyze(run, detailed=False)
     assert result.only.collectives["group_size"].isna().all()
     assert "`Group size` 8, more than the world of 2: left unknown" in _rank_notices(result)
+
+
+def test_one_trace_copied_as_two_ranks_is_said(tmp_path):
+    """issue 21 (9): one rank's trace copied as another's (identical but for the rank) gave
+    zero waiting and no warning. A notice names the copy, which is left out of the
+    cross-rank match (no waiting measured from it)."""
+    run = _sim_run(tmp_path, delay={1: 800.0})
+    document = json.loads((run / "rank0.json").read_text())
+    document["distributedInfo"]["rank"] = 1
+    (run / "rank1.json").write_text(json.dumps(document))
+    result = fsdp_trace.analyze(run, detailed=False).only
+    said = [n for n in result.notices if "rank 1's trace is rank 0's" in n]
+    assert said and "left out of the cross-rank match" in said[0], result.notices
+    assert result.crossrank.empty
+
