@@ -1771,3 +1771,14 @@ def test_one_trace_copied_as_two_ranks_is_said(tmp_path):
     assert said and "left out of the cross-rank match" in said[0], result.notices
     assert result.crossrank.empty
 
+
+def test_a_symbolic_link_loop_finds_each_run_once(tmp_path):
+    """issue 21 (9): a link from a folder to itself made the walk find one run four times
+    (one per folder level it searches). Each folder and file is read once, however named."""
+    top = tmp_path / "top"
+    _sim_run(top, "run")
+    (top / "loop").symlink_to(top)
+    (top / "again").symlink_to(top / "run")
+    result = fsdp_trace.analyze(top, detailed=False)
+    assert len(result.runs) == 1 and len(result.only.ranks) == 2
+

@@ -154,9 +154,17 @@ class Inputs:
     skipped: list[str] = field(default_factory=list)
 
 
-def _walk(folder: Path, depth: int, skipped: list[str]) -> tuple[list[Path], list[Path]]:
+def _walk(
+    folder: Path, depth: int, skipped: list[str], seen: set[str] | None = None
+) -> tuple[list[Path], list[Path]]:
     """Capture run folders and loose trace files at or below `folder`; a subfolder that
-    cannot be read is said in `skipped` (`folder` itself: an error)."""
+    cannot be read is said in `skipped` (`folder` itself: an error). A folder reached again
+    through a symbolic link (a link to a folder above it, a loop) is read once."""
+    seen = set() if seen is None else seen
+    real = os.path.realpath(folder)
+    if real in seen:
+        return [], []
+    seen.add(real)
     try:  # Path.exists/is_file/is_dir raise PermissionError in a folder we cannot search
         if (folder / RUN_FILE).exists():
             return [folder], []
@@ -170,7 +178,7 @@ def _walk(folder: Path, depth: int, skipped: list[str]) -> tuple[list[Path], lis
     runs, loose = [], []
     for sub in subfolders:
         try:
-            r, f = _walk(sub, depth - 1, skipped)
+            r, f = _walk(sub, depth - 1, skipped, seen)
         except UserError as exc:
             skipped.append(exc.message)
             continue
@@ -189,12 +197,17 @@ def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
     loose: list[Path | remote.Url] = []
     sources: dict[Path | remote.Url, str] = {}
     skipped: list[str] = []
+    real_files: set[str] = set()
 
     def add(folder, read, given) -> None:
         """The run in `folder`, read by `read`; one found below the given path that cannot
         be read is said in `skipped`."""
         if any(folder == r.run_dir for r in runs):
             return
+        if isinstance(folder, Path) and any(
+            isinstance(r.run_dir, Path) and os.path.samefile(folder, r.run_dir) for r in runs
+        ):
+            return  # the same folder under another name (a symbolic link)
         try:
             run = read(folder)
         except UserError as exc:
@@ -243,7 +256,9 @@ def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
         for folder in found_runs:
             add(folder, capture_run, path)
         for file in found:
-            if file not in sources:
+            real = os.path.realpath(file)
+            if file not in sources and real not in real_files:  # a file once, however named
+                real_files.add(real)
                 loose.append(file)
                 sources[file] = str(path)
     if not runs and not loose:
