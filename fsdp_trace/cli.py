@@ -11,7 +11,9 @@ import inspect
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 import typing
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -23,7 +25,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from fsdp_trace import __version__
-from fsdp_trace.errors import UserError
+from fsdp_trace.errors import Terminated, UserError
 from fsdp_trace.knobs import KNOB_NAMES
 from fsdp_trace.present.fmt import plural
 
@@ -205,14 +207,27 @@ def fail(command: str, message: str, code: int = 2) -> typer.Exit:
 
 @contextmanager
 def user_errors(command: str) -> Iterator[None]:
-    """Turn a UserError into one line on stderr and exit code 2, and Ctrl-C into one line and
-    exit code 130: never a traceback."""
+    """Turn a UserError into one line on stderr and exit code 2, Ctrl-C into one line and
+    exit code 130, SIGTERM into one line and 143 (each after what was being written is
+    removed): never a traceback. (capture handles its signals itself: its ranks.)"""
+    previous = None
+    if command != "capture" and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         yield
     except UserError as exc:
         raise fail(command, exc.message, exc.exit_code) from None
+    except Terminated:
+        raise fail(command, "terminated (SIGTERM): nothing written", 143) from None
     except KeyboardInterrupt:
         raise fail(command, "interrupted (Ctrl-C): nothing written", 130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 @contextmanager

@@ -1782,3 +1782,35 @@ def test_a_symbolic_link_loop_finds_each_run_once(tmp_path):
     result = fsdp_trace.analyze(top, detailed=False)
     assert len(result.runs) == 1 and len(result.only.ranks) == 2
 
+
+def test_sigterm_while_writing_leaves_nothing(tmp_path):
+    """issue 21 (9): SIGTERM while the outputs were written left `.NAME.staged-PID` files and
+    `.csv.XXXX/` folders (Ctrl-C cleaned up). Here the command sends itself SIGTERM once the
+    CSV folder is staged: one line, exit 143, and no output or staged file left."""
+    run = _sim_run(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    code = (
+        "import os, signal\n"
+        "from fsdp_trace.render import export\n"
+        "write = export.write_csv_files\n"
+        "def dying(result, folder):\n"
+        "    write(result, folder)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "export.write_csv_files = dying\n"
+        "from fsdp_trace.cli import main; main()\n"
+    )
+    args = ["analyze", str(run), "--json", str(out / "o.json"), "--csv", str(out / "csv")]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args, "--report", str(out / "r.html")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
+    )
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        "fsdp-trace analyze: error: terminated (SIGTERM): nothing written"
+    ]
+    assert list(out.iterdir()) == []
