@@ -212,6 +212,7 @@ def user_errors(command: str) -> Iterator[None]:
     removed): never a traceback. (capture handles its signals itself: its ranks.)"""
     previous = None
     if command != "capture" and threading.current_thread() is threading.main_thread():
+        _TERMINATED_IN.add(os.getpid())
         previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         yield
@@ -226,7 +227,14 @@ def user_errors(command: str) -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
+_TERMINATED_IN: set[int] = set()  # the processes whose SIGTERM raises Terminated
+
+
 def _terminated(signum, frame) -> None:
+    if os.getpid() not in _TERMINATED_IN:  # a forked helper (decode, --jobs): ends as usual
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise Terminated()
 
 
