@@ -1814,3 +1814,39 @@ def test_sigterm_while_writing_leaves_nothing(tmp_path):
         "fsdp-trace analyze: error: terminated (SIGTERM): nothing written"
     ]
     assert list(out.iterdir()) == []
+
+
+def _bomb_of_events(gib: float) -> bytes:
+    """A gzip file of valid Kineto JSON: one CPU event repeated to `gib` GiB, ~1/300 of that
+    on disk (16 MiB of events compressed once and repeated: a full flush makes every copy
+    identical)."""
+    event = (
+        b'{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 5, "dur": 1},'
+    )
+    header, tail = b'{"traceEvents": [', event[:-1] + b"]}"
+    block = event * ((16 << 20) // len(event))
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = packer.compress(header) + packer.flush(zlib.Z_FULL_FLUSH)
+    chunk = packer.compress(block) + packer.flush(zlib.Z_FULL_FLUSH)
+    end = packer.compress(tail) + packer.flush()
+    copies = max(1, int(gib * (1 << 30) / len(block)))
+    crc = zlib.crc32(header)
+    for _ in range(copies):
+        crc = zlib.crc32(block, crc)
+    crc = zlib.crc32(tail, crc)
+    size = (len(header) + len(block) * copies + len(tail)) & 0xFFFFFFFF
+    gz_header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    return gz_header + head + chunk * copies + end + struct.pack("<II", crc, size)
+
+
+def test_gzip_bomb_of_valid_events_is_refused_in_bounded_memory(tmp_path):
+    """issue 21 (9): 5 MB of gzip holding 1.5 GB of valid events peaked at 3.4 GB of RSS.
+    Kineto JSON compresses 8-20x; a file that expands over 100x is refused in one line once
+    the ratio shows, in bounded memory."""
+    bomb = _write(tmp_path / "bomb.json.gz", _bomb_of_events(1.5))
+    assert bomb.stat().st_size < 8 * 1024**2
+    peak, code, stderr = peak_rss("analyze", str(bomb), "--no-report")
+    assert code == 2, stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+    assert "expands" in stderr and "gzip bomb" in stderr
+    assert peak < PEAK_RSS_LIMIT, f"peak RSS {peak / 1024**2:.0f} MB"

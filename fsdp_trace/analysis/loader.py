@@ -79,6 +79,11 @@ _BATCH = 8 << 20  # bytes of events per batch of the two-process decode
 # batches' transfer, for a second or less saved (measured in benchmarks/results/speed.md).
 PARALLEL_MIN_BYTES = 256 << 20
 GZIP_RATIO_GUESS = 10  # raw / compressed size of Kineto JSON (8-13 seen), when ISIZE is ambiguous
+# A gzip file whose text grows past this many times the compressed bytes read so far (once
+# past the floor) is refused: Kineto JSON expands 8-20x; a gzip bomb of valid events, 300x or
+# more, would otherwise be decoded whole (1.5 GB of events from 5 MB).
+GZIP_MAX_RATIO = 100
+GZIP_RATIO_FLOOR = 64 << 20
 
 
 class _Args(msgspec.Struct, gc=False, frozen=True):
@@ -710,9 +715,20 @@ def _read_blocks(path: Path, on_progress: Callable[[int], None] | None) -> Itera
     stop = threading.Event()
 
     def reader() -> None:
+        text = 0  # bytes of text read so far
         try:
             while not stop.is_set():
                 block = stream.read(_BLOCK)
+                text += len(block)
+                if is_gzip and text > GZIP_RATIO_FLOOR and text > GZIP_MAX_RATIO * raw.tell():
+                    blocks.put(
+                        UserError(
+                            f"{path}: expands to over {GZIP_MAX_RATIO}x its compressed size "
+                            f"({text >> 20} MB of text from {raw.tell() >> 10} KB so far; "
+                            "Kineto traces expand 8-20x): a gzip bomb? refused"
+                        )
+                    )
+                    return
                 blocks.put((block, raw.tell()))
                 if not block:
                     return
