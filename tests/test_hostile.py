@@ -1850,3 +1850,66 @@ def test_gzip_bomb_of_valid_events_is_refused_in_bounded_memory(tmp_path):
     assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
     assert "expands" in stderr and "gzip bomb" in stderr
     assert peak < PEAK_RSS_LIMIT, f"peak RSS {peak / 1024**2:.0f} MB"
+
+
+def _zip_with(tmp_path, name: str, data: bytes) -> Path:
+    import zipfile
+
+    archive = tmp_path / "traces.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr(name, data)
+    return archive
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (b" " * (80 << 20), "expands to over 100x"),
+        (b"PK not a trace at all" * 1000, "not a trace (it starts"),
+    ],
+    ids=["zip-bomb", "not-json"],
+)
+def test_a_zip_member_is_refused_before_it_is_copied(tmp_path, data, fragment):
+    """issue 21 (9): a `zip://` member was copied whole (2.15 GB) to TMPDIR before the loader
+    refused it. Its sizes and first bytes are checked first: one line, nothing copied."""
+    pytest.importorskip("fsspec")
+    archive = _zip_with(tmp_path, "rank0.json", data)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {"TMPDIR": str(tmpdir)}
+    code = (
+        "import contextlib, sys\n"
+        "from fsdp_trace.analysis import remote\n"
+        "get = remote.local_copy\n"
+        "@contextlib.contextmanager\n"
+        "def spy(url):\n"
+        "    with get(url) as local:\n"
+        "        print('copied', local.stat().st_size, file=sys.stderr)\n"
+        "        yield local\n"
+        "remote.local_copy = spy\n"
+        "from fsdp_trace.cli import main; main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "analyze", f"zip://rank0.json::{archive}", "--no-report"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1", **env},
+    )
+    seen = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(seen) == 1, done.stderr[-2000:]
+    assert (
+        seen[0].startswith("fsdp-trace analyze: error: zip://rank0.json::") and fragment in seen[0]
+    )
+    assert list(tmpdir.iterdir()) == []
+
+
+def test_a_trace_in_a_zip_archive_is_read_by_its_member_name(tmp_path):
+    """A chained URL is named by its member (`zip://rank0.json::x.zip` is rank0.json, not
+    x.zip, which no reader takes): a trace in an archive is analyzed."""
+    pytest.importorskip("fsspec")
+    run = _sim_run(tmp_path)
+    archive = _zip_with(tmp_path, "rank0.json", (run / "rank0.json").read_bytes())
+    result = fsdp_trace.analyze(f"zip://rank0.json::{archive}", detailed=False)
+    assert len(result.only.ranks) == 1
