@@ -1913,3 +1913,30 @@ def test_a_trace_in_a_zip_archive_is_read_by_its_member_name(tmp_path):
     archive = _zip_with(tmp_path, "rank0.json", (run / "rank0.json").read_bytes())
     result = fsdp_trace.analyze(f"zip://rank0.json::{archive}", detailed=False)
     assert len(result.only.ranks) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ("batch_size=1e30", "batch_size takes a whole number from 1 to 1,000,000"),
+        ("batch_scale=1e30", "a batch 1e+30x the measured one"),
+        ("batch_scale=0.001", "from 1/64x to 64x"),
+        ("prefetch_forward=1e30", "prefetch_forward takes a whole number from 0 to 1,000,000"),
+    ],
+)
+def test_whatif_changes_beyond_what_the_replay_models_are_one_line(tmp_path, change, fragment):
+    """issue 21 (9): `whatif --set batch_size=1e30` was accepted (a prediction for a batch
+    of 10^30). The replay's range is said instead."""
+    run = _sim_run(tmp_path)
+    _cli_error(run_cli("whatif", str(run), "--set", change), fragment, command="whatif")
+
+
+def test_whatif_batch_size_far_from_the_runs_is_one_line(tmp_path):
+    """A whole number the parser takes, but 500x the run's batch (run.json: 16)."""
+    run = _with_run_json(tmp_path, _world(2))
+    line = _cli_error(
+        run_cli("whatif", str(run), "--set", "batch_size=8000"),
+        "from 1/64x to 64x",
+        command="whatif",
+    )
+    assert "500x the measured one" in line
