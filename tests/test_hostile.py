@@ -1940,3 +1940,26 @@ def test_whatif_batch_size_far_from_the_runs_is_one_line(tmp_path):
         command="whatif",
     )
     assert "500x the measured one" in line
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "over 1 MB, not a scheduler file"),
+        (b'{"type": "Scheduler"}', "not a scheduler file (JSON with the scheduler's address)"),
+    ],
+    ids=["64-MB", "no-address"],
+)
+def test_a_scheduler_file_that_is_not_one_is_one_line(tmp_path, content, fragment):
+    """issue 21 (9): a 512 MB --scheduler file was read whole (by distributed). It is read
+    here under a 1 MB bound, and one without an address is said to be no scheduler file."""
+    pytest.importorskip("distributed")
+    path = tmp_path / "scheduler.json"
+    if content is None:
+        with open(path, "wb") as handle:
+            handle.truncate(64 << 20)  # sparse: 64 MB of NULs, nothing on disk
+    else:
+        path.write_bytes(content)
+    run = _sim_run(tmp_path)
+    done = run_cli("analyze", str(run), "--scheduler", str(path), "--no-report")
+    _cli_error(done, f"--scheduler {path}: {fragment}")
