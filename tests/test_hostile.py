@@ -1963,3 +1963,23 @@ def test_a_scheduler_file_that_is_not_one_is_one_line(tmp_path, content, fragmen
     run = _sim_run(tmp_path)
     done = run_cli("analyze", str(run), "--scheduler", str(path), "--no-report")
     _cli_error(done, f"--scheduler {path}: {fragment}")
+
+
+def test_renamed_nccl_kernels_are_still_communication(tmp_path):
+    """issue 21 (9): NCCL kernels under other names (a custom build, a wrapper library) gave
+    "no NCCL kernels: a single-GPU trace". The collective arguments torch records on them
+    (`Collective name`) tell them apart as well as the name does."""
+
+    def renamed(document: dict, rank: int) -> None:
+        for e in document["traceEvents"]:
+            if e.get("cat") == "kernel" and e["name"].startswith("nccl"):
+                e["name"] = "commLib::device_step<4096>(Args)"
+
+    run = _sim_run(tmp_path)
+    plain = fsdp_trace.analyze(run, detailed=False, cache=False).only
+    _edit_traces(run, renamed)
+    result = fsdp_trace.analyze(run, detailed=False).only
+    assert "single-GPU" not in _rank_notices(fsdp_trace.analyze(run, detailed=False))
+    assert len(result.collectives) == len(plain.collectives)
+    assert result.collectives["collective"].tolist() == plain.collectives["collective"].tolist()
+    assert result.steps["exposed_us"].tolist() == pytest.approx(plain.steps["exposed_us"].tolist())
