@@ -28,6 +28,7 @@ from fsdp_trace import __version__
 from fsdp_trace.errors import Terminated, UserError
 from fsdp_trace.knobs import KNOB_NAMES
 from fsdp_trace.present.fmt import plural
+from fsdp_trace.printable import printable
 
 _SLOW = object()
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
@@ -201,7 +202,7 @@ app = typer.Typer(
 
 def fail(command: str, message: str, code: int = 2) -> typer.Exit:
     """Print the one-line error every bad input gets, and the exit to raise."""
-    print(f"fsdp-trace {command}: error: {message}", file=sys.stderr, flush=True)
+    print(f"fsdp-trace {command}: error: {printable(message)}", file=sys.stderr, flush=True)
     return typer.Exit(code)
 
 
@@ -492,7 +493,7 @@ def capture(**options: Any) -> None:
             launch(cfg, rendezvous.nproc_per_node, rendezvous)
         except CaptureFailed as exc:
             raise fail("capture", exc.message, exc.exit_code) from None
-    print(f"fsdp-trace capture: wrote {run_contents(Path(cfg.out))}", file=sys.stderr)
+    print(f"fsdp-trace capture: wrote {printable(run_contents(Path(cfg.out)))}", file=sys.stderr)
 
 
 def _stand_in() -> None:
@@ -583,7 +584,7 @@ def announce(lines: list[str]) -> None:
     """Name each file written on stderr, after whatever the command printed."""
     sys.stdout.flush()
     for line in lines:
-        print(f"fsdp-trace: {line}", file=sys.stderr)
+        print(f"fsdp-trace: {printable(line)}", file=sys.stderr)
 
 
 def verb(path: Path) -> str:
@@ -760,7 +761,7 @@ def analyze(
         written = _write_outputs(result, outputs, csv_dir, cache=not no_cache, notes=notes)
     announce(written)
     for line in violated:
-        print(f"fsdp-trace analyze: fail-on: {line}", file=sys.stderr)
+        print(f"fsdp-trace analyze: fail-on: {printable(line)}", file=sys.stderr)
     if violated:
         raise typer.Exit(1)
 
@@ -1072,7 +1073,7 @@ def tune(
         capture_run = tuning.launcher_capture(rendezvous_from_params(parsed))
 
         def say(line: str) -> None:
-            print(f"fsdp-trace tune: {line}", file=sys.stderr, flush=True)
+            print(f"fsdp-trace tune: {printable(line)}", file=sys.stderr, flush=True)
 
         try:
             result = tuning.tune(
@@ -1332,7 +1333,7 @@ def cache_info() -> None:
 
     with user_errors("cache info"):
         for line in cache.info().lines():
-            print(line)
+            print(printable(line))
 
 
 @cache_app.command("clear", cls=PlainCommand)
@@ -1344,7 +1345,7 @@ def cache_clear() -> None:
         files, freed = cache.clear()
         print(
             f"fsdp-trace: deleted {plural(files, 'file')} ({freed / 1024**2:,.1f} MiB) "
-            f"from {cache.directory()}"
+            f"from {printable(cache.directory())}"
         )
 
 

@@ -13,14 +13,18 @@ from __future__ import annotations
 import re
 
 # C0 controls (newline and tab included), DEL, C1 controls; the bidirectional embeddings,
-# overrides and isolates; the line and paragraph separators.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+# overrides and isolates; the line and paragraph separators; lone surrogates (a file name's
+# bytes that are not UTF-8, as Python holds them: they cannot be encoded to print).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
 
 
 def _shown(match: re.Match) -> str:
-    code = ord(match.group())
+    char = match.group()
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # the byte os.fsdecode could not decode
+        return f"\\x{code - 0xDC00:02x}"
     return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(
-        match.group(), f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+        char, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
     )
 
 

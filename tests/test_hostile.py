@@ -1983,3 +1983,55 @@ def test_renamed_nccl_kernels_are_still_communication(tmp_path):
     assert len(result.collectives) == len(plain.collectives)
     assert result.collectives["collective"].tolist() == plain.collectives["collective"].tolist()
     assert result.steps["exposed_us"].tolist() == pytest.approx(plain.steps["exposed_us"].tolist())
+
+
+OSC52 = "\x1b]52;c;SGVsbG8=\x07"  # writes the user's clipboard
+TITLE = "\x1b]0;pwned\x07"  # sets the window title
+CLEAR = "\x1b[2J"  # clears the screen
+
+
+def _no_control(text: str) -> None:
+    bad = sorted({c for c in text if (ord(c) < 32 and c not in "\n") or 0x7F <= ord(c) < 0xA0})
+    assert not bad, [hex(ord(c)) for c in bad]
+
+
+def test_control_characters_from_inputs_never_reach_the_terminal(tmp_path):
+    """issue 21 (9): names inside a trace (units, kernels) and paths reached the terminal
+    raw, escape sequences included (OSC 52 clipboard write, OSC 0 title, CSI 2J clear).
+    Every input-derived string is shown with its control characters escaped: `\\x1b`."""
+
+    def hostile_names(document: dict, rank: int) -> None:
+        for e in document["traceEvents"]:
+            e["name"] = e["name"].replace("layers.1", f"layers.1{OSC52}")
+            if e.get("cat") == "kernel" and not e["name"].startswith("nccl"):
+                e["name"] += CLEAR
+
+    run = _sim_run(tmp_path, f"run{TITLE}")
+    _edit_traces(run, hostile_names)
+    out = tmp_path / f"o{CLEAR}.json"
+    done = run_cli("analyze", str(run), "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    _no_control(done.stdout + done.stderr)
+    assert "layers.1\\x1b]52;c;SGVsbG8=\\x07" in done.stdout  # shown, escaped
+    assert "run\\x1b]0;pwned\\x07" in done.stderr  # the report's path, named on stderr
+    blocks = {b["block"] for b in json.loads(out.read_text())["blocks"]}
+    assert f"layers.1{OSC52}" in blocks  # the data keeps the name as the trace has it
+    for args in (
+        ["analyze", str(tmp_path / f"missing{CLEAR}{TITLE}")],
+        ["whatif", str(run), "--set", f"nonsense{OSC52}=1"],
+        ["view", str(tmp_path / f"x{TITLE}.pftrace"), "--no-browser"],
+    ):
+        done = run_cli(*args)
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        _no_control(line)
+        assert "\\x1b" in line, line
+
+
+def test_printable_shows_each_control_character_as_its_escape():
+    from fsdp_trace.printable import printable
+
+    assert (
+        printable("a\x1b[2Jb\x07\n\t\x9b\u202e\udcff") == "a\\x1b[2Jb\\x07\\n\\t\\x9b\\u202e\\xff"
+    )
+    assert printable("layers.0 → 2 ✓") == "layers.0 → 2 ✓"

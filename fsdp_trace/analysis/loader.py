@@ -1340,7 +1340,11 @@ class _ProgressBar:
                 console=Console(stderr=True),
                 transient=True,
             )
-            self.task = self.progress.add_task(path.name, total=size)
+            from rich.markup import escape
+
+            from fsdp_trace.printable import printable
+
+            self.task = self.progress.add_task(escape(printable(path.name)), total=size)
 
     def __enter__(self) -> Callable[[int], None] | None:
         if self.progress is None:
