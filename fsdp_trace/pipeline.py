@@ -95,7 +95,6 @@ def analyze(
     runs_in: list[tuple[RunInput, list[RankAnalysis]]] = []
     missing: list[list[Failure]] = []
     notices: list[str] = []
-    detailed_said: dict[int, list[str]] = {}  # per run (its RunInput's id): its notices
     done = 0
     for run_in in inputs.runs:
         n = sum(1 for t in run_in.traces if detailed or t.source != Source.DETAILED)
@@ -105,9 +104,6 @@ def analyze(
         if not any(a.source != Source.DETAILED for a in analyses):  # no timing trace left
             notices += [f"{run_in.name}: {f.line()}" for f in mine if isinstance(f, Failure)]
             continue
-        analyses, said = timing_by_content(analyses)
-        if said:
-            detailed_said[id(run_in)] = said
         runs_in.append((run_in, analyses))
         missing.append([a for a in mine if isinstance(a, Failure)])
     loose = [(f, a) for f, a in zip(inputs.loose, outcomes[done:], strict=True)]
@@ -118,7 +114,7 @@ def analyze(
     runs_in += grouped
     missing += [[f for f in lost if _near(f, run_in)] for run_in, _ in grouped]
     runs = [
-        analyze_run(r, a, hta=hta, cache=cache, missing=m, said=detailed_said.get(id(r), []))
+        analyze_run(r, a, hta=hta, cache=cache, missing=m)
         for (r, a), m in zip(runs_in, missing, strict=True)
     ]
     placed = {id(f) for m in missing for f in m}
@@ -144,17 +140,18 @@ def timing_by_content(analyses: list[RankAnalysis]) -> tuple[list[RankAnalysis],
     slow the host) never times the run while a lean trace of its rank is there; where none
     is, it does, and a notice says so."""
     detailed = grouping.is_detailed
-    lean_ranks = {a.rank for a in analyses if not detailed(a)}
+    lean = {a.rank for a in analyses if not detailed(a)}
+    lean_timing = {a.rank for a in analyses if not detailed(a) and a.source != Source.DETAILED}
     out, moved, kept = [], [], []
     for a in analyses:
         if a.source != Source.DETAILED and detailed(a):
-            if a.rank in lean_ranks:
+            if a.rank in lean:
                 moved.append(a)
                 a = relabel(a, Source.DETAILED)
             else:
                 kept.append(a)
-        elif a.source == Source.DETAILED and not detailed(a):
-            a = relabel(a, Source.TIMING)  # a lean trace is timing, whatever its name
+        elif a.source == Source.DETAILED and not detailed(a) and a.rank not in lean_timing:
+            a = relabel(a, Source.TIMING)  # its rank's lean trace, under the detailed name
         out.append(a)
     said = []
     if moved:
@@ -269,13 +266,14 @@ def analyze_run(
     hta: bool = False,
     cache: bool = True,
     missing: Sequence[Failure] = (),
-    said: Sequence[str] = (),
 ) -> RunAnalysis:
     """One run from its traces' analyses: configuration, cross-rank view, breakdown,
-    diagnosis. `missing`: its traces that failed (each said in a notice); `said`: notices
-    about its inputs."""
+    diagnosis. `missing`: its traces that failed (each said in a notice)."""
+    said: list[str] = []
+    if run_in.run is not None:  # a capture run: its lists name the traces, their content wins
+        analyses, said = timing_by_content(analyses)
     timing, notices = number_unnamed([r for r in analyses if r.source != Source.DETAILED])
-    notices = [f.line() for f in missing] + list(said) + notices
+    notices = [f.line() for f in missing] + said + notices
     detailed, _ = number_unnamed([r for r in analyses if r.source == Source.DETAILED])
     record = run_in.run
     config = infer(timing, record)
