@@ -65,7 +65,11 @@ def capture_run(path: Path) -> RunInput:
     timing = [TraceInput(_inside(path, f), Source.TIMING) for f in run.files.timing]
     missing = [str(t.path) for t in timing if not t.path.is_file()]
     if timing and len(missing) == len(timing):
-        _left_out(path, len(timing))
+        try:
+            kept = [p.name for p in path.iterdir() if p.is_file()]
+        except OSError:
+            kept = [RUN_FILE]
+        raise _left_out(path, len(timing), kept)
     if missing or not timing:
         raise UserError(
             f"{path}: run.json lists timing traces that are missing: {', '.join(missing[:3])}"
@@ -82,17 +86,14 @@ def capture_run(path: Path) -> RunInput:
     )
 
 
-def _left_out(path: Path, listed: int) -> None:
-    """A run whose traces are all absent: its record kept without them (a sweep point keeps
-    run.json and analysis.json when its traces are deleted or left out for size)."""
-    try:
-        kept = sorted(p.name for p in path.iterdir() if p.is_file())
-    except OSError:
-        kept = [RUN_FILE]
+def _left_out(where: object, listed: int, kept: list[str]) -> UserError:
+    """A run whose traces are all absent (`kept`: the files it has): its record kept without
+    them (a sweep point keeps run.json and analysis.json when its traces are deleted or left
+    out for size)."""
     read = "; `fsdp-trace plot` and `compare` read its analysis.json" if SUMMARY in kept else ""
-    raise UserError(
-        f"{path}: traces left out (run.json lists {listed}, all missing; only "
-        f"{', '.join(kept[:4])} here): nothing to analyze{read}"
+    return UserError(
+        f"{where}: traces left out (run.json lists {listed}, all missing; only "
+        f"{', '.join(sorted(kept)[:4])} here): nothing to analyze{read}"
     )
 
 
@@ -122,10 +123,7 @@ def capture_run_url(folder: remote.Url) -> RunInput:
     timing = traces(run.files.timing, Source.TIMING)
     missing = [folder.child(n).url for n in run.files.timing if n not in present]
     if run.files.timing and not timing:
-        raise UserError(
-            f"{folder}: traces left out (run.json lists {len(run.files.timing)}, all "
-            f"missing; only {', '.join(sorted(present)[:4])} here): nothing to analyze"
-        )
+        raise _left_out(folder, len(run.files.timing), list(present))
     if missing or not timing:
         raise UserError(
             f"{folder}: run.json lists timing traces that are missing: {', '.join(missing[:3])}"
