@@ -4,13 +4,16 @@ are built only for capture (DeferredCommand). Annotations are evaluated where th
 (no `from __future__ import annotations`): typer would otherwise evaluate every parameter's
 annotation text again at each start (~5 ms)."""
 
+import contextlib
 import functools
 import gc
 import inspect
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 import typing
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -22,9 +25,10 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from fsdp_trace import __version__
-from fsdp_trace.errors import UserError
+from fsdp_trace.errors import Terminated, UserError
 from fsdp_trace.knobs import KNOB_NAMES
 from fsdp_trace.present.fmt import plural
+from fsdp_trace.printable import printable
 
 _SLOW = object()
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
@@ -198,20 +202,41 @@ app = typer.Typer(
 
 def fail(command: str, message: str, code: int = 2) -> typer.Exit:
     """Print the one-line error every bad input gets, and the exit to raise."""
-    print(f"fsdp-trace {command}: error: {message}", file=sys.stderr, flush=True)
+    print(f"fsdp-trace {command}: error: {printable(message)}", file=sys.stderr, flush=True)
     return typer.Exit(code)
 
 
 @contextmanager
 def user_errors(command: str) -> Iterator[None]:
-    """Turn a UserError into one line on stderr and exit code 2, and Ctrl-C into one line and
-    exit code 130: never a traceback."""
+    """Turn a UserError into one line on stderr and exit code 2, Ctrl-C into one line and
+    exit code 130, SIGTERM into one line and 143 (each after what was being written is
+    removed): never a traceback. (capture handles its signals itself: its ranks.)"""
+    previous = None
+    if command != "capture" and threading.current_thread() is threading.main_thread():
+        _TERMINATED_IN.add(os.getpid())
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         yield
     except UserError as exc:
         raise fail(command, exc.message, exc.exit_code) from None
+    except Terminated:
+        raise fail(command, "terminated (SIGTERM): nothing written", 143) from None
     except KeyboardInterrupt:
         raise fail(command, "interrupted (Ctrl-C): nothing written", 130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+_TERMINATED_IN: set[int] = set()  # the processes whose SIGTERM raises Terminated
+
+
+def _terminated(signum, frame) -> None:
+    if os.getpid() not in _TERMINATED_IN:  # a forked helper (decode, --jobs): ends as usual
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise Terminated()
 
 
 @contextmanager
@@ -468,7 +493,7 @@ def capture(**options: Any) -> None:
             launch(cfg, rendezvous.nproc_per_node, rendezvous)
         except CaptureFailed as exc:
             raise fail("capture", exc.message, exc.exit_code) from None
-    print(f"fsdp-trace capture: wrote {run_contents(Path(cfg.out))}", file=sys.stderr)
+    print(f"fsdp-trace capture: wrote {printable(run_contents(Path(cfg.out)))}", file=sys.stderr)
 
 
 def _stand_in() -> None:
@@ -559,7 +584,7 @@ def announce(lines: list[str]) -> None:
     """Name each file written on stderr, after whatever the command printed."""
     sys.stdout.flush()
     for line in lines:
-        print(f"fsdp-trace: {line}", file=sys.stderr)
+        print(f"fsdp-trace: {printable(line)}", file=sys.stderr)
 
 
 def verb(path: Path) -> str:
@@ -736,7 +761,7 @@ def analyze(
         written = _write_outputs(result, outputs, csv_dir, cache=not no_cache, notes=notes)
     announce(written)
     for line in violated:
-        print(f"fsdp-trace analyze: fail-on: {line}", file=sys.stderr)
+        print(f"fsdp-trace analyze: fail-on: {printable(line)}", file=sys.stderr)
     if violated:
         raise typer.Exit(1)
 
@@ -1048,7 +1073,7 @@ def tune(
         capture_run = tuning.launcher_capture(rendezvous_from_params(parsed))
 
         def say(line: str) -> None:
-            print(f"fsdp-trace tune: {line}", file=sys.stderr, flush=True)
+            print(f"fsdp-trace tune: {printable(line)}", file=sys.stderr, flush=True)
 
         try:
             result = tuning.tune(
@@ -1308,7 +1333,7 @@ def cache_info() -> None:
 
     with user_errors("cache info"):
         for line in cache.info().lines():
-            print(line)
+            print(printable(line))
 
 
 @cache_app.command("clear", cls=PlainCommand)
@@ -1320,9 +1345,62 @@ def cache_clear() -> None:
         files, freed = cache.clear()
         print(
             f"fsdp-trace: deleted {plural(files, 'file')} ({freed / 1024**2:,.1f} MiB) "
-            f"from {cache.directory()}"
+            f"from {printable(cache.directory())}"
         )
 
 
+class _Stdout:
+    """Standard output as the commands write it: a reader that went away (`| head -1`) stops
+    the printing, not the command (its files are still written, and it exits as it would);
+    a stdout that cannot be written (`> /dev/full`) is a one-line error; text the terminal's
+    encoding cannot show is replaced, never a UnicodeEncodeError. Everything else is the
+    stream's own."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    def _closed_under_us(self) -> None:
+        """Later writes, and the interpreter's last flush, go nowhere."""
+        self._gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+    def _do(self, action, *args):
+        if self._gone:
+            return None
+        try:
+            return action(*args)
+        except BrokenPipeError:
+            self._closed_under_us()
+        except OSError as exc:
+            self._closed_under_us()
+            raise UserError(
+                f"cannot write to standard output ({exc.strerror or exc}): the output stops "
+                "here, nothing else written"
+            ) from None
+        return None
+
+    def write(self, text: str) -> int:
+        self._do(self._stream.write, text)
+        self._do(self._stream.flush)
+        return len(text)
+
+    def flush(self) -> None:
+        self._do(self._stream.flush)
+
+
 def main() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
+            stream.reconfigure(errors="backslashreplace" if stream is sys.stderr else "replace")
+    if sys.stdout is not None:
+        sys.stdout = _Stdout(sys.stdout)
     app()

@@ -11,3 +11,8 @@ class UserError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is (as Ctrl-C raises KeyboardInterrupt), so that what
+    it was writing is removed on the way out."""

@@ -66,6 +66,11 @@ def analyze(
         raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
     if client is not None and jobs != 1:
         raise UserError(f"--jobs {jobs} and a Dask cluster: give one of them")
+    if hta:
+        from fsdp_trace.analysis.hta_check import NOT_INSTALLED, hta_tool
+
+        if hta_tool() is None:  # asked for: refused before any work, not a notice after it
+            raise UserError(NOT_INSTALLED)
     inputs = resolve(paths)
     groups = [[t for t in r.traces if detailed or t.source != Source.DETAILED] for r in inputs.runs]
     unsorted = [TraceInput(p) for p in inputs.loose]
@@ -117,12 +122,56 @@ def analyze(
     grouping = grouping_line(runs_in, len(work))
     if failed:
         grouping += f"; {len(failed)} failed (left out)"
+    if inputs.skipped:
+        grouping += f"; {plural(len(inputs.skipped), 'run')} not analyzed (see the notices)"
     return Result(
         inputs=given,
         runs=runs,
         grouping=grouping,
-        notices=notices + [f.line() for f in lost if id(f) not in placed],
+        notices=[f"not analyzed: {line}" for line in inputs.skipped]
+        + notices
+        + [f.line() for f in lost if id(f) not in placed],
     )
+
+
+def timing_by_content(analyses: list[RankAnalysis]) -> tuple[list[RankAnalysis], list[str]]:
+    """A capture run's traces as timing or detailed by what they hold, not by their names or
+    run.json's lists: a trace with shapes or Python frames (record_shapes, with_stack, which
+    slow the host) never times the run while a lean trace of its rank is there; where none
+    is, it does, and a notice says so."""
+    detailed = grouping.is_detailed
+    lean = {a.rank for a in analyses if not detailed(a)}
+    lean_timing = {a.rank for a in analyses if not detailed(a) and a.source != Source.DETAILED}
+    out, moved, kept = [], [], []
+    for a in analyses:
+        if a.source != Source.DETAILED and detailed(a):
+            if a.rank in lean:
+                moved.append(a)
+                a = relabel(a, Source.DETAILED)
+            else:
+                kept.append(a)
+        elif a.source == Source.DETAILED and not detailed(a) and a.rank not in lean_timing:
+            a = relabel(a, Source.TIMING)  # its rank's lean trace, under the detailed name
+        out.append(a)
+    said = []
+    if moved:
+        said.append(
+            f"{_names(moved)}: given as timing traces but detailed (shapes or Python frames: "
+            "record_shapes/with_stack, which slow the host): used as the run's detailed "
+            "traces, not for its timing, which the lean traces give"
+        )
+    if kept:
+        said.append(
+            f"{_names(kept)}: detailed traces (record_shapes/with_stack) and no lean trace of "
+            "their ranks: they time the run, but the profiler slows their host side, so host "
+            "time and GPU idle are overstated; capture lean timing traces to measure them"
+        )
+    return out, said
+
+
+def _names(analyses: list[RankAnalysis]) -> str:
+    names = [Path(a.path).name for a in analyses]
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _near(failure: Failure, run_in: RunInput) -> bool:
@@ -220,14 +269,34 @@ def analyze_run(
 ) -> RunAnalysis:
     """One run from its traces' analyses: configuration, cross-rank view, breakdown,
     diagnosis. `missing`: its traces that failed (each said in a notice)."""
+    said: list[str] = []
+    if run_in.run is not None:  # a capture run: its lists name the traces, their content wins
+        analyses, said = timing_by_content(analyses)
     timing, notices = number_unnamed([r for r in analyses if r.source != Source.DETAILED])
-    notices = [f.line() for f in missing] + notices
+    notices = [f.line() for f in missing] + said + notices
     detailed, _ = number_unnamed([r for r in analyses if r.source == Source.DETAILED])
-    config = infer(timing, run_in.run)
+    record = run_in.run
+    config = infer(timing, record)
+    contradiction = run_record_contradicts(record, timing, config)
+    if contradiction:  # another run's run.json: nothing of it describes these traces
+        notices.append(
+            f"{contradiction}: run.json describes another run; its configuration and figures "
+            "are not used, the traces' own are"
+        )
+        record = None
+        config = infer(timing, None)
     notices += config.notices
     for r in timing + detailed:
         _apply_expectations(r, config)
-    crossrank = match(timing)
+    copies = copied_ranks(timing)
+    notices += [
+        f"rank {copy.rank}'s trace is rank {original.rank}'s (every step and collective at "
+        "the same µs: one trace copied under two ranks?): left out of the cross-rank match, "
+        "which would see no waiting at all; give each rank's own trace"
+        for copy, original in copies
+    ]
+    left_out = {id(copy) for copy, _ in copies}
+    crossrank = match([r for r in timing if id(r) not in left_out])
     notices += crossrank.notices
     for r in timing:
         _apply_crossrank(r, _participants(crossrank, r))
@@ -238,7 +307,7 @@ def analyze_run(
         inputs=run_in.sources,
         ranks=timing,
         detailed=detailed,
-        run=run_in.run,
+        run=record,
         config=config,
         crossrank=crossrank,
         diagnosis=Diagnosis([], [], "", True),
@@ -253,6 +322,50 @@ def analyze_run(
         analysis.hta, hta_notices = cross_check(timing, cache=cache)
         analysis.notices += hta_notices
     return analysis
+
+
+def copied_ranks(timing: list[RankAnalysis]) -> list[tuple[RankAnalysis, RankAnalysis]]:
+    """(copy, original) for each rank's trace that is another rank's over again: the same
+    process ids and the same steps and collectives to the µs, which two real ranks (two
+    processes) never have."""
+    seen: dict[bytes, RankAnalysis] = {}
+    out = []
+    for r in timing:
+        c = r.collectives
+        if c.empty or r.steps.empty:
+            continue
+        key = repr(r.meta.get("first_pids")).encode() + b"".join(
+            frame[["start_us", "end_us"]].to_numpy(dtype=np.float64).tobytes()
+            for frame in (r.steps, c)
+        )
+        original = seen.setdefault(key, r)
+        if original is not r and original.rank != r.rank:
+            out.append((r, original))
+    return out
+
+
+def run_record_contradicts(
+    record, timing: list[RankAnalysis], config: InferredConfig
+) -> str | None:
+    """How a run's run.json contradicts its traces (their world size or rank count, their
+    number of transformer blocks), in words; None where it agrees or cannot tell."""
+    if record is None:
+        return None
+    recorded = record.world.world_size
+    worlds = sorted({int(w) for r in timing if isinstance(w := r.meta.get("world_size"), int)})
+    ranks = {r.rank for r in timing if r.rank is not None}
+    if worlds and recorded not in worlds:
+        shown = " and ".join(map(str, worlds))
+        return f"run.json records a world of {recorded}, the traces one of {shown}"
+    if len(ranks) > recorded:
+        return f"run.json records a world of {recorded}, the traces are of {len(ranks)} ranks"
+    blocks = record.model.n_blocks
+    if blocks and config.labels and config.blocks and len(config.blocks) != blocks:
+        return (
+            f"run.json records {plural(blocks, 'transformer block')}, the traces' FSDP2 "
+            f"labels show {len(config.blocks)}"
+        )
+    return None
 
 
 def _participants(crossrank: CrossRank, rank: RankAnalysis) -> pd.DataFrame | None:

@@ -17,6 +17,7 @@ import pandas as pd
 from fsdp_trace import atomic
 from fsdp_trace.errors import UserError
 from fsdp_trace.present.fmt import plural
+from fsdp_trace.printable import printable
 from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
 from fsdp_trace.vocab import Source
 
@@ -283,7 +284,7 @@ def point_figures(
 
 
 def _stderr(message: str) -> None:
-    print(f"fsdp-trace: {message}", file=sys.stderr)
+    print(f"fsdp-trace: {printable(message)}", file=sys.stderr)
 
 
 def _label(run: RunRecord) -> str:

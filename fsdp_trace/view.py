@@ -30,6 +30,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from fsdp_trace.errors import UserError
+from fsdp_trace.printable import printable
 
 UI_ORIGIN = "https://ui.perfetto.dev"
 HOST = "127.0.0.1"
@@ -111,7 +112,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except OSError:  # the browser gave up, or stopped reading past the timeout
                 return
             if sent == size:
-                self.server.count_served()
+                self.server.count_served(self.headers.get("Origin"), self.headers.get("User-Agent"))
         finally:
             self.server.done_with_file()
 
@@ -156,6 +157,7 @@ class _HttpServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.client_timeout = client_timeout
         self.served = 0
         self.served_once = threading.Event()
+        self.last_client: tuple[str | None, str | None] = (None, None)  # Origin, User-Agent
         self._lock = threading.Lock()
         self._readers = 0  # handlers reading the file now
         self._closing = False  # close the file when the last reader is done
@@ -193,9 +195,10 @@ class _HttpServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
             if self._readers == 0:
                 os.close(self.fd)
 
-    def count_served(self) -> None:
+    def count_served(self, origin: str | None = None, agent: str | None = None) -> None:
         with self._lock:
             self.served += 1
+            self.last_client = (origin, agent)
         self.served_once.set()
 
     def handle_error(self, request, client_address) -> None:
@@ -234,6 +237,11 @@ class TraceServer:
     def __init__(
         self, path: str | Path, port: int = PORT, client_timeout: float = CLIENT_TIMEOUT_S
     ) -> None:
+        if not 0 <= port <= 65535:
+            raise UserError(
+                f"--port {port}: not a TCP port; give one from 1 to 65535 (ui.perfetto.dev "
+                f"loads traces from {PORT} only)"
+            )
         path = Path(path)
         fd, size = _open_trace(path)
         self.path = path.resolve()
@@ -268,6 +276,19 @@ class TraceServer:
     def served(self) -> int:
         """How many times the file has been sent in full."""
         return self._server.served
+
+    def what_happened(self) -> str:
+        """The last full download, in words: to the Perfetto UI (the request came from its
+        page: `Origin`), or to another client, named by its headers."""
+        origin, agent = self._server.last_client
+        sent = f"sent {self.path.name} ({self.size / 1e6:.1f} MB) in full"
+        if origin == UI_ORIGIN:
+            return printable(f"{sent} to the Perfetto UI (a {UI_ORIGIN} page): it shows it there")
+        return printable(
+            f"{sent} to a client that is not the Perfetto UI (Origin: {origin or 'none'}; "
+            f"User-Agent: {agent or 'none'}): the UI has not loaded it; open the link above "
+            "in a browser (run again, or --keep-serving to serve more than one download)"
+        )
 
     def serve(self, once: bool = True) -> None:
         """Answer requests: until the file has been sent once, or until interrupted."""
@@ -344,7 +365,7 @@ def serve(path: Path, port: int = PORT, open_browser: bool = True, once: bool = 
         size_mb = server.size / 1e6
         print(f"Open {server.url}", flush=True)
         print(
-            f"(serving {server.path.name}, {size_mb:.1f} MB, on {HOST}:{server.port}"
+            f"(serving {printable(server.path.name)}, {size_mb:.1f} MB, on {HOST}:{server.port}"
             f"{' until the UI has loaded it' if once else ''}; Ctrl-C to stop; on a remote "
             f"machine first run `ssh -L {server.port}:{HOST}:{server.port} HOST` locally)",
             flush=True,
@@ -357,4 +378,4 @@ def serve(path: Path, port: int = PORT, open_browser: bool = True, once: bool = 
             print("stopped", flush=True)
             return
         if once:
-            print(f"served {server.path.name} to the Perfetto UI", flush=True)
+            print(server.what_happened(), flush=True)

@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.synth import AUTOGRAD, CPU_PID, MAIN, TraceBuilder
+from tests.synth import AUTOGRAD, MAIN, TraceBuilder
 
 ROOT = "root"
 
@@ -392,7 +392,7 @@ def _compress_host(b: TraceBuilder, factor: float) -> None:
     """Every CPU event moved toward its step's start (ts and dur × factor from there)."""
     starts = sorted(e["ts"] for e in b.events if e["name"].startswith("ProfilerStep#"))
     for e in b.events:
-        if e["pid"] != CPU_PID or e["name"].startswith("ProfilerStep#"):
+        if e["pid"] != b.cpu_pid or e["name"].startswith("ProfilerStep#"):
             continue
         origin = max((t for t in starts if t <= e["ts"]), default=e["ts"])
         e["ts"] = origin + (e["ts"] - origin) * factor

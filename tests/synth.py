@@ -41,6 +41,7 @@ class TraceBuilder:
         self.events: list[dict[str, Any]] = []
         self.rank = rank
         self.world_size = world_size
+        self.cpu_pid = CPU_PID + (rank or 0)  # each rank its own process, as in a real run
         self._corr = 1000
 
     def cpu(
@@ -51,7 +52,7 @@ class TraceBuilder:
                 "ph": "X",
                 "cat": cat,
                 "name": name,
-                "pid": CPU_PID,
+                "pid": self.cpu_pid,
                 "tid": tid,
                 "ts": ts,
                 "dur": dur,
@@ -85,7 +86,7 @@ class TraceBuilder:
                     "ph": "X",
                     "cat": "cuda_runtime",
                     "name": "cudaLaunchKernel",
-                    "pid": CPU_PID,
+                    "pid": self.cpu_pid,
                     "tid": launch_tid,
                     "ts": launch_ts,
                     "dur": 1.0,

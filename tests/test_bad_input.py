@@ -263,3 +263,32 @@ def test_a_corrupt_trace_among_several_is_one_line_with_any_jobs(tmp_path, jobs)
         f"fsdp-trace analyze: error: {corrupt}: truncated or corrupt gzip: re-copy or "
         "re-export the trace"
     ]
+
+
+def test_hta_asked_for_but_not_installed_is_one_line(tmp_path):
+    """issue 21 (8): `--hta` without HTA exited 0 with a notice; it was asked for, so the
+    command refuses in one line (exit 2) before any analysis, and writes nothing."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    report = tmp_path / "r.html"
+    code = (
+        "import sys; sys.modules['hta'] = None  # no HTA to import\n"
+        "from fsdp_trace.cli import main; main()"
+    )
+    args = ["analyze", str(SAMPLES / "gpt-small-2gpu"), "--hta", "--report", str(report)]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "fsdp-trace analyze: error: --hta: HTA is not installed: pip install traceinsight "
+        "(HTA's successor; or holistictraceanalysis, not both: they install the same module)"
+    ]
+    assert done.stdout == "" and not report.exists()

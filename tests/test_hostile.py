@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import fsdp_trace
 from tests.conftest import REPO, SAMPLES, run_cli
 
 SAMPLE = SAMPLES / "gpt-small-2gpu" / "rank0.timing.json.gz"
@@ -596,13 +597,14 @@ def test_corpus_is_large_and_varied():
 # --- focused tests: one per defect -------------------------------------------------------------
 
 
-def _cli_error(done, *fragments: str) -> str:
+def _cli_error(done, *fragments: str, command: str = "analyze") -> str:
     """The one-line error of a refused input (exit 2, no traceback); returns the line."""
     both = done.stdout + done.stderr
     assert "Traceback" not in both, both[-3000:]
     assert done.returncode == 2, both[-2000:]
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX), done.stderr
+    prefix = f"fsdp-trace {command}: error: "
+    assert len(lines) == 1 and lines[0].startswith(prefix), done.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
@@ -1245,3 +1247,791 @@ def test_loader_notices_reach_the_output(tmp_path, base):
     _duplicated(document)
     got = _analyze_json(tmp_path, _write(tmp_path / "rank0.json", _dump(document)))
     assert "duplicated events" in json.dumps(got["notices"])
+
+
+# --- issue 21: a newcomer's pass and a second hostile corpus --------------------------------
+
+
+def _sim_run(tmp_path, name: str = "run", **sim) -> Path:
+    from tests.fsdp_sim import Sim
+
+    folder = tmp_path / name
+    Sim(host_speed=4.0, **sim).write(folder)
+    return folder
+
+
+def _edit_traces(folder: Path, edit) -> None:
+    """`edit(document, rank)` applied to every rank{R}.json in `folder`."""
+    for path in sorted(folder.glob("rank*.json")):
+        document = json.loads(path.read_text())
+        edit(document, document["distributedInfo"]["rank"])
+        path.write_text(json.dumps(document))
+
+
+def _memsets_sharing_correlation(document: dict, rank: int) -> None:
+    """A memset beside each compute kernel, under the kernel's correlation id: what a Triton
+    kernel's launch writes (HTA's public a100_16rank trace has hundreds)."""
+    extra = []
+    for e in document["traceEvents"]:
+        if e.get("cat") == "kernel" and not e["name"].startswith("nccl"):
+            memset = {**e, "cat": "gpu_memset", "name": "Memset (Device)", "dur": 1.0}
+            memset["ts"] = e["ts"] - 2.0
+            memset["args"] = dict(e["args"])
+            extra.append(memset)
+    document["traceEvents"].extend(extra)
+
+
+def test_gpu_events_sharing_a_correlation_id_are_replayed(tmp_path):
+    """issue 21 (1): `whatif` and the report's what-if panel on kernels that share their
+    correlation id with a memset: a prediction, not pandas' InvalidIndexError."""
+    run = _sim_run(tmp_path)
+    _edit_traces(run, _memsets_sharing_correlation)
+    done = run_cli("whatif", str(run), "--set", "ac_coverage=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    report = tmp_path / "r.html"
+    done = run_cli("analyze", str(run), "--report", str(report))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert 'data-panel="whatif"' in report.read_text()
+
+
+def _without_fsdp_labels(document: dict, rank: int) -> None:
+    document["traceEvents"] = [
+        e for e in document["traceEvents"] if not e.get("name", "").startswith("FSDP::")
+    ]
+
+
+def test_whatif_on_traces_without_fsdp2_labels_refuses_in_one_line(tmp_path):
+    """issue 21 (1): HTA's a100_16rank trace has no FSDP2 labels (pipeline SendRecv): the
+    replay of FSDP2's schedule has nothing to model. `whatif` says so in one line, exit 2;
+    the report's what-if panel says it in the panel and the report is written."""
+    run = _sim_run(tmp_path)
+    _edit_traces(run, _without_fsdp_labels)
+    done = run_cli("whatif", str(run))
+    _cli_error(done, "no FSDP2 labels", "fully_shard", command="whatif")
+    report = tmp_path / "r.html"
+    done = run_cli("analyze", str(run), "--report", str(report))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "No prediction: " in report.read_text() and "no FSDP2 labels" in report.read_text()
+
+
+def test_a_report_panel_that_fails_says_why_and_the_report_is_written(tmp_path, monkeypatch):
+    """issue 21 (1): a panel that cannot be computed says why in the panel; the other panels
+    and the report stand."""
+    from fsdp_trace.present import whatif as present_whatif
+    from fsdp_trace.render.report import render_html
+
+    def broken(run, peers):
+        raise KeyError("no such column")
+
+    monkeypatch.setattr(present_whatif, "panel_view", broken)
+    page = render_html(fsdp_trace.analyze(_sim_run(tmp_path), detailed=False))
+    assert 'data-panel="whatif"' in page and 'data-panel="diagnosis"' in page
+    assert "This panel could not be computed (KeyError: &#x27;no such column&#x27;)" in page
+
+
+HTA_PUBLIC = REPO.parent / "shared" / "traces" / "hta"  # HTA's public test traces, beside the repo
+
+
+@pytest.mark.skipif(not HTA_PUBLIC.is_dir(), reason="HTA's public traces are not beside the repo")
+def test_htas_public_traces_analyze_with_a_report_and_whatif_refuses(tmp_path):
+    """issue 21 (1), on the files themselves: the folder and the 16-rank file alone analyze
+    with their report written; `whatif` on the file refuses in one line."""
+    import shutil
+
+    folder = shutil.copytree(HTA_PUBLIC, tmp_path / "hta")
+    done = run_cli("analyze", str(folder))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (folder / "report.html").is_file()
+    one = folder / "a100_16rank_rank0_pt20.json.gz"
+    done = run_cli("analyze", str(one), "--no-detailed")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no FSDP2 labels" in (folder / "a100_16rank_rank0_pt20.report.html").read_text()
+    _cli_error(run_cli("whatif", str(one)), "no FSDP2 labels", command="whatif")
+
+
+def _left_out_point(folder: Path) -> Path:
+    """A sweep point whose traces were left out: run.json (listing them) and analysis.json."""
+    folder.mkdir(parents=True)
+    files = {"timing": ["rank0.timing.json.gz"], "detailed": ["rank0.detailed.json.gz"]}
+    (folder / "run.json").write_text(json.dumps({"files": files}))
+    (folder / "analysis.json").write_text(json.dumps({"format": 1}))
+    return folder
+
+
+def test_a_folder_of_many_runs_analyzes_those_it_can_and_names_the_rest(tmp_path):
+    """issue 21 (4): `analyze sample_traces` stopped at the first sweep point whose traces
+    were left out. Every run that can be analyzed is; each other one is named in one notice
+    line (a point without its traces as "traces left out", not an error); the tool's own
+    records (tune.json) beside runs are not read as traces."""
+    runs = tmp_path / "runs"
+    _sim_run(runs, "good")
+    _left_out_point(runs / "sweep" / "ac0.00-1gpu")
+    broken = runs / "broken"
+    broken.mkdir()
+    (broken / "run.json").write_text(json.dumps({"files": {"timing": "rank0.json"}}))
+    tune = runs / "tune"
+    _sim_run(tune, "eager")
+    (tune / "tune.json").write_text(json.dumps({"trials": []}))
+    out = tmp_path / "o.json"
+    before = _tree_digest([str(runs)])
+    done = run_cli("analyze", str(runs), "--json", str(out), "--no-report")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "error" not in done.stderr and "Traceback" not in done.stderr
+    got = json.loads(out.read_text())
+    assert len(got["runs"]) == 2  # good and tune/eager
+    skipped = [n for n in got["notices"] if n.startswith("not analyzed: ")]
+    assert len(skipped) == 2, got["notices"]
+    left, bad = sorted(skipped, key=lambda n: "left out" not in n)
+    assert f"{runs / 'sweep' / 'ac0.00-1gpu'}: traces left out" in left and "\n" not in left
+    assert str(broken) in bad and "run.json" in bad
+    printed = [ln for ln in done.stdout.splitlines() if ln.startswith("notice: not analyzed")]
+    assert len(printed) == 2
+    assert "2 runs not analyzed" in got["grouping"]
+    assert _tree_digest([str(runs)]) == before
+
+
+def test_a_run_whose_traces_were_left_out_named_itself_is_one_line(tmp_path):
+    """Pointed at directly, a point without its traces is a one-line error that says so."""
+    point = _left_out_point(tmp_path / "ac0.00-1gpu")
+    line = _cli_error(run_cli("analyze", str(point)), "traces left out", "analysis.json")
+    assert "plot" in line
+
+
+def test_the_records_fsdp_trace_writes_are_never_read_as_traces():
+    from fsdp_trace.analysis.inputs import OWN_RECORDS
+    from fsdp_trace.runrecord import RUN_FILE
+    from fsdp_trace.sweep import SUMMARY_FILE
+    from fsdp_trace.tune import TUNE_FILE
+
+    assert {RUN_FILE, SUMMARY_FILE, TUNE_FILE} == OWN_RECORDS
+
+
+@pytest.mark.slow  # every shipped sample: ~20 s
+def test_analyze_sample_traces_as_one_folder(tmp_path):
+    """issue 21 (4), as the user typed it."""
+    out = tmp_path / "o.json"
+    done = run_cli("analyze", "sample_traces", "--json", str(out), "--no-report", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert len(got["runs"]) > 20
+    assert all("traces left out" in n for n in got["notices"] if n.startswith("not analyzed"))
+
+
+def _rename_steps(names: dict[int, str], ranks=(0, 1)):
+    """ProfilerStep#N renamed to names[N] on the given ranks."""
+
+    def edit(document: dict, rank: int) -> None:
+        if rank not in ranks:
+            return
+        for e in document["traceEvents"]:
+            name = e.get("name", "")
+            if name.startswith("ProfilerStep#") and int(name[13:]) in names:
+                e["name"] = names[int(name[13:])]
+
+    return edit
+
+
+def _rank_notices(result) -> str:
+    return " ".join(n for r in result.only.ranks for n in r.notices)
+
+
+@pytest.mark.parametrize(
+    ("edit", "notice", "steps"),
+    [
+        (_rename_steps({3: "ProfilerStep#2"}), "ProfilerStep numbers repeat (#2)", [1, 2]),
+        (_rename_steps({3: f"ProfilerStep#{2**70}"}), "past int64", [1, 2]),
+    ],
+    ids=["repeated", "beyond-int64"],
+)
+def test_profiler_step_numbers_that_cannot_be_keys(tmp_path, edit, notice, steps):
+    """issue 21 (9): two ProfilerSteps with one number (TypeError in the report's what-if
+    panel) and a number past int64 (OverflowError): the window is left out with a notice;
+    analyze, its report and whatif all answer."""
+    run = _sim_run(tmp_path)
+    _edit_traces(run, edit)
+    result = fsdp_trace.analyze(run, detailed=False)
+    assert notice in _rank_notices(result)
+    assert sorted(set(result.steps["step"])) == steps
+    report = tmp_path / "r.html"
+    done = run_cli("analyze", str(run), "--report", str(report))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "could not be computed" not in report.read_text()
+    done = run_cli("whatif", str(run), "--set", "ac_coverage=1")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_overlapping_profiler_step_windows_get_a_notice(tmp_path):
+    """issue 21 (9): a ProfilerStep that starts before the one before it ends."""
+
+    def overlap(document: dict, rank: int) -> None:
+        step = {
+            e["name"]: e
+            for e in document["traceEvents"]
+            if e.get("name", "")[:13] == "ProfilerStep#"
+        }
+        step["ProfilerStep#2"]["dur"] += step["ProfilerStep#3"]["dur"] / 2
+
+    run = _sim_run(tmp_path)
+    plain = fsdp_trace.analyze(run, detailed=False, cache=False).steps["step_us"].tolist()
+    _edit_traces(run, overlap)
+    result = fsdp_trace.analyze(run, detailed=False)
+    assert "ProfilerStep windows overlap the next one (1 of 3: #3 starts before #2 ends)" in (
+        _rank_notices(result)
+    )
+    assert result.steps["step_us"].tolist() == plain
+
+
+def test_ranks_without_a_common_step_number(tmp_path):
+    """issue 21 (9): rank 1 profiled other steps than rank 0 (IndexError in whatif): one line
+    from whatif, the reason in the report's what-if panel."""
+    run = _sim_run(tmp_path)
+    _edit_traces(run, _rename_steps({n: f"ProfilerStep#{n + 10}" for n in (1, 2, 3)}, ranks=(1,)))
+    _cli_error(run_cli("whatif", str(run)), "share no ProfilerStep number", command="whatif")
+    report = tmp_path / "r.html"
+    done = run_cli("analyze", str(run), "--report", str(report))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "No prediction: run: the ranks&#x27; traces share no ProfilerStep" in report.read_text()
+
+
+def test_a_trace_file_name_that_is_not_utf8_reaches_the_json(tmp_path):
+    """issue 21 (9): msgspec.DecodeError writing --json for a file named with a byte that is
+    not UTF-8: the JSON is written, valid for strict readers, the byte as "?"."""
+    import msgspec
+
+    run = _sim_run(tmp_path)
+    folder = tmp_path / "named"
+    folder.mkdir()
+    try:
+        target = os.fsencode(folder) + b"/rank0\xff.json"
+        os.rename(run / "rank0.json", target)
+    except OSError:
+        pytest.skip("this filesystem takes only UTF-8 names")
+    out = tmp_path / "o.json"
+    done = run_cli("analyze", str(folder), "--json", str(out), "--no-report")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "rank0?.json" in json.dumps(msgspec.json.decode(out.read_bytes()))
+
+
+def test_an_output_name_too_long_for_the_filesystem_is_one_line(tmp_path):
+    """issue 21 (9): a 300-character --json name was an OSError (ENAMETOOLONG)."""
+    run = _sim_run(tmp_path)
+    long = tmp_path / ("a" * 300 + ".json")
+    line = _cli_error(run_cli("analyze", str(run), "--json", str(long), "--no-report"))
+    assert "File name too long" in line and "give another path" in line
+
+
+def _cli_with_stdout(stdout, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fsdp_trace", *args],
+        cwd=REPO,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1", **(env or {})},
+    )
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_stdout_that_cannot_be_written_is_one_line(tmp_path):
+    """issue 21 (9): `> /dev/full` was an OSError traceback; nothing else is written."""
+    run = _sim_run(tmp_path)
+    out = tmp_path / "o.json"
+    with open("/dev/full", "w") as full:
+        done = _cli_with_stdout(full, "analyze", str(run), "--json", str(out), "--no-report")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines() == [
+        "fsdp-trace analyze: error: cannot write to standard output (No space left on device): "
+        "the output stops here, nothing else written"
+    ]
+    assert not out.exists()
+
+
+def test_a_terminal_encoding_that_cannot_show_the_text(tmp_path):
+    """issue 21 (9): PYTHONIOENCODING=ascii was a UnicodeEncodeError."""
+    run = _sim_run(tmp_path)
+    done = _cli_with_stdout(
+        subprocess.PIPE, "analyze", str(run), "--no-report", env={"PYTHONIOENCODING": "ascii"}
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "Verdict:" in done.stdout
+
+
+def test_a_reader_that_stops_early_does_not_stop_the_command(tmp_path):
+    """issue 21 (9): `--json o.json | head -1` exited 1 with no message and no JSON. The
+    printing stops with the reader (here one gone before the first line: every write meets
+    a closed pipe); the files are written and the command ends as usual."""
+    run = _sim_run(tmp_path)
+    out = tmp_path / "o.json"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = _cli_with_stdout(write, "analyze", str(run), "--json", str(out))
+    finally:
+        os.close(write)
+    assert done.returncode == 0 and done.stderr.strip().splitlines() == [
+        f"fsdp-trace: wrote {out}",
+        f"fsdp-trace: wrote {run / 'report.html'}",
+    ], done.stderr
+    assert json.loads(out.read_text())["verdict"]
+
+
+def test_a_trace_in_nanoseconds_says_so(tmp_path):
+    """issue 21 (9): `displayTimeUnit: "ns"` traces (ts and dur in ns, as Perfetto reads
+    them) were read as µs: 1000× longer steps and a false bandwidth finding."""
+    run = _sim_run(tmp_path)
+    plain = fsdp_trace.analyze(run, detailed=False, cache=False)
+
+    def in_ns(document: dict, rank: int) -> None:
+        document["displayTimeUnit"] = "ns"
+        for e in document["traceEvents"]:
+            for key in ("ts", "dur"):
+                if key in e:
+                    e[key] = e[key] * 1000
+
+    _edit_traces(run, in_ns)
+    result = fsdp_trace.analyze(run, detailed=False)
+    assert result.steps["step_us"].tolist() == pytest.approx(plain.steps["step_us"].tolist())
+    assert [f.rule for f in result.findings] == [f.rule for f in plain.findings]
+    assert 'displayTimeUnit "ns"' in _rank_notices(result)
+
+
+def _as_detailed(document: dict, rank: int) -> None:
+    """What record_shapes and with_stack add: shapes on the ops, Python frames."""
+    extra = []
+    for e in document["traceEvents"]:
+        if e.get("cat") == "cpu_op":
+            e["args"]["Input Dims"] = [[8, 1024]]
+            frame = {**e, "cat": "python_function", "name": "train.py(12): step", "args": {}}
+            extra.append(frame)
+    document["traceEvents"].extend(extra)
+
+
+def _run_with_detailed_listed_as_timing(tmp_path, swap_names: bool) -> tuple[Path, list]:
+    """A capture run whose lean traces say the host keeps up and whose detailed ones (the
+    profiler's record_shapes/with_stack slow the host: a gap between launches) say it does
+    not; run.json lists the detailed ones as its timing traces, or (swap_names) the files'
+    names say so."""
+    run = tmp_path / "run"
+    lean = _sim_run(tmp_path, "lean")
+    slow = _sim_run(tmp_path, "slow", gap_us=600.0)
+    _edit_traces(slow, _as_detailed)
+    run.mkdir()
+    for r in (0, 1):
+        os.rename(lean / f"rank{r}.json", run / f"rank{r}.timing.json")
+        os.rename(slow / f"rank{r}.json", run / f"rank{r}.detailed.json")
+    plain = fsdp_trace.analyze([run / "rank0.timing.json", run / "rank1.timing.json"]).only
+    timing = [f"rank{r}.{'timing' if swap_names else 'detailed'}.json" for r in (0, 1)]
+    detailed = [f"rank{r}.{'detailed' if swap_names else 'timing'}.json" for r in (0, 1)]
+    if swap_names:  # the file names lie: the detailed content under the timing name
+        for r in (0, 1):
+            os.rename(run / f"rank{r}.timing.json", run / "x")
+            os.rename(run / f"rank{r}.detailed.json", run / f"rank{r}.timing.json")
+            os.rename(run / "x", run / f"rank{r}.detailed.json")
+    record = {"files": {"timing": timing, "detailed": detailed}}
+    (run / "run.json").write_text(json.dumps(record))
+    return run, plain.steps["step_us"].tolist()
+
+
+@pytest.mark.parametrize("swap_names", [False, True], ids=["listed", "named"])
+def test_detailed_traces_are_never_the_timing_when_lean_ones_exist(tmp_path, swap_names):
+    """issue 21 (9): detailed traces named or listed as the timing traces were used for the
+    timing figures (host-bound 53 % instead of 25 %). Told apart by their content (shapes,
+    Python frames): the lean traces time the run, the detailed ones stay detailed, and a
+    notice says so."""
+    run, lean_steps = _run_with_detailed_listed_as_timing(tmp_path, swap_names)
+    result = fsdp_trace.analyze(run).only
+    timing = result.steps[result.steps["source"] == "timing"]
+    assert timing["step_us"].tolist() == pytest.approx(lean_steps)
+    assert [r.source for r in result.ranks] == ["timing", "timing"]
+    assert [r.source for r in result.detailed] == ["detailed", "detailed"]
+    lean = "detailed" if swap_names else "timing"  # the lean content's file name
+    assert [Path(r.path).name for r in result.ranks] == [f"rank{r}.{lean}.json" for r in (0, 1)]
+    notice = next(n for n in result.notices if "record_shapes/with_stack" in n)
+    assert "used as the run's detailed traces, not for its timing" in notice
+
+
+def test_only_detailed_traces_time_the_run_with_a_notice(tmp_path):
+    """Without lean traces the detailed ones are all there is: used, and said."""
+    slow = _sim_run(tmp_path, "slow")
+    _edit_traces(slow, _as_detailed)
+    (slow / "run.json").write_text(
+        json.dumps({"files": {"timing": ["rank0.json", "rank1.json"], "detailed": []}})
+    )
+    result = fsdp_trace.analyze(slow).only
+    assert len(result.ranks) == 2
+    assert any("the profiler slows their host side" in n for n in result.notices), result.notices
+
+
+def _with_run_json(tmp_path, change) -> Path:
+    """The 2-rank simulated run beside the shipped 1-GPU sample's run.json (8 blocks, a world
+    of 1), changed by `change`."""
+    run = _sim_run(tmp_path, blocks=8)
+    record = json.loads((SAMPLES / "gpt-small-1gpu" / "run.json").read_text())
+    record["files"] = {"timing": ["rank0.json", "rank1.json"], "detailed": []}
+    change(record)
+    (run / "run.json").write_text(json.dumps(record))
+    return run
+
+
+def _world(n: int):
+    def change(record: dict) -> None:
+        record["world"].update(world_size=n, local_world_size=n)
+
+    return change
+
+
+def _blocks(n: int):
+    def change(record: dict) -> None:
+        _world(2)(record)
+        record["model"]["n_blocks"] = n
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "notice"),
+    [
+        (lambda record: None, "run.json records a world of 1, the traces one of 2"),
+        (_world(8), "run.json records a world of 8, the traces one of 2"),
+        (_blocks(24), "run.json records 24 transformer blocks, the traces' FSDP2 labels show 8"),
+    ],
+    ids=["1-gpu-run.json", "world-8", "24-blocks"],
+)
+def test_a_run_json_that_contradicts_the_traces_is_not_used(tmp_path, change, notice):
+    """issue 21 (9): run.json contradicting its traces (a 1-GPU run's beside 2-GPU traces,
+    a world of 8 beside 2, 24 blocks beside 8) was used silently (a false shard-group
+    finding). A notice says so, and the traces' own configuration is used."""
+    result = fsdp_trace.analyze(_with_run_json(tmp_path, change), detailed=False).only
+    said = [n for n in result.notices if n.startswith(notice)]
+    assert said and "run.json describes another run" in said[0], result.notices
+    assert result.run is None
+    assert result.config.world_size.value == 2 and result.config.mesh.source == "trace"
+    assert "shard-group-crosses-nodes" not in [f.rule for f in result.findings]
+
+
+def test_a_run_json_that_agrees_with_the_traces_is_used(tmp_path):
+    result = fsdp_trace.analyze(_with_run_json(tmp_path, _world(2)), detailed=False).only
+    assert result.run is not None and result.config.world_size.source == "run.json"
+    assert not [n for n in result.notices if "describes another run" in n]
+
+
+def _group_size_arg(size: int):
+    def edit(document: dict, rank: int) -> None:
+        for e in document["traceEvents"]:
+            if "Group size" in (e.get("args") or {}):
+                e["args"]["Group size"] = size
+
+    return edit
+
+
+def test_a_group_size_the_process_groups_contradict(tmp_path):
+    """issue 21 (9): kernels saying `Group size` 8 in a 2-rank world whose pg_config lists
+    the group's 2 ranks gave "FSDP over 8 ranks" and an 8-rank busbw factor. The group's
+    member list wins, with a notice."""
+    run = _sim_run(tmp_path)
+    plain = fsdp_trace.analyze(run, detailed=False, cache=False).only
+    _edit_traces(run, _group_size_arg(8))
+    result = fsdp_trace.analyze(run, detailed=False).only
+    assert result.config.mesh.value.describe() == "FSDP over 2 ranks"
+    assert set(result.collectives["group_size"]) == {2}
+    assert result.collectives["busbw_gbps"].tolist() == pytest.approx(
+        plain.collectives["busbw_gbps"].tolist(), nan_ok=True
+    )
+    assert "`Group size` 8 where the trace's pg_config lists 2 ranks" in _rank_notices(
+        fsdp_trace.analyze(run, detailed=False)
+    )
+
+
+def test_a_group_size_beyond_the_world_without_process_groups(tmp_path):
+    """Without pg_config to tell: a group larger than the world is left unknown, said."""
+
+    def no_pg_config(document: dict, rank: int) -> None:
+        del document["distributedInfo"]["pg_config"]
+
+    run = _sim_run(tmp_path)
+    _edit_traces(run, _group_size_arg(8))
+    _edit_traces(run, no_pg_config)
+    result = fsdp_trace.analyze(run, detailed=False)
+    assert result.only.collectives["group_size"].isna().all()
+    assert "`Group size` 8, more than the world of 2: left unknown" in _rank_notices(result)
+
+
+def test_one_trace_copied_as_two_ranks_is_said(tmp_path):
+    """issue 21 (9): one rank's trace copied as another's (identical but for the rank) gave
+    zero waiting and no warning. A notice names the copy, which is left out of the
+    cross-rank match (no waiting measured from it)."""
+    run = _sim_run(tmp_path, delay={1: 800.0})
+    document = json.loads((run / "rank0.json").read_text())
+    document["distributedInfo"]["rank"] = 1
+    (run / "rank1.json").write_text(json.dumps(document))
+    result = fsdp_trace.analyze(run, detailed=False).only
+    said = [n for n in result.notices if "rank 1's trace is rank 0's" in n]
+    assert said and "left out of the cross-rank match" in said[0], result.notices
+    assert result.crossrank.empty
+
+
+def test_a_symbolic_link_loop_finds_each_run_once(tmp_path):
+    """issue 21 (9): a link from a folder to itself made the walk find one run four times
+    (one per folder level it searches). Each folder and file is read once, however named."""
+    top = tmp_path / "top"
+    _sim_run(top, "run")
+    (top / "loop").symlink_to(top)
+    (top / "again").symlink_to(top / "run")
+    result = fsdp_trace.analyze(top, detailed=False)
+    assert len(result.runs) == 1 and len(result.only.ranks) == 2
+
+
+def test_sigterm_while_writing_leaves_nothing(tmp_path):
+    """issue 21 (9): SIGTERM while the outputs were written left `.NAME.staged-PID` files and
+    `.csv.XXXX/` folders (Ctrl-C cleaned up). Here the command sends itself SIGTERM once the
+    CSV folder is staged: one line, exit 143, and no output or staged file left."""
+    run = _sim_run(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    code = (
+        "import os, signal\n"
+        "from fsdp_trace.render import export\n"
+        "write = export.write_csv_files\n"
+        "def dying(result, folder):\n"
+        "    write(result, folder)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "export.write_csv_files = dying\n"
+        "from fsdp_trace.cli import main; main()\n"
+    )
+    args = ["analyze", str(run), "--json", str(out / "o.json"), "--csv", str(out / "csv")]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args, "--report", str(out / "r.html")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
+    )
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        "fsdp-trace analyze: error: terminated (SIGTERM): nothing written"
+    ]
+    assert list(out.iterdir()) == []
+
+
+def _bomb_of_events(gib: float) -> bytes:
+    """A gzip file of valid Kineto JSON: one CPU event repeated to `gib` GiB, ~1/300 of that
+    on disk (16 MiB of events compressed once and repeated: a full flush makes every copy
+    identical)."""
+    event = (
+        b'{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 5, "dur": 1},'
+    )
+    header, tail = b'{"traceEvents": [', event[:-1] + b"]}"
+    block = event * ((16 << 20) // len(event))
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = packer.compress(header) + packer.flush(zlib.Z_FULL_FLUSH)
+    chunk = packer.compress(block) + packer.flush(zlib.Z_FULL_FLUSH)
+    end = packer.compress(tail) + packer.flush()
+    copies = max(1, int(gib * (1 << 30) / len(block)))
+    crc = zlib.crc32(header)
+    for _ in range(copies):
+        crc = zlib.crc32(block, crc)
+    crc = zlib.crc32(tail, crc)
+    size = (len(header) + len(block) * copies + len(tail)) & 0xFFFFFFFF
+    gz_header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    return gz_header + head + chunk * copies + end + struct.pack("<II", crc, size)
+
+
+def test_gzip_bomb_of_valid_events_is_refused_in_bounded_memory(tmp_path):
+    """issue 21 (9): 5 MB of gzip holding 1.5 GB of valid events peaked at 3.4 GB of RSS.
+    Kineto JSON compresses 8-20x; a file that expands over 100x is refused in one line once
+    the ratio shows, in bounded memory."""
+    bomb = _write(tmp_path / "bomb.json.gz", _bomb_of_events(1.5))
+    assert bomb.stat().st_size < 8 * 1024**2
+    peak, code, stderr = peak_rss("analyze", str(bomb), "--no-report")
+    assert code == 2, stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+    assert "expands" in stderr and "gzip bomb" in stderr
+    assert peak < PEAK_RSS_LIMIT, f"peak RSS {peak / 1024**2:.0f} MB"
+
+
+def _zip_with(tmp_path, name: str, data: bytes) -> Path:
+    import zipfile
+
+    archive = tmp_path / "traces.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr(name, data)
+    return archive
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (b" " * (80 << 20), "expands to over 100x"),
+        (b"PK not a trace at all" * 1000, "not a trace (it starts"),
+    ],
+    ids=["zip-bomb", "not-json"],
+)
+def test_a_zip_member_is_refused_before_it_is_copied(tmp_path, data, fragment):
+    """issue 21 (9): a `zip://` member was copied whole (2.15 GB) to TMPDIR before the loader
+    refused it. Its sizes and first bytes are checked first: one line, nothing copied."""
+    pytest.importorskip("fsspec")
+    archive = _zip_with(tmp_path, "rank0.json", data)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {"TMPDIR": str(tmpdir)}
+    code = (
+        "import contextlib, sys\n"
+        "from fsdp_trace.analysis import remote\n"
+        "get = remote.local_copy\n"
+        "@contextlib.contextmanager\n"
+        "def spy(url):\n"
+        "    with get(url) as local:\n"
+        "        print('copied', local.stat().st_size, file=sys.stderr)\n"
+        "        yield local\n"
+        "remote.local_copy = spy\n"
+        "from fsdp_trace.cli import main; main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "analyze", f"zip://rank0.json::{archive}", "--no-report"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1", **env},
+    )
+    seen = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(seen) == 1, done.stderr[-2000:]
+    assert (
+        seen[0].startswith("fsdp-trace analyze: error: zip://rank0.json::") and fragment in seen[0]
+    )
+    assert list(tmpdir.iterdir()) == []
+
+
+def test_a_trace_in_a_zip_archive_is_read_by_its_member_name(tmp_path):
+    """A chained URL is named by its member (`zip://rank0.json::x.zip` is rank0.json, not
+    x.zip, which no reader takes): a trace in an archive is analyzed."""
+    pytest.importorskip("fsspec")
+    run = _sim_run(tmp_path)
+    archive = _zip_with(tmp_path, "rank0.json", (run / "rank0.json").read_bytes())
+    result = fsdp_trace.analyze(f"zip://rank0.json::{archive}", detailed=False)
+    assert len(result.only.ranks) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ("batch_size=1e30", "batch_size takes a whole number from 1 to 1,000,000"),
+        ("batch_scale=1e30", "a batch 1e+30x the measured one"),
+        ("batch_scale=0.001", "from 1/64x to 64x"),
+        ("prefetch_forward=1e30", "prefetch_forward takes a whole number from 0 to 1,000,000"),
+    ],
+)
+def test_whatif_changes_beyond_what_the_replay_models_are_one_line(tmp_path, change, fragment):
+    """issue 21 (9): `whatif --set batch_size=1e30` was accepted (a prediction for a batch
+    of 10^30). The replay's range is said instead."""
+    run = _sim_run(tmp_path)
+    _cli_error(run_cli("whatif", str(run), "--set", change), fragment, command="whatif")
+
+
+def test_whatif_batch_size_far_from_the_runs_is_one_line(tmp_path):
+    """A whole number the parser takes, but 500x the run's batch (run.json: 16)."""
+    run = _with_run_json(tmp_path, _world(2))
+    line = _cli_error(
+        run_cli("whatif", str(run), "--set", "batch_size=8000"),
+        "from 1/64x to 64x",
+        command="whatif",
+    )
+    assert "500x the measured one" in line
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "over 1 MB, not a scheduler file"),
+        (b'{"type": "Scheduler"}', "not a scheduler file (JSON with the scheduler's address)"),
+    ],
+    ids=["64-MB", "no-address"],
+)
+def test_a_scheduler_file_that_is_not_one_is_one_line(tmp_path, content, fragment):
+    """issue 21 (9): a 512 MB --scheduler file was read whole (by distributed). It is read
+    here under a 1 MB bound, and one without an address is said to be no scheduler file."""
+    pytest.importorskip("distributed")
+    path = tmp_path / "scheduler.json"
+    if content is None:
+        with open(path, "wb") as handle:
+            handle.truncate(64 << 20)  # sparse: 64 MB of NULs, nothing on disk
+    else:
+        path.write_bytes(content)
+    run = _sim_run(tmp_path)
+    done = run_cli("analyze", str(run), "--scheduler", str(path), "--no-report")
+    _cli_error(done, f"--scheduler {path}: {fragment}")
+
+
+def test_renamed_nccl_kernels_are_still_communication(tmp_path):
+    """issue 21 (9): NCCL kernels under other names (a custom build, a wrapper library) gave
+    "no NCCL kernels: a single-GPU trace". The collective arguments torch records on them
+    (`Collective name`) tell them apart as well as the name does."""
+
+    def renamed(document: dict, rank: int) -> None:
+        for e in document["traceEvents"]:
+            if e.get("cat") == "kernel" and e["name"].startswith("nccl"):
+                e["name"] = "commLib::device_step<4096>(Args)"
+
+    run = _sim_run(tmp_path)
+    plain = fsdp_trace.analyze(run, detailed=False, cache=False).only
+    _edit_traces(run, renamed)
+    result = fsdp_trace.analyze(run, detailed=False).only
+    assert "single-GPU" not in _rank_notices(fsdp_trace.analyze(run, detailed=False))
+    assert len(result.collectives) == len(plain.collectives)
+    assert result.collectives["collective"].tolist() == plain.collectives["collective"].tolist()
+    assert result.steps["exposed_us"].tolist() == pytest.approx(plain.steps["exposed_us"].tolist())
+
+
+OSC52 = "\x1b]52;c;SGVsbG8=\x07"  # writes the user's clipboard
+TITLE = "\x1b]0;pwned\x07"  # sets the window title
+CLEAR = "\x1b[2J"  # clears the screen
+
+
+def _no_control(text: str) -> None:
+    bad = sorted({c for c in text if (ord(c) < 32 and c not in "\n") or 0x7F <= ord(c) < 0xA0})
+    assert not bad, [hex(ord(c)) for c in bad]
+
+
+def test_control_characters_from_inputs_never_reach_the_terminal(tmp_path):
+    """issue 21 (9): names inside a trace (units, kernels) and paths reached the terminal
+    raw, escape sequences included (OSC 52 clipboard write, OSC 0 title, CSI 2J clear).
+    Every input-derived string is shown with its control characters escaped: `\\x1b`."""
+
+    def hostile_names(document: dict, rank: int) -> None:
+        for e in document["traceEvents"]:
+            e["name"] = e["name"].replace("layers.1", f"layers.1{OSC52}")
+            if e.get("cat") == "kernel" and not e["name"].startswith("nccl"):
+                e["name"] += CLEAR
+
+    run = _sim_run(tmp_path, f"run{TITLE}")
+    _edit_traces(run, hostile_names)
+    out = tmp_path / f"o{CLEAR}.json"
+    done = run_cli("analyze", str(run), "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    _no_control(done.stdout + done.stderr)
+    assert "layers.1\\x1b]52;c;SGVsbG8=\\x07" in done.stdout  # shown, escaped
+    assert "run\\x1b]0;pwned\\x07" in done.stderr  # the report's path, named on stderr
+    blocks = {b["block"] for b in json.loads(out.read_text())["blocks"]}
+    assert f"layers.1{OSC52}" in blocks  # the data keeps the name as the trace has it
+    for args in (
+        ["analyze", str(tmp_path / f"missing{CLEAR}{TITLE}")],
+        ["whatif", str(run), "--set", f"nonsense{OSC52}=1"],
+        ["view", str(tmp_path / f"x{TITLE}.pftrace"), "--no-browser"],
+    ):
+        done = run_cli(*args)
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        _no_control(line)
+        assert "\\x1b" in line, line
+
+
+def test_printable_shows_each_control_character_as_its_escape():
+    from fsdp_trace.printable import printable
+
+    assert (
+        printable("a\x1b[2Jb\x07\n\t\x9b\u202e\udcff") == "a\\x1b[2Jb\\x07\\n\\t\\x9b\\u202e\\xff"
+    )
+    assert printable("layers.0 → 2 ✓") == "layers.0 → 2 ✓"

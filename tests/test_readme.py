@@ -78,3 +78,32 @@ def test_the_scaling_pairs_are_the_captured_ones():
     for row in tables.scaling_rows():
         captured = [runs[row["batch"]][r][2]["figures"]["scaling_efficiency"] for r in (1, 2, 3)]
         assert row["efficiency"] == pytest.approx(captured)
+
+
+def test_quick_start_installs_the_cpu_build_of_torch():
+    """issue 21 (8): a plain `pip install torch` gets the CUDA build on Linux; the Quick
+    start's CPU install names PyTorch's CPU wheel index."""
+    readme = (REPO / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    install = next(ln for ln in quick.splitlines() if ln.startswith("pip install torch"))
+    assert "--index-url https://download.pytorch.org/whl/cpu" in install
+
+
+def test_pyproject_metadata_gives_setuptools_no_warning():
+    """issue 21 (8): `project.license` as a TOML table is deprecated (~40 warnings per CI
+    run): the SPDX string, read without a warning by the setuptools the build requires."""
+    import warnings
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    setuptools = pytest.importorskip("setuptools")
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["build-system"]["requires"] == ["setuptools>=77"]  # SPDX license: 77+
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip(f"setuptools {setuptools.__version__} here predates SPDX licenses (77)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist = apply_configuration(Distribution(), REPO / "pyproject.toml")
+    assert dist.metadata.license_expression == "MIT"

@@ -162,3 +162,68 @@ def test_a_file_truncated_in_place_is_cut_off_never_passed_off_as_whole(trace_fi
         with pytest.raises(http.client.IncompleteRead):
             get(server)
         assert server.served == 0
+
+
+def _plain_get(port: int, name: str) -> int:
+    """A download by a client that is not the UI (no Origin header, like curl)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/" + name)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_view_says_who_fetched_the_file(tmp_path):
+    """issue 21 (8): `view` said "served FILE to the Perfetto UI" to any client that fetched
+    it; it says what happened: sent to the UI's page, or to another client, named."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    path = tmp_path / "view.pftrace"
+    path.write_bytes(b"x" * 1000)
+    with TraceServer(path, port=0).start() as server:
+        get(server)
+        wait_served(server, 1)
+        assert server.what_happened().startswith("sent view.pftrace (0.0 MB) in full to the")
+        assert "to the Perfetto UI (a https://ui.perfetto.dev page)" in server.what_happened()
+        assert _plain_get(server.port, "view.pftrace") == 200
+        wait_served(server, 2)
+        said = server.what_happened()
+        assert "to a client that is not the Perfetto UI (Origin: none" in said
+    port = free_port()
+    args = ["view", str(path), "--no-browser", "--port", str(port)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fsdp_trace", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().startswith("Open https://ui.perfetto.dev/")
+        assert _plain_get(port, "view.pftrace") == 200
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.splitlines()[-1].startswith("sent view.pftrace (0.0 MB) in full to a client ")
+    assert "not the Perfetto UI" in out.splitlines()[-1]
+
+
+@pytest.mark.parametrize("port", ["65536", "-1", "99999999999999999999"])
+def test_view_port_out_of_range_is_one_line(tmp_path, port):
+    """issue 21 (9): `view --port 65536` or `-1` gave OverflowError."""
+    from tests.conftest import run_cli
+
+    path = tmp_path / "view.pftrace"
+    path.write_bytes(b"x")
+    done = run_cli("view", str(path), "--no-browser", "--port", port)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"fsdp-trace view: error: --port {port}: not a TCP port"), line

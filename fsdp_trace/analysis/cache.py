@@ -161,7 +161,11 @@ def enabled() -> bool:
     if reason is not None:
         if reason not in _warned:
             _warned.add(reason)
-            print(f"fsdp-trace: warning: cache off: {reason}", file=sys.stderr, flush=True)
+            from fsdp_trace.printable import printable
+
+            print(
+                f"fsdp-trace: warning: cache off: {printable(reason)}", file=sys.stderr, flush=True
+            )
         return False
     return True
 

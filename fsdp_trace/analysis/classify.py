@@ -129,7 +129,9 @@ def kind_mask(kinds: np.ndarray, *wanted: int) -> np.ndarray:
 
 
 def event_kinds(events: pd.DataFrame) -> np.ndarray:
-    """The `kind` of every event, from its category and (for kernels) its name."""
+    """The `kind` of every event, from its category and (for kernels) its name, or the
+    `Collective name` torch records on every NCCL kernel (a kernel renamed by another build
+    or a wrapper library is communication still)."""
     cat_kind = _per_category(
         events["cat"].array,
         lambda c: (
@@ -142,6 +144,8 @@ def event_kinds(events: pd.DataFrame) -> np.ndarray:
     is_comm_name = _per_category(
         events["name"].array, lambda n: bool(n and COMM_KERNEL.match(n)), bool
     )
+    if "collective_name" in events:
+        is_comm_name = is_comm_name | events["collective_name"].notna().to_numpy()
     kinds = np.where(cat_kind == -2, np.where(is_comm_name, COMM, COMPUTE), cat_kind)
     return np.where(kinds < 0, OTHER, kinds).astype(np.int8)
 

@@ -20,6 +20,7 @@ without it and says so.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -116,7 +117,7 @@ def connect(scheduler: str) -> Iterator[Any]:
         options: dict[str, Any] = {"address": text}
     elif text.endswith(".json"):
         _wait_for_file(Path(text))
-        options = {"scheduler_file": text}
+        options = {"address": _scheduler_address(Path(text))}
     else:
         raise UserError(f"--scheduler {text}: give {SCHEDULER_FORMS}")
     distributed = _distributed()
@@ -132,6 +133,36 @@ def connect(scheduler: str) -> Iterator[Any]:
     finally:
         with contextlib.suppress(Exception):
             client.close(timeout=10)
+
+
+SCHEDULER_FILE_MAX_BYTES = 1 << 20  # `dask scheduler --scheduler-file` writes ~1 KB
+
+
+def _scheduler_address(path: Path) -> str:
+    """The scheduler's address from its scheduler file, read here under a size bound (not
+    by distributed, which reads any file whole)."""
+    from fsdp_trace.runrecord import open_regular
+
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(SCHEDULER_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"--scheduler {path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > SCHEDULER_FILE_MAX_BYTES:
+        raise UserError(
+            f"--scheduler {path}: over {SCHEDULER_FILE_MAX_BYTES >> 20} MB, not a scheduler "
+            "file (`dask scheduler --scheduler-file` writes a few hundred bytes)"
+        )
+    try:
+        address = json.loads(data).get("address")
+    except (ValueError, AttributeError):
+        address = None
+    if not isinstance(address, str) or not address:
+        raise UserError(
+            f"--scheduler {path}: not a scheduler file (JSON with the scheduler's address): "
+            "give the file `dask scheduler --scheduler-file` wrote, or tcp://HOST:PORT"
+        )
+    return address
 
 
 def _wait_for_file(path: Path) -> None:

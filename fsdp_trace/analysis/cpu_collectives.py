@@ -39,7 +39,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
     notices: list[str] = list(trace.notices)
     cpu_mask = np.isin(kinds, (classify.CPU_OP, classify.ANNOTATION, classify.LAUNCH))
     cpu = events[cpu_mask]
-    cpu_steps = steps_mod.cpu_steps(events, kinds)
+    cpu_steps = steps_mod.cpu_steps(events, kinds, notices)
 
     gloo_mask = name_mask(names, lambda n: n.startswith("gloo:"))
     issue_type = names.map(C10D_COLLECTIVES).astype(object).to_numpy()

@@ -28,8 +28,16 @@ class RunInput:
     sources: list[str] = field(default_factory=list)  # the user's paths behind it
 
 
+# fsdp-trace's own records, never traces: run.json, a sweep point's analysis.json
+# (sweep.SUMMARY_FILE), tune's table (tune.TUNE_FILE).
+SUMMARY = "analysis.json"
+OWN_RECORDS = frozenset({RUN_FILE, SUMMARY, "tune.json"})
+
+
 def is_trace_file(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(readers.suffixes()) and path.name != RUN_FILE
+    return (
+        path.is_file() and path.name.endswith(readers.suffixes()) and path.name not in OWN_RECORDS
+    )
 
 
 def _rank_key(path: Path) -> tuple[int, str]:
@@ -56,6 +64,12 @@ def capture_run(path: Path) -> RunInput:
     run = read_run(path)
     timing = [TraceInput(_inside(path, f), Source.TIMING) for f in run.files.timing]
     missing = [str(t.path) for t in timing if not t.path.is_file()]
+    if timing and len(missing) == len(timing):
+        try:
+            kept = [p.name for p in path.iterdir() if p.is_file()]
+        except OSError:
+            kept = [RUN_FILE]
+        raise _left_out(path, len(timing), kept)
     if missing or not timing:
         raise UserError(
             f"{path}: run.json lists timing traces that are missing: {', '.join(missing[:3])}"
@@ -69,6 +83,17 @@ def capture_run(path: Path) -> RunInput:
         run,
         path,
         [str(path)],
+    )
+
+
+def _left_out(where: object, listed: int, kept: list[str]) -> UserError:
+    """A run whose traces are all absent (`kept`: the files it has): its record kept without
+    them (a sweep point keeps run.json and analysis.json when its traces are deleted or left
+    out for size)."""
+    read = "; `fsdp-trace plot` and `compare` read its analysis.json" if SUMMARY in kept else ""
+    return UserError(
+        f"{where}: traces left out (run.json lists {listed}, all missing; only "
+        f"{', '.join(sorted(kept)[:4])} here): nothing to analyze{read}"
     )
 
 
@@ -97,6 +122,8 @@ def capture_run_url(folder: remote.Url) -> RunInput:
 
     timing = traces(run.files.timing, Source.TIMING)
     missing = [folder.child(n).url for n in run.files.timing if n not in present]
+    if run.files.timing and not timing:
+        raise _left_out(folder, len(run.files.timing), list(present))
     if missing or not timing:
         raise UserError(
             f"{folder}: run.json lists timing traces that are missing: {', '.join(missing[:3])}"
@@ -120,10 +147,22 @@ class Inputs:
     runs: list[RunInput]
     loose: list[Path | remote.Url]
     sources: dict[Path | remote.Url, str]  # each loose file → the user's path that named it
+    # Runs found below a given folder that cannot be analyzed, one line each (a folder of
+    # many runs analyzes those it can); a run named itself is an error instead.
+    skipped: list[str] = field(default_factory=list)
 
 
-def _walk(folder: Path, depth: int) -> tuple[list[Path], list[Path]]:
-    """Capture run folders and loose trace files at or below `folder`."""
+def _walk(
+    folder: Path, depth: int, skipped: list[str], seen: set[str] | None = None
+) -> tuple[list[Path], list[Path]]:
+    """Capture run folders and loose trace files at or below `folder`; a subfolder that
+    cannot be read is said in `skipped` (`folder` itself: an error). A folder reached again
+    through a symbolic link (a link to a folder above it, a loop) is read once."""
+    seen = set() if seen is None else seen
+    real = os.path.realpath(folder)
+    if real in seen:
+        return [], []
+    seen.add(real)
     try:  # Path.exists/is_file/is_dir raise PermissionError in a folder we cannot search
         if (folder / RUN_FILE).exists():
             return [folder], []
@@ -136,7 +175,11 @@ def _walk(folder: Path, depth: int) -> tuple[list[Path], list[Path]]:
         return [], files
     runs, loose = [], []
     for sub in subfolders:
-        r, f = _walk(sub, depth - 1)
+        try:
+            r, f = _walk(sub, depth - 1, skipped, seen)
+        except UserError as exc:
+            skipped.append(exc.message)
+            continue
         runs += r
         loose += f
     return runs, loose
@@ -151,6 +194,29 @@ def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
     runs: list[RunInput] = []
     loose: list[Path | remote.Url] = []
     sources: dict[Path | remote.Url, str] = {}
+    skipped: list[str] = []
+    real_files: set[str] = set()
+
+    def add(folder, read, given) -> None:
+        """The run in `folder`, read by `read`; one found below the given path that cannot
+        be read is said in `skipped`."""
+        if any(folder == r.run_dir for r in runs):
+            return
+        if isinstance(folder, Path) and any(
+            isinstance(r.run_dir, Path) and os.path.samefile(folder, r.run_dir) for r in runs
+        ):
+            return  # the same folder under another name (a symbolic link)
+        try:
+            run = read(folder)
+        except UserError as exc:
+            if folder == given:
+                raise
+            skipped.append(exc.message)
+            return
+        if any(r.name == run.name for r in runs):  # a/run and b/run: by their path
+            run.name = getattr(folder, "url", None) or str(folder)
+        runs.append(run)
+
     for raw in paths:
         if remote.is_url(raw):  # found through its fsspec filesystem
             url_runs, url_files = remote.find(str(raw), SEARCH_DEPTH)
@@ -160,11 +226,7 @@ def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
                     f"{SEARCH_DEPTH} folders below"
                 )
             for folder in url_runs:
-                if all(folder != r.run_dir for r in runs):
-                    run = capture_run_url(folder)
-                    if any(r.name == run.name for r in runs):
-                        run.name = folder.url
-                    runs.append(run)
+                add(folder, capture_run_url, remote.Url(str(raw).rstrip("/")))
             for file in url_files:
                 if file not in sources:
                     loose.append(file)
@@ -181,7 +243,7 @@ def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
             readers.reader_for(path)  # a format some reader takes, else a one-line error
             found_runs, found = [], [path]
         elif is_dir:
-            found_runs, found = _walk(path, SEARCH_DEPTH)
+            found_runs, found = _walk(path, SEARCH_DEPTH, skipped)
             if not found_runs and not found:
                 raise UserError(
                     f"{path}: no .json/.json.gz traces and no run.json here or "
@@ -190,13 +252,14 @@ def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
         else:
             raise UserError(f"{path}: not a regular file or a folder")
         for folder in found_runs:
-            if all(folder != r.run_dir for r in runs):
-                run = capture_run(folder)
-                if any(r.name == run.name for r in runs):  # a/run and b/run: by their path
-                    run.name = str(folder)
-                runs.append(run)
+            add(folder, capture_run, path)
         for file in found:
-            if file not in sources:
+            real = os.path.realpath(file)
+            if file not in sources and real not in real_files:  # a file once, however named
+                real_files.add(real)
                 loose.append(file)
                 sources[file] = str(path)
-    return Inputs(runs, loose, sources)
+    if not runs and not loose:
+        more = f" (and {len(skipped) - 1} more runs cannot be analyzed)" if len(skipped) > 1 else ""
+        raise UserError(skipped[0] + more)
+    return Inputs(runs, loose, sources, skipped)

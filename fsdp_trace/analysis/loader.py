@@ -79,6 +79,11 @@ _BATCH = 8 << 20  # bytes of events per batch of the two-process decode
 # batches' transfer, for a second or less saved (measured in benchmarks/results/speed.md).
 PARALLEL_MIN_BYTES = 256 << 20
 GZIP_RATIO_GUESS = 10  # raw / compressed size of Kineto JSON (8-13 seen), when ISIZE is ambiguous
+# A gzip file whose text grows past this many times the compressed bytes read so far (once
+# past the floor) is refused: Kineto JSON expands 8-20x; a gzip bomb of valid events, 300x or
+# more, would otherwise be decoded whole (1.5 GB of events from 5 MB).
+GZIP_MAX_RATIO = 100
+GZIP_RATIO_FLOOR = 64 << 20
 
 
 class _Args(msgspec.Struct, gc=False, frozen=True):
@@ -126,6 +131,7 @@ class _TraceFile(msgspec.Struct):
     distributedInfo: dict[str, Any] | None = None
     baseTimeNanoseconds: int | None = None
     traceName: str | None = None
+    displayTimeUnit: Any = None  # "ns": timestamps in ns (Perfetto's reading); else µs
 
 
 _DECODER = msgspec.json.Decoder(_TraceFile)
@@ -709,9 +715,20 @@ def _read_blocks(path: Path, on_progress: Callable[[int], None] | None) -> Itera
     stop = threading.Event()
 
     def reader() -> None:
+        text = 0  # bytes of text read so far
         try:
             while not stop.is_set():
                 block = stream.read(_BLOCK)
+                text += len(block)
+                if is_gzip and text > GZIP_RATIO_FLOOR and text > GZIP_MAX_RATIO * raw.tell():
+                    blocks.put(
+                        UserError(
+                            f"{path}: expands to over {GZIP_MAX_RATIO}x its compressed size "
+                            f"({text >> 20} MB of text from {raw.tell() >> 10} KB so far; "
+                            "Kineto traces expand 8-20x): a gzip bomb? refused"
+                        )
+                    )
+                    return
                 blocks.put((block, raw.tell()))
                 if not block:
                     return
@@ -821,7 +838,17 @@ def _parse(path: Path, progress: bool | None, parallel: bool | None = None) -> T
         raise UserError(f"{path}: 'traceEvents' is empty: the profiler recorded nothing")
     if not len(columns):
         raise UserError(f"{path}: no complete ('X') events: unknown or empty trace layout")
-    frame, notices = validate.events(path, columns.frame())
+    frame = columns.frame()
+    ns = parsed.displayTimeUnit == "ns"
+    if ns:  # Perfetto reads such a trace's ts and dur in ns; Kineto writes µs ("ms" here)
+        for column in ("ts", "dur", "end"):
+            frame[column] = frame[column] / 1000.0
+    frame, notices = validate.events(path, frame)
+    if ns:
+        notices.append(
+            'displayTimeUnit "ns": timestamps and durations read as nanoseconds (as '
+            "Perfetto reads them), not Kineto's microseconds"
+        )
     if columns.too_big:
         counts = ", ".join(f"{_INT_KEYS.get(k, k)} ×{n}" for k, n in columns.too_big.items())
         notices.append(
@@ -1313,7 +1340,11 @@ class _ProgressBar:
                 console=Console(stderr=True),
                 transient=True,
             )
-            self.task = self.progress.add_task(path.name, total=size)
+            from rich.markup import escape
+
+            from fsdp_trace.printable import printable
+
+            self.task = self.progress.add_task(escape(printable(path.name)), total=size)
 
     def __enter__(self) -> Callable[[int], None] | None:
         if self.progress is None:

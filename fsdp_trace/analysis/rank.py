@@ -186,7 +186,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
 
     cpu_mask = classify.kind_mask(kinds, classify.CPU_OP, classify.ANNOTATION, classify.LAUNCH)
     cpu = events.loc[cpu_mask, list(CpuContext.COLUMNS)]  # only what the CPU context reads
-    cpu_steps = steps_mod.cpu_steps(events, kinds)
+    cpu_steps = steps_mod.cpu_steps(events, kinds, notices)
     launch_row = _link_launches(events, kinds, gpu_idx)
     linked = launch_row >= 0
     launch_ts = np.where(linked, events["ts"].to_numpy()[np.maximum(launch_row, 0)], np.nan)
@@ -321,15 +321,9 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         launch.chain[is_comm],
         cover.compute,
         source,
+        notices,
         fsdp1_units,
     )
-    unknown = int(collectives["group_size"].isna().sum()) if len(collectives) else 0
-    if unknown:
-        notices.append(
-            f"{unknown} NCCL kernels name no `Group size` and their process group is not in the "
-            "trace's pg_config: their bus bandwidth is left empty (never assumed from the world "
-            "size, which is wrong for HSDP and tensor-parallel groups)"
-        )
     k_compute = k[is_compute]
     blocks = block_table(collectives, k_compute, len(windows), trace.rank, source)
     compute_phases = iv.grouped_union_length(
@@ -429,6 +423,7 @@ def _collectives(
     chain: np.ndarray,
     compute_u: iv.Intervals,
     source: str,
+    notices: list[str],
     fsdp1_units: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """One row per communication kernel (`comm_events`: their trace events with the NCCL args;
@@ -472,8 +467,7 @@ def _collectives(
     )
     nelems = np.maximum(in_n, out_n)
     nbytes = np.where((nelems >= 0) & (elem > 0), nelems * elem, np.nan)
-    group = col("group_size", MISSING).astype(np.float64)
-    group = np.where(group > 0, group, _configured_group_sizes(trace, comm_events, n))
+    group = _group_sizes(trace, comm_events, col("group_size", MISSING), notices)
     dur = comm["dur"].to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(dur > 0, nbytes / (dur * 1e-6) / 1e9, np.nan)
@@ -531,6 +525,44 @@ def _collectives(
     )
     frame["block"] = frame["block"].fillna(UNATTRIBUTED)
     return frame.reindex(columns=COLLECTIVE_COLUMNS).reset_index(drop=True)
+
+
+def _group_sizes(
+    trace: Trace, comm_events: pd.DataFrame, stated: np.ndarray, notices: list[str]
+) -> np.ndarray:
+    """Each kernel's group size: its `Group size` argument, else its process group's size in
+    pg_config. Where the two disagree the group's member list wins, and a size larger than
+    the trace's world is never taken (left unknown); each said in a notice."""
+    stated = stated.astype(np.float64)
+    configured = _configured_group_sizes(trace, comm_events, len(stated))
+    given = stated > 0
+    clash = given & ~np.isnan(configured) & (stated != configured)
+    if clash.any():
+        i = int(np.flatnonzero(clash)[0])
+        notices.append(
+            f"{int(clash.sum())} NCCL kernels state `Group size` {stated[i]:.0f} where the "
+            f"trace's pg_config lists {configured[i]:.0f} ranks in their process group: the "
+            "group's member list is used (busbw and the mesh follow it)"
+        )
+    group = np.where(given & ~clash, stated, configured)
+    unknown = int(np.isnan(group).sum())
+    if unknown:
+        notices.append(
+            f"{unknown} NCCL kernels name no `Group size` and their process group is not in the "
+            "trace's pg_config: their bus bandwidth is left empty (never assumed from the world "
+            "size, which is wrong for HSDP and tensor-parallel groups)"
+        )
+    world = trace.world_size
+    if isinstance(world, int) and world > 0:
+        beyond = group > world
+        if beyond.any():
+            shown = f"{group[beyond][0]:.0f}"
+            notices.append(
+                f"{int(beyond.sum())} NCCL kernels state `Group size` {shown}, more than the "
+                f"world of {world}: left unknown (their bus bandwidth too)"
+            )
+            group = np.where(beyond, np.nan, group)
+    return group
 
 
 def _configured_group_sizes(trace: Trace, comm_events: pd.DataFrame, n: int) -> np.ndarray:

@@ -66,7 +66,9 @@ class Url:
 
     @property
     def name(self) -> str:
-        return self.url.rstrip("/").rsplit("/", 1)[-1]
+        """The last part of the path; of a chained URL (`zip://rank0.json::/runs/x.zip`),
+        the member's."""
+        return self.url.split("::", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
     @property
     def parent(self) -> Url:
@@ -128,6 +130,7 @@ def find(url: str, depth: int) -> tuple[list[Url], list[Url]]:
     walk finds them (`fsdp_trace.analysis.inputs`): a folder with run.json is a run, a folder
     with traces is not searched further, and at most `depth` folders down."""
     from fsdp_trace.analysis import readers
+    from fsdp_trace.analysis.inputs import OWN_RECORDS
     from fsdp_trace.analysis.trace import rank_from_name
     from fsdp_trace.runrecord import RUN_FILE
 
@@ -166,7 +169,7 @@ def find(url: str, depth: int) -> tuple[list[Url], list[Url]]:
             for leaf, item in entries
             if item.get("type") != "directory"
             and leaf.endswith(readers.suffixes())
-            and leaf != RUN_FILE
+            and leaf not in OWN_RECORDS
         ]
         if files or left == 0:
             rank = lambda u: r if (r := rank_from_name(Path(u.name))) is not None else 1 << 30  # noqa: E731
@@ -246,6 +249,7 @@ def local_copy(url: str) -> Iterator[Path]:
     if _is_local(fs):
         yield Path(path)
         return
+    _check_before_copy(fs, path, url)
     folder = tempfile.mkdtemp(prefix="fsdp-trace-url-")
     try:
         target = Path(folder) / (Url(url).name or "trace.json")
@@ -256,6 +260,36 @@ def local_copy(url: str) -> Iterator[Path]:
         yield target
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _check_before_copy(fs: Any, path: str, url: str) -> None:
+    """What can be told before the object is copied here, refused before it is: an archive
+    member that expands past the ratio no trace has (a zip bomb: its sizes are in the
+    archive's directory), and a first byte no trace starts with."""
+    from fsdp_trace.analysis.loader import GZIP_MAX_RATIO, GZIP_RATIO_FLOOR
+
+    try:
+        info = fs.info(path)
+        with fs.open(path, "rb") as handle:
+            head = handle.read(64)
+    except Exception as exc:
+        raise _io_error(url, exc) from None
+    size, packed = info.get("size"), info.get("compress_size")
+    sized = isinstance(size, int) and isinstance(packed, int) and packed > 0
+    if sized and size > GZIP_RATIO_FLOOR and size > GZIP_MAX_RATIO * packed:
+        raise UserError(
+            f"{url}: expands to over {GZIP_MAX_RATIO}x its compressed size in the archive "
+            f"({size >> 20} MB from {packed >> 10} KB; Kineto traces expand 8-20x): a zip "
+            "bomb? refused, not copied"
+        )
+    text = head.lstrip(b" \t\r\n")
+    if head and not (
+        head.startswith((b"\x1f\x8b", b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff"))
+        or text[:1] in (b"{", b"[")
+        or b"\x00" in head[:4]  # UTF-16/32 without a byte-order mark: the loader says so
+        or not text  # blank so far: the loader reads on
+    ):
+        raise UserError(f"{url}: not a trace (it starts {head[:16]!r}): refused, not copied")
 
 
 def as_url(text: str, local: Path, url: str) -> str:

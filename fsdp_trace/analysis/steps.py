@@ -16,17 +16,31 @@ from fsdp_trace.analysis import classify
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
+BEYOND_INT64 = -2  # a ProfilerStep#N whose N no int64 holds
+
+
 def _step_number(name: str | None) -> int:
-    """N of `ProfilerStep#N`, -1 for any other name (evaluated once per distinct name)."""
+    """N of `ProfilerStep#N`, -1 for any other name, BEYOND_INT64 for an N past int64
+    (evaluated once per distinct name)."""
     match = PROFILER_STEP.match(name) if name is not None else None
-    return int(match.group(1)) if match else -1
+    if not match:
+        return -1
+    number = int(match.group(1))
+    return number if number <= np.iinfo(np.int64).max else BEYOND_INT64
 
 
-def cpu_steps(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
-    """CPU `ProfilerStep#N` annotations: step number, start and end (µs), sorted by start."""
+def cpu_steps(
+    events: pd.DataFrame, kinds: np.ndarray, notices: list[str] | None = None
+) -> pd.DataFrame:
+    """CPU `ProfilerStep#N` annotations: step number, start and end (µs), sorted by start.
+
+    The profiler numbers its steps once each, one after the other; a trace that does not is
+    read as far as it can be, each repair said in `notices`: a number past int64 or repeated
+    (the second window of a number) leaves that window out; a window that starts before the
+    one before it ends is cut to end where it starts (steps do not overlap)."""
     is_annotation = (kinds == classify.ANNOTATION) | (kinds == classify.CPU_OP)
     numbers = classify.per_category(events["name"].array, _step_number, np.int64)
-    mask = is_annotation & (numbers >= 0)
+    mask = is_annotation & ((numbers >= 0) | (numbers == BEYOND_INT64))
     steps = pd.DataFrame(
         {
             "step": numbers[mask],
@@ -34,7 +48,33 @@ def cpu_steps(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
             "cpu_end": events["end"].to_numpy()[mask],
         }
     )
-    return steps.sort_values("cpu_start", kind="stable").reset_index(drop=True)
+    steps = steps.sort_values("cpu_start", kind="stable").reset_index(drop=True)
+    said = notices if notices is not None else []
+    huge = steps["step"] == BEYOND_INT64
+    if huge.any():
+        said.append(
+            f"ProfilerStep annotations numbering their step past int64 ({int(huge.sum())}): "
+            "left out (their GPU work with them)"
+        )
+    repeated = steps["step"].duplicated() & ~huge
+    if repeated.any():
+        shown = ", ".join(f"#{n}" for n in sorted(set(steps.loc[repeated, "step"]))[:5])
+        said.append(
+            f"ProfilerStep numbers repeat ({shown}): only the first window of each number is "
+            f"read, the later ones ({int(repeated.sum())}) left out (their GPU work with them)"
+        )
+    steps = steps[~(huge | repeated)].reset_index(drop=True)
+    nxt = steps["cpu_start"].shift(-1)
+    overlap = (steps["cpu_end"] > nxt).to_numpy()
+    if overlap.any():
+        first = int(np.flatnonzero(overlap)[0])
+        said.append(
+            f"ProfilerStep windows overlap the next one ({int(overlap.sum())} of {len(steps)}: "
+            f"#{steps['step'].iloc[first + 1]} starts before #{steps['step'].iloc[first]} "
+            "ends): each is cut to end where the next starts"
+        )
+        steps.loc[overlap, "cpu_end"] = nxt[overlap]
+    return steps
 
 
 def step_of_time(

@@ -73,7 +73,8 @@ def trace_meta(
 ) -> dict[str, Any]:
     """What a RankAnalysis keeps about its trace beyond the tables: who it is (rank, world,
     process groups), when (the absolute time base), how it was profiled (record_shapes,
-    with_stack), its GPUs and compiled regions. Grouping files into runs reads these."""
+    with_stack), its GPUs and compiled regions, the ids of its processes. Grouping files into
+    runs reads these."""
     return {
         "world_size": trace.world_size,
         "distributed": trace.distributed,
@@ -83,4 +84,7 @@ def trace_meta(
         "record_shapes": trace.input_dims,
         "with_stack": trace.python_events > 0,
         "unit_names": unit_names or {},  # unit as shown → its raw path in the labels
+        # The process (and device) ids of its first events: two ranks' traces never share
+        # them with every timestamp too (`pipeline.copied_ranks`).
+        "first_pids": sorted({int(p) for p in trace.events["pid"].to_numpy()[:1000]}),
     }

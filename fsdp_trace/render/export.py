@@ -23,7 +23,14 @@ def write_json(result: Result, path: Path) -> None:
     indenting encoder is pure Python and ~10x slower)."""
     import msgspec
 
-    text = msgspec.json.format(json.dumps(result.to_json()).encode(), indent=1)
+    payload = result.to_json()
+    try:
+        text = msgspec.json.format(json.dumps(payload).encode(), indent=1)
+    except msgspec.DecodeError:
+        # A lone surrogate (how Python holds the bytes of a file name that are not UTF-8),
+        # which strict JSON readers refuse: each written as "?".
+        text = json.dumps(payload, ensure_ascii=False).encode("utf-8", errors="replace")
+        text = msgspec.json.format(text, indent=1)
     atomic.write_text(path, text.decode() + "\n")
 
 
@@ -65,7 +72,13 @@ def _first_existing(path: Path) -> Path:
 def output_problem(path: Path, folder: bool = False) -> str | None:
     """Why `path` cannot be written as an output file (or, with folder, an output folder);
     None when it can. Checked before anything is written, so a bad path costs nothing."""
-    path = Path(path)
+    try:
+        return _output_problem(Path(path), folder)
+    except OSError as exc:  # a name too long, a loop of links, ...
+        return f"cannot be used as a path ({exc.strerror or exc}): give another path"
+
+
+def _output_problem(path: Path, folder: bool) -> str | None:
     if path.exists():
         if folder and not path.is_dir():
             return "exists and is not a folder: give a folder path"

@@ -6,11 +6,18 @@ import sys
 
 import pandas as pd
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as markup_escape
 from rich.table import Table as RichTable
 
 from fsdp_trace.present.view import FindingView, RunView, Table, run_view, side_by_side
+from fsdp_trace.printable import printable_lines
 from fsdp_trace.result import Result
+
+
+def escape(text: object) -> str:
+    """Text for rich's markup: shown as is (no markup read in it), every control character
+    an input could carry (escape sequences in a kernel's or a file's name) shown escaped."""
+    return markup_escape(printable_lines(text))
 
 
 def make_console(width: int = 160) -> Console:
@@ -19,9 +26,9 @@ def make_console(width: int = 160) -> Console:
 
 
 def table(view: Table) -> RichTable:
-    out = RichTable(title=view.title, title_justify="left")
+    out = RichTable(title=escape(view.title), title_justify="left")
     for i, header in enumerate(view.headers):
-        out.add_column(header, justify="right" if i >= view.numeric_from else "left")
+        out.add_column(escape(header), justify="right" if i >= view.numeric_from else "left")
     flags = view.highlight or [False] * len(view.rows)
     for row, flag in zip(view.rows, flags, strict=True):
         out.add_row(*(f"[red]{escape(c)}[/]" if flag else escape(c) for c in row))

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 
 from fsdp_trace.present.whatif import PredictionView, RankingView
-from fsdp_trace.render.terminal import table
+from fsdp_trace.render.terminal import escape, table
 
 
 def render_prediction(view: PredictionView, console: Console) -> None:

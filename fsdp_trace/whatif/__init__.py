@@ -124,6 +124,11 @@ def _step(run) -> int:
     """The step every rank has whose length (the slowest rank's) is the median."""
     ranks = [r for r in run.ranks if r.n_kernels]
     common = set.intersection(*(set(r.steps["step"]) for r in ranks))
+    if not common:
+        raise UserError(
+            f"{run.name}: the ranks' traces share no ProfilerStep number, so no step ran on "
+            "every rank to replay: give traces of the same steps (one profiling session)"
+        )
     length = {
         s: max(float(r.steps.set_index("step").at[s, "step_us"]) for r in ranks) for s in common
     }
@@ -141,6 +146,12 @@ def unmodelled(run) -> str | None:
         return (
             f"{run.name} is {setup.describe()}: the what-if replay models FSDP2 (fully_shard) "
             "steps only"
+        )
+    if not run.config.labels and any(len(r.collectives) for r in run.ranks if r.n_kernels):
+        return (
+            f"{run.name}: collectives but no FSDP2 labels in the traces (pipeline parallel, "
+            "or labels lost): the replay models FSDP2's schedule unit by unit and cannot place "
+            "them; capture with FSDP2 (`fully_shard`) on torch >= 2.5"
         )
     return None
 

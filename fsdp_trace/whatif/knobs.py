@@ -112,12 +112,34 @@ def _value(name: str, raw: str, text: str) -> object:
             raise UserError(f"--set {text!r}: ac_coverage is a fraction in [0, 1]")
         return number  # 0 too: no block checkpointed
     if name in ("prefetch_forward", "prefetch_backward", "batch_size"):
-        if number != int(number) or number < (1 if name == "batch_size" else 0):
+        low = 1 if name == "batch_size" else 0
+        if number != int(number) or number < low:
             raise UserError(f"--set {text!r}: {name} takes a whole number")
+        if number > MAX_WHOLE:
+            raise UserError(
+                f"--set {text!r}: {name} takes a whole number from {low} to {MAX_WHOLE:,}"
+            )
         return int(number)
     if number <= 0:
         raise UserError(f"--set {text!r}: {name} must be positive")
+    if name == "batch_scale":
+        _check_scale(number, text)
     return number
+
+
+# The replay scales compute with a batch's tokens; past this factor either way memory, kernel
+# efficiency and the host's share change in ways it does not model.
+MAX_BATCH_FACTOR = 64
+MAX_WHOLE = 1_000_000  # a batch or prefetch depth beyond any run
+
+
+def _check_scale(factor: float, text: str) -> None:
+    if not 1 / MAX_BATCH_FACTOR <= factor <= MAX_BATCH_FACTOR:
+        raise UserError(
+            f"--set {text!r}: a batch {factor:g}x the measured one: the replay scales compute "
+            f"with tokens, which holds from 1/{MAX_BATCH_FACTOR}x to {MAX_BATCH_FACTOR}x "
+            "(beyond, memory and kernel efficiency change); give a change in that range"
+        )
 
 
 # --- edits of a program --------------------------------------------------------------------
@@ -182,7 +204,9 @@ def _batch_scale(knobs: Knobs, ctx: Context) -> float:
             "--set batch_size: the run's batch is not known (no run.json): use "
             "batch_scale=FACTOR instead"
         )
-    return knobs.batch_size / ctx.batch
+    scale = knobs.batch_size / ctx.batch
+    _check_scale(scale, f"batch_size={knobs.batch_size}")
+    return scale
 
 
 def _reshard_targets(knobs: Knobs, ctx: Context) -> dict[str, bool]:

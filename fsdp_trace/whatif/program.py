@@ -228,7 +228,9 @@ def _ops(
 ) -> pd.DataFrame:
     c = rank.collectives
     c = c[c["step"] == step].sort_values("correlation", kind="stable")
-    launch = k.set_index("correlation")["launch_ts"]
+    # Several GPU events may share one launch's correlation id (a Triton kernel and its
+    # memset): one launch time per id.
+    launch = k.groupby("correlation")["launch_ts"].min()
     match = pd.Series(-1, index=c.index, dtype=np.int64)
     if participants is not None and len(participants):
         mine = participants[participants["rank"] == rank.rank].set_index("correlation")["match"]

@@ -46,7 +46,22 @@ def panel(builder: Builder) -> Builder:
 
 
 def build(run: RunAnalysis, view: RunView) -> list[Panel]:
-    return [p for builder in PANELS if (p := builder(run, view)) is not None]
+    return [p for builder in PANELS if (p := _built(builder, run, view)) is not None]
+
+
+def _built(builder: Builder, run: RunAnalysis, view: RunView) -> Panel | None:
+    """The panel, or, where it cannot be computed, the panel saying why: one panel's fault
+    never costs the report."""
+    try:
+        return builder(run, view)
+    except Exception as exc:  # said in the panel: the rest of the page stands
+        reason = exc.message if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+        return Panel(
+            builder.__name__,
+            builder.__name__.replace("_", " ").capitalize(),
+            missing=f"This panel could not be computed ({reason}); the rest of the report "
+            "stands. Please report it with the traces.",
+        )
 
 
 def _communicates(run: RunAnalysis) -> bool:
