@@ -1336,7 +1336,7 @@ HTA_PUBLIC = REPO.parent / "shared" / "traces" / "hta"  # HTA's public test trac
 @pytest.mark.skipif(not HTA_PUBLIC.is_dir(), reason="HTA's public traces are not beside the repo")
 def test_htas_public_traces_analyze_with_a_report_and_whatif_refuses(tmp_path):
     """issue 21 (1), on the files themselves: the folder and the 16-rank file alone analyze
-    with their report written; `whatif` on the file refuses in one line."""
+    with their report written; `whatif` on the file (a DDP run) refuses in one line."""
     import shutil
 
     folder = shutil.copytree(HTA_PUBLIC, tmp_path / "hta")
@@ -1346,8 +1346,10 @@ def test_htas_public_traces_analyze_with_a_report_and_whatif_refuses(tmp_path):
     one = folder / "a100_16rank_rank0_pt20.json.gz"
     done = run_cli("analyze", str(one), "--no-detailed")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "no FSDP2 labels" in (folder / "a100_16rank_rank0_pt20.report.html").read_text()
-    _cli_error(run_cli("whatif", str(one)), "no FSDP2 labels", command="whatif")
+    # the trace is DDP (DistributedDataParallel.forward labels): the replay models FSDP2 only
+    why = "models FSDP2 (fully_shard) steps only"
+    assert why in (folder / "a100_16rank_rank0_pt20.report.html").read_text()
+    _cli_error(run_cli("whatif", str(one)), why, command="whatif")
 
 
 def _left_out_point(folder: Path) -> Path:
