@@ -716,7 +716,7 @@ def test_names_cannot_break_out_of_the_page(tmp_path):
     block = "layers.</script><img src=x onerror=alert(1)>"
     run = analyze(gpu_run(tmp_path / "run", block=block)).only
     assert block in set(run.blocks["block"])
-    run.notices.append("<b>notice</b> & </script>")
+    run.own_notices.append("<b>notice</b> & </script>")
     path = tmp_path / "r.html"
     write_report(run, path)
     text = path.read_text(encoding="utf-8")

@@ -682,38 +682,6 @@ def finding_view(f: Finding, minor: bool = False) -> FindingView:
     )
 
 
-def _owners(traces: list[RankAnalysis]) -> str:
-    """Who a notice came from: 'rank 1', 'ranks 0, 1 (timing and detailed traces)', 'rank 1;
-    rank 0 (detailed)', or file names where ranks cannot tell traces apart."""
-
-    def ranks(numbers: list[int]) -> str:
-        return ("ranks " if len(numbers) > 1 else "rank ") + ", ".join(map(str, numbers))
-
-    numbers = [r.rank for r in traces]
-    if None in numbers or len({(r.rank, r.source) for r in traces}) < len(traces):
-        return ", ".join(dict.fromkeys(Path(r.path).name for r in traces))
-    plain = sorted({r.rank for r in traces if r.source != Source.DETAILED})
-    detailed = sorted({r.rank for r in traces if r.source == Source.DETAILED})
-    if plain and plain == detailed:
-        return f"{ranks(plain)} (timing and detailed traces)"
-    parts = [ranks(plain)] if plain else []
-    parts += [f"{ranks(detailed)} (detailed)"] if detailed else []
-    return "; ".join(parts)
-
-
-def notices(run: RunAnalysis) -> list[str]:
-    """run.json's notices, the run's, then each trace's (prefixed by who gave it; one line
-    for a notice several traces share)."""
-    lines = [f"run.json: {n}" for n in (run.run.figures.notices if run.run else [])]
-    lines += list(run.notices)
-    owners: dict[str, list[RankAnalysis]] = {}
-    for r in run.ranks + run.detailed:
-        for notice in dict.fromkeys(r.notices):
-            owners.setdefault(notice, []).append(r)
-    lines += [f"{_owners(traces)}: {notice}" for notice, traces in owners.items()]
-    return list(dict.fromkeys(lines))
-
-
 def _traces_description(run: RunAnalysis) -> str:
     devices = {r.device for r in run.ranks}
     kind = "GPU" if Device.GPU in devices else "CPU (gloo)"
@@ -744,7 +712,7 @@ def run_view(run: RunAnalysis, top: int | None = 15) -> RunView:
         transfer=transfer_table(run),
         findings=[finding_view(f) for f in run.diagnosis.findings],
         minor=[finding_view(f, minor=True) for f in run.diagnosis.minor],
-        notices=notices(run),
+        notices=run.notices,
         hta=hta_table(run),
         cpu=not run.gpu,
         diagnosis_heading=diagnosis_heading(run),

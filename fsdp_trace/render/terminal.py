@@ -34,7 +34,7 @@ def render(result: Result, console: Console | None = None, top: int = 15) -> Non
     if len(result.runs) > 1:
         console.print(f"[dim]{escape(result.grouping)}[/]")
         console.print(table(side_by_side(result)))
-    for notice in result.notices:
+    for notice in result.input_notices:
         console.print(f"[yellow]notice:[/] {escape(notice)}")
     for run in result.runs:
         render_run(run_view(run, top), console, several=len(result.runs) > 1)

@@ -149,7 +149,7 @@ def render(result: Result) -> str:
         view.peers = result.runs  # the what-if panel's measured points
     several = len(views) > 1
     page = Page()
-    main = [markup.notices(result.notices, "result")]
+    main = [markup.notices(result.input_notices, "result")]
     compared = side_by_side(result)
     if compared is not None:
         main.append(
