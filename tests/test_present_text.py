@@ -88,3 +88,47 @@ def test_headline_counts_agree():
     assert card(many, "step_ms_unprofiled").sub == "median of 10 timed steps"
     assert card(many, "peak_memory").sub.endswith("; 4 allocator retries")
     assert row(many, "step time").endswith(", 10 steps)")
+
+
+def test_a_note_has_no_cost_or_try_line_in_the_terminal():
+    """A note (no cost of its own) folded under a cause, and a finding without a capture
+    option: no "()" after the note's title, no "0.00 ms", no empty `try:` line."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from fsdp_trace.present.view import FindingView
+    from fsdp_trace.render.terminal import _finding
+
+    note = FindingView(
+        0,
+        "fsdp1",
+        "FSDP1: the FullyShardedDataParallel class",
+        "",
+        "c",
+        "ev",
+        "w",
+        "ch",
+        "",
+        "",
+        "measured",
+        "",
+        [],
+        kind="note",
+    )
+    cause = dataclasses.replace(
+        note,
+        number=1,
+        rule="host-bound",
+        title="Host-bound",
+        cost="13.18 ms per step",
+        kind="cause",
+        symptoms=[note],
+    )
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    _finding(cause, console)
+    text = console.file.getvalue()
+    assert "explains: FSDP1: the FullyShardedDataParallel class\n" in text, text
+    assert "()" not in text and "0.00 ms" not in text
+    assert not re.search(r"try:\s*$", text, re.MULTILINE)

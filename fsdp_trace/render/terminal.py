@@ -95,7 +95,8 @@ def _finding(f: FindingView, console: Console, indent: str = "") -> None:
     if f.code:
         console.print(f"{pad}[bold]in code:[/] {escape(f.code)}")
     for symptom in f.symptoms:
-        console.print(f"{pad}[bold]explains:[/] {escape(symptom.title)} ({escape(symptom.cost)})")
+        cost = f" ({escape(symptom.cost)})" if symptom.cost else ""  # a note: no cost
+        console.print(f"{pad}[bold]explains:[/] {escape(symptom.title)}{cost}")
         console.print(f"{pad}    {escape(symptom.evidence)}")
 
 
