@@ -219,8 +219,13 @@ def cards(run: RunAnalysis) -> list[Card]:
     steps = pd.to_numeric(per["step_us"], errors="coerce")
     if steps.notna().any():
         slowest = per.loc[steps.idxmax(), "label"]
-        sub = f"profiled; slowest: {slowest}" if len(per) > 1 else "profiled, median step"
-        out.append(Card("step_ms", "Step time", fmt.ms(steps.max(), " ms"), sub))
+        sub = (
+            f"median profiled step of the slowest rank ({slowest})"
+            if len(per) > 1
+            else "median profiled step"
+        )
+        sub += _beside_unprofiled(run, float(steps.max()))
+        out.append(Card("step_ms", "Step time (profiled)", fmt.ms(steps.max(), " ms"), sub))
     if not run.gpu:
         out.append(
             Card(
@@ -246,7 +251,8 @@ def cards(run: RunAnalysis) -> list[Card]:
                 "exposed_wait_pct",
                 "Waiting for peers",
                 fmt.pct(value, " %"),
-                f"of the step, inside NCCL kernels, exposed; worst: {who}",
+                f"of the step: waiting inside NCCL kernels that no compute hides; worst: {who} "
+                "(Across ranks counts its hidden waiting too)",
                 tone,
             )
         )
@@ -279,6 +285,23 @@ def cards(run: RunAnalysis) -> list[Card]:
             )
         )
     return out
+
+
+def _beside_unprofiled(run: RunAnalysis, profiled_us: float) -> str:
+    """How a profiled step compares with run.json's un-profiled median, and why."""
+    stats = run.run.figures.step_time_ms if run.run is not None else None
+    if stats is None or not stats.median or not fmt.finite(profiled_us):
+        return ""
+    median = float(stats.median)
+    change = 100.0 * (profiled_us / 1e3 / median - 1.0)
+    if change >= 1.0:
+        return (
+            f"; {change:+.0f} % over the un-profiled median ({median:.2f} ms): the profiler's "
+            "own overhead and step-to-step spread"
+        )
+    if change <= -1.0:
+        return f"; {change:.0f} % under the un-profiled median ({median:.2f} ms)"
+    return f"; about the un-profiled median ({median:.2f} ms)"
 
 
 def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
@@ -561,7 +584,8 @@ def crossrank_table(run: RunAnalysis) -> Table | None:
     return Table(
         "crossrank",
         f"Across ranks ({len(cross.matched):,} matched collectives; transfer = the shortest "
-        "duration across ranks, the rest is waiting)",
+        "duration across ranks, the rest is waiting: all of it, hidden behind compute or not, "
+        "median step; the breakdown's waiting for peers is its exposed part)",
         [
             "rank",
             "matched collectives",

@@ -45,18 +45,11 @@ def render_run(view: RunView, console: Console, several: bool = False) -> None:
         console.rule(f"[bold]{escape(view.name)}")
     console.print(escape(view.description))
     if view.run_figures:
-        console.print("  ".join(f"{f.label}: [bold]{escape(f.value)}[/]" for f in view.run_figures))
+        console.print(_cards(view.run_figures))
     tone = "yellow" if view.cpu else "green" if view.healthy else "bold red"
     console.print(f"[bold]Verdict:[/] [{tone}]{escape(view.verdict)}[/]")
     if view.cards:
-        cards = RichTable.grid(padding=(0, 2))
-        for _ in range(3):
-            cards.add_column()
-        for c in view.cards:
-            cards.add_row(
-                escape(c.label), f"[bold]{escape(c.value)}[/]", f"[dim]{escape(c.sub)}[/]"
-            )
-        console.print(cards)
+        console.print(_cards(view.cards))
     config = RichTable(title="Inferred configuration", title_justify="left", show_header=False)
     for column in ("item", "value", "from"):
         config.add_column(column, style="dim" if column == "from" else None)
@@ -77,6 +70,16 @@ def render_run(view: RunView, console: Console, several: bool = False) -> None:
     render_findings(view, console)
     if view.hta is not None:
         console.print(table(view.hta))
+
+
+def _cards(items) -> RichTable:
+    """Figures or cards as rows: label, value, and the line that says what the value is."""
+    grid = RichTable.grid(padding=(0, 2))
+    for _ in range(3):
+        grid.add_column()
+    for c in items:
+        grid.add_row(escape(c.label), f"[bold]{escape(c.value)}[/]", f"[dim]{escape(c.sub)}[/]")
+    return grid
 
 
 def _finding(f: FindingView, console: Console, indent: str = "") -> None:
