@@ -183,6 +183,7 @@ def test_the_whatif_measured_step_says_it_is_the_10th_percentile(sample_run):
     ranked = rank_candidates(sample_run)
     view = ranking_view(ranked, sample_run.name)
     assert "measured step 40.27 ms, the 10th percentile of the un-profiled steps" in view.title
+    assert view.statistic == "the 10th percentile of the un-profiled steps"  # the figure's line
     now = view.basis[0]
     assert "not their median (45.43 ms)" in now and "interference" in now, now
     assert "52.76 ms" in now and "profiler" in now, now

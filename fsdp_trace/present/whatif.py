@@ -44,6 +44,7 @@ class RankingView:
     basis: list[str]
     measured_ms: float  # the run's own step
     points: list[RankingPoint]
+    statistic: str = ""  # which statistic measured_ms is (`statistic`)
 
 
 def exposed(parts: dict[str, float]) -> float:
@@ -237,7 +238,8 @@ def ranking_view(
         highlight=flags,
     )
     lines = basis(ranked[0][0])[:3] if ranked else []
-    return RankingView(table.title, table, lines, step / 1e3, points)
+    which = statistic(ranked[0][0].baseline) if ranked else ""
+    return RankingView(table.title, table, lines, step / 1e3, points, which)
 
 
 # Capture options a what-if knob does not change: runs that differ in one are other jobs.
