@@ -55,7 +55,10 @@ class Card:
 
 @dataclass(frozen=True)
 class Table:
-    """Headers and rows of text; `numeric_from`: the first right-aligned column."""
+    """Headers and rows of text; `numeric_from`: the first right-aligned column. Where the
+    terminal is narrow: `names` are the columns of names a user types (a block, a run, a knob:
+    never broken), `narrow` the headers left out first, and the first `heading` columns name
+    a row of the stacked layout."""
 
     key: str
     title: str
@@ -63,6 +66,9 @@ class Table:
     rows: list[list[str]]
     numeric_from: int = 1
     highlight: list[bool] = field(default_factory=list)  # per row: draw attention to it
+    names: tuple[int, ...] = (0,)
+    narrow: tuple[str, ...] = ()
+    heading: int = 1
 
 
 @dataclass(frozen=True)
@@ -516,7 +522,7 @@ def block_table(run: RunAnalysis, top: int | None = None) -> Table | None:
         "block",
         "phase",
         "collective",
-        "count (unit/expected)",
+        "count (unit / expected)",
         "comm ms",
         "exposed ms",
         "MB",
@@ -555,6 +561,8 @@ def block_table(run: RunAnalysis, top: int | None = None) -> Table | None:
         rows,
         numeric_from=3,
         highlight=flags,
+        narrow=("MB", "busbw GB/s"),
+        heading=3,
     )
 
 
