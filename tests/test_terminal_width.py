@@ -170,3 +170,16 @@ def test_the_layouts_in_turn():
     assert "model.layers.10.attention · forward" not in stacked  # one heading column
     assert re.search(r"^model\.layers\.10\.attention$", stacked, re.MULTILINE), stacked
     assert "busbw GB/s 150" in stacked
+
+
+def test_a_name_breaks_after_itself_and_its_note_wraps():
+    """A name column's cell ("gpt-small-1gpu (differs: ...)") keeps the name whole and wraps
+    the note after it: a long note alone never forces the stacked layout."""
+    note = "gpt-small-1gpu (differs: AC coverage, batch size, sequence length and dtype)"
+    view = Table("n", "Names", ["#", "baseline", "MFU"], [["1", note, "33.0 %"]], names=(1,))
+    console = Console(file=io.StringIO(), width=50, color_system=None)
+    print_table(console, view, lambda i: i != 1)
+    text = console.file.getvalue()
+    check_fits(text, 50)
+    assert "┃ #" in text and whole("gpt-small-1gpu", text), text  # a table, the name whole
+    assert "│ gpt-small-1gpu" in text and "dtype)" in text

@@ -32,41 +32,49 @@ def make_console(width: int = PIPED_WIDTH) -> Console:
 # --- tables that fit the terminal --------------------------------------------------------------
 #
 # A table is printed whole where it fits; else with its headers and text wrapped (words never
-# cut; a number or a name breaks only before its parenthesis: "52.76 (51.56–55.38)"); else
-# without its `narrow` columns, said under it; else stacked, one block per row. Rich alone
-# would shrink columns below their longest word and cut names ("layer…").
+# cut; a number breaks only before its parenthesis, "52.76 (51.56–55.38)", a name only after
+# itself, "gpt-small-1gpu (differs: AC coverage)"); else without its `narrow` columns, said
+# under it; else stacked, one block per row. Rich alone would shrink columns below their
+# longest word and cut names ("layer…").
 
 PIECE = re.compile(r" (?=\()")  # where a number's or a name's cell may break
+NUMBER, NAME, TEXT = "number", "name", "text"  # how a column's cells may break
 
 
-def _pieces(text: str) -> list[str]:
-    return PIECE.split(text)
-
-
-def _words(text: str) -> list[str]:
+def _pieces(text: str, kind: str) -> list[str]:
+    """The parts of a cell no line break may split."""
+    if kind == NUMBER:
+        return PIECE.split(text)
+    if kind == NAME:
+        name, *rest = PIECE.split(text, maxsplit=1)
+        return [name, *(w for r in rest for w in r.split())]
     return text.split() or [""]
 
 
 @dataclass(frozen=True)
 class _Column:
     """A column's content widths (padding and borders apart): its longest header word,
-    narrowest cell (longest word, or piece of a number or name), widest cell, and widest line."""
+    narrowest cell (its longest unbreakable part), widest cell, and widest line."""
 
     header: int
     piece: int
     whole: int
     widest: int
-    unbroken: bool  # a number's or a name's column: its cells break only before "("
+    kind: str
+
+    @property
+    def unbroken(self) -> bool:
+        """Its cells rather kept whole (a number, a name)."""
+        return self.kind != TEXT
 
 
-def _column(view: Table, i: int, unbroken: bool, header: bool) -> _Column:
+def _column(view: Table, i: int, kind: str, header: bool) -> _Column:
     cells = [row[i] for row in view.rows]
-    split = _pieces if unbroken else _words
-    piece = max((cell_len(p) for c in cells for p in split(c)), default=1)
+    piece = max((cell_len(p) for c in cells for p in _pieces(c, kind)), default=1)
     whole = max((cell_len(c) for c in cells), default=1)
-    words = max(cell_len(w) for w in _words(view.headers[i])) if header else 1
+    words = max(cell_len(w) for w in _pieces(view.headers[i], TEXT)) if header else 1
     widest = max(whole, cell_len(view.headers[i]) if header else 1)
-    return _Column(words, piece, whole, widest, unbroken)
+    return _Column(words, piece, whole, widest, kind)
 
 
 def _spread(widths: list[int], top: list[int], room: int, which: list[bool]) -> list[int]:
@@ -108,10 +116,15 @@ def _fit(columns: list[_Column], room: int) -> list[int] | None:
     return widths
 
 
-def _cell(text: str, width: int, unbroken: bool, style: str | None) -> Text:
-    if unbroken and cell_len(text) > width:
-        text = "\n".join(_pieces(text))
-    return Text(text, style=style or "", no_wrap=unbroken, overflow="fold")
+def _cell(text: str, width: int, kind: str, style: str | None) -> Text:
+    if kind != TEXT and cell_len(text) > width:  # break where it may (the rest wraps)
+        first, *rest = PIECE.split(text, maxsplit=0 if kind == NUMBER else 1)
+        text = "\n".join([first, *rest])
+    return Text(text, style=style or "", no_wrap=kind == NUMBER, overflow="fold")
+
+
+def _kind(view: Table, i: int, numeric: Callable[[int], bool]) -> str:
+    return NUMBER if numeric(i) else NAME if i in view.names else TEXT
 
 
 def _laid_out(
@@ -135,7 +148,7 @@ def _laid_out(
     for row, flag in zip(view.rows, flags, strict=True):
         out.add_row(
             *(
-                _cell(row[i], w, numeric(i) or i in view.names, flagged if flag else None)
+                _cell(row[i], w, _kind(view, i, numeric), flagged if flag else None)
                 for i, w in zip(columns, widths, strict=True)
             )
         )
@@ -183,7 +196,7 @@ def print_table(
     for n in range(len(view.narrow) + 1):
         left_out = view.narrow[:n]
         columns = [i for i in everything if view.headers[i] not in left_out]
-        measured = [_column(view, i, numeric(i) or i in view.names, show_header) for i in columns]
+        measured = [_column(view, i, _kind(view, i, numeric), show_header) for i in columns]
         room = width - (len(columns) + 1) - 2 * len(columns)  # borders, padding
         widths = _fit(measured, room)
         if widths is None:
