@@ -217,7 +217,7 @@ def figure(table: pd.DataFrame, title: str):
         autosize=True,
         template="plotly_white",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.07, "xanchor": "right", "x": 1},
-        margin={"l": 60, "r": 30, "t": 110, "b": 60 + 18 * len(footnotes(full))},
+        margin={"l": 60, "r": 30, "t": 110, "b": 60 + 18 * len(footnote_rows(footnotes(full)))},
     )
     _footnotes(fig, footnotes(full))
     return fig
@@ -259,10 +259,19 @@ def repeats_note(table: pd.DataFrame) -> str | None:
     )
 
 
+FOOTNOTE_CHARACTERS = 120  # a footnote's line, wrapped to fit a 1024 px window
+
+
+def footnote_rows(lines: list[str]) -> list[str]:
+    """The footnotes as the rows they take, each line wrapped (plotly never wraps text: a
+    long notice ran off the page)."""
+    return [row for line in lines for row in textwrap.wrap(line, FOOTNOTE_CHARACTERS)]
+
+
 def _footnotes(fig, lines: list[str]) -> None:
-    for i, line in enumerate(lines):
+    for i, row in enumerate(footnote_rows(lines)):
         fig.add_annotation(
-            text=line,
+            text=row,
             xref="paper",
             yref="paper",
             x=0,
@@ -362,7 +371,7 @@ def cpu_figure(table: pd.DataFrame, title: str):
         autosize=True,
         template="plotly_white",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.1, "xanchor": "right", "x": 1},
-        margin={"l": 60, "r": 30, "t": 130, "b": 80 + 18 * len(notes)},
+        margin={"l": 60, "r": 30, "t": 130, "b": 80 + 18 * len(footnote_rows(notes))},
     )
     _footnotes(fig, notes)
     return fig

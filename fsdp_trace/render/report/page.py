@@ -154,7 +154,7 @@ def render(result: Result) -> str:
     if compared is not None:
         main.append(
             '<section class="panel" id="runs" data-panel="runs"><h2>Runs side by side</h2>'
-            f"{markup.table(compared)}</section>"
+            f"{markup.table(compared, heading='Runs side by side')}</section>"
         )
     main += [
         _run(page, run, view, i, several)
