@@ -183,3 +183,12 @@ def test_a_name_breaks_after_itself_and_its_note_wraps():
     check_fits(text, 50)
     assert "┃ #" in text and whole("gpt-small-1gpu", text), text  # a table, the name whole
     assert "│ gpt-small-1gpu" in text and "dtype)" in text
+
+
+def test_whatif_prediction_stays_a_table_at_80():
+    """The prediction's rows are labels of the step's parts (no names to keep whole): its
+    longest label wraps, and the table stays a table at 80 columns."""
+    text = shown("whatif", str(SAMPLES / "gpt-small-2gpu"), "--set", "ac_coverage=1.0", width=80)
+    check_fits(text, 80)
+    assert re.search(r"│ step +│ +40\.27 ms │", text), text
+    assert "│   replay longer than the measured" in text

@@ -107,6 +107,7 @@ def prediction_view(p: Prediction, run_name: str) -> PredictionView:
         f"{statistic(p.baseline)})",
         ["", "now", "predicted", "change"],
         rows,
+        names=(),  # labels of the step's parts, not names to type
     )
     return PredictionView(table.title, table, _rank_table(p), basis(p))
 

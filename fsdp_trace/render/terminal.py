@@ -166,6 +166,8 @@ def _stacked(view: Table, width: int, flagged: str) -> list[Text]:
         out.append(Text(head, style=f"bold {flagged}" if flag else "bold"))
         line = Text(indent)
         for i in range(view.heading, len(view.headers)):
+            if not row[i]:  # nothing to say
+                continue
             pair = Text.assemble((view.headers[i], "dim"), " ", row[i])
             if cell_len(line.plain) > len(indent) and line.cell_len + 3 + pair.cell_len > width:
                 out.append(line)
