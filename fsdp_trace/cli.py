@@ -146,8 +146,86 @@ def unwrap(text: str | None) -> str | None:
     return "\n\n".join(" ".join(p.split()) for p in paragraphs)
 
 
+HELP_ROOM = 28  # the help column's narrowest before an option's help goes under its name
+
+
+def _options_panel(*, name: str, params: list, ctx: Any, markup_mode: Any, console: Any, **_):
+    """typer's panel of options, laid out so that no option name is ever cut: each option's
+    names (its negative switch under it) and value name on one line at their full width, the
+    help beside them, or under them where the terminal leaves the help too little room (rich
+    would shrink the names column: `--reshard-after-f…` at 80 columns)."""
+    if not params:
+        return
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+    from typer import rich_utils as ru
+
+    rows = []
+    for param in params:
+        argument = isinstance(param, TyperArgument)
+        shown = [o if "--" in o or not argument else param.display_name_raw for o in param.opts]
+        names = ru.highlighter(", ".join(shown))
+        if param.secondary_opts:
+            names.append("\n")
+            names.append_text(ru.negative_highlighter(", ".join(param.secondary_opts)))
+        kind = Text(param.display_type_rich(ctx=ctx) or "", style=ru.STYLE_TYPES)
+        help_text = ru._get_parameter_help(param=param, ctx=ctx, markup_mode=markup_mode)
+        required = Text(ru.REQUIRED_SHORT_STRING if param.required else "", ru.STYLE_REQUIRED_SHORT)
+        rows.append((required, names, kind, help_text))
+    starred = any(r[0].plain for r in rows)
+    names_width = max(line.cell_len for r in rows for line in r[1].split("\n"))
+    kind_width = max(r[2].cell_len for r in rows)
+    inner = console.width - 4  # the panel's borders and padding
+    used = (2 if starred else 0) + names_width + 2 + (kind_width + 2 if kind_width else 0)
+    table = Table.grid(padding=(0, 2 if inner - used >= HELP_ROOM else 1), expand=True)
+    if starred:
+        table.add_column(no_wrap=True, width=1)
+    if inner - used >= HELP_ROOM:  # the help beside the names
+        table.add_column(no_wrap=True, width=names_width)
+        if kind_width:
+            table.add_column(no_wrap=True, width=kind_width)
+        table.add_column(ratio=1)
+        for required, names, kind, help_text in rows:
+            cells = [required] if starred else []
+            table.add_row(*cells, names, *([kind] if kind_width else []), help_text)
+    else:  # under them, indented
+        table.add_column(ratio=1)
+        for required, names, kind, help_text in rows:
+            head = names.copy()
+            if kind.plain:
+                head.append("  ")
+                head.append_text(kind)
+            cells = [required] if starred else []
+            table.add_row(*cells, Group(head, Padding(help_text, (0, 0, 0, 4))))
+    console.print(
+        Panel(
+            table,
+            border_style=ru.STYLE_OPTIONS_PANEL_BORDER,
+            title=name,
+            title_align=ru.ALIGN_OPTIONS_PANEL,
+        )
+    )
+
+
+@contextmanager
+def _fitting_help() -> Iterator[None]:
+    """typer's rich help with `_options_panel` for its panels of options."""
+    from typer import rich_utils
+
+    original = rich_utils._print_options_panel
+    rich_utils._print_options_panel = _options_panel
+    try:
+        yield
+    finally:
+        rich_utils._print_options_panel = original
+
+
 class PlainCommand(TyperCommand):
-    """Every command: help without typer's type markers, paragraphs wrapped to the terminal."""
+    """Every command: help without typer's type markers, paragraphs wrapped to the terminal,
+    option names never cut (`_options_panel`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["help"] = unwrap(kwargs.get("help"))
@@ -155,6 +233,10 @@ class PlainCommand(TyperCommand):
 
     def get_params(self, ctx: Any) -> list:
         return _plain(super().get_params(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with _fitting_help():
+            super().format_help(ctx, formatter)
 
 
 class DeferredCommand(PlainCommand):
@@ -185,7 +267,8 @@ class PlainGroup(TyperGroup):
         """The help, its command list from the stand-ins as they are."""
         self._listing = True
         try:
-            super().format_help(ctx, formatter)
+            with _fitting_help():
+                super().format_help(ctx, formatter)
         finally:
             self._listing = False
 

@@ -128,7 +128,7 @@ def analyze(
         inputs=given,
         runs=runs,
         grouping=grouping,
-        notices=[f"not analyzed: {line}" for line in inputs.skipped]
+        input_notices=[f"not analyzed: {line}" for line in inputs.skipped]
         + notices
         + [f.line() for f in lost if id(f) not in placed],
     )
@@ -311,16 +311,16 @@ def analyze_run(
         config=config,
         crossrank=crossrank,
         diagnosis=Diagnosis([], [], "", True),
-        notices=notices,
+        own_notices=notices,
         run_dir=str(run_in.run_dir) if run_in.run_dir is not None else None,
     )
     analysis.diagnosis = diagnose(analysis)
-    analysis.notices += analysis.diagnosis.notices
+    analysis.own_notices += analysis.diagnosis.notices
     if hta:
         from fsdp_trace.analysis.hta_check import cross_check
 
         analysis.hta, hta_notices = cross_check(timing, cache=cache)
-        analysis.notices += hta_notices
+        analysis.own_notices += hta_notices
     return analysis
 
 

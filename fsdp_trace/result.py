@@ -6,6 +6,7 @@ nothing of their own (`fsdp_trace.present` formats them once for all of them).""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,7 +47,9 @@ class RunAnalysis:
     config: InferredConfig
     crossrank: CrossRank
     diagnosis: Diagnosis
-    notices: list[str] = field(default_factory=list)
+    # The run's own notices (grouping, configuration, cross-rank, diagnosis, HTA); `notices`
+    # adds run.json's and each trace's, as every front end shows them.
+    own_notices: list[str] = field(default_factory=list)
     hta: pd.DataFrame | None = None
     run_dir: str | None = None
     _median_steps: dict = field(default_factory=dict, repr=False, compare=False)
@@ -101,6 +104,20 @@ class RunAnalysis:
         return self.diagnosis.findings
 
     @property
+    def notices(self) -> list[str]:
+        """Every notice about this run, as the terminal, the report and to_json() show them:
+        run.json's, the run's own, then each trace's (prefixed by who gave it; one line for a
+        notice several traces share)."""
+        lines = [f"run.json: {n}" for n in (self.run.figures.notices if self.run else [])]
+        lines += list(self.own_notices)
+        owners: dict[str, list[RankAnalysis]] = {}
+        for r in self.ranks + self.detailed:
+            for notice in dict.fromkeys(r.notices):
+                owners.setdefault(notice, []).append(r)
+        lines += [f"{_owners(traces)}: {notice}" for notice, traces in owners.items()]
+        return list(dict.fromkeys(lines))
+
+    @property
     def gpu(self) -> bool:
         return any(r.device == Device.GPU for r in self.ranks)
 
@@ -134,6 +151,25 @@ class RunAnalysis:
         return run_payload(self)
 
 
+def _owners(traces: list[RankAnalysis]) -> str:
+    """Who a notice came from: 'rank 1', 'ranks 0, 1 (timing and detailed traces)', 'rank 1;
+    rank 0 (detailed)', or file names where ranks cannot tell traces apart."""
+
+    def ranks(numbers: list[int]) -> str:
+        return ("ranks " if len(numbers) > 1 else "rank ") + ", ".join(map(str, numbers))
+
+    numbers = [r.rank for r in traces]
+    if None in numbers or len({(r.rank, r.source) for r in traces}) < len(traces):
+        return ", ".join(dict.fromkeys(Path(r.path).name for r in traces))
+    plain = sorted({r.rank for r in traces if r.source != Source.DETAILED})
+    detailed = sorted({r.rank for r in traces if r.source == Source.DETAILED})
+    if plain and plain == detailed:
+        return f"{ranks(plain)} (timing and detailed traces)"
+    parts = [ranks(plain)] if plain else []
+    parts += [f"{ranks(detailed)} (detailed)"] if detailed else []
+    return "; ".join(parts)
+
+
 def _float(value: Any) -> float | None:
     value = float(value)
     return value if np.isfinite(value) else None
@@ -152,7 +188,16 @@ class Result:
     inputs: list[str]
     runs: list[RunAnalysis]
     grouping: str
-    notices: list[str] = field(default_factory=list)
+    # Notices about the inputs as a whole (traces that failed, left out of every run);
+    # `notices` adds the run's where there is one.
+    input_notices: list[str] = field(default_factory=list)
+
+    @property
+    def notices(self) -> list[str]:
+        """The notices to_json() puts at its top: the inputs', and with one run its own
+        (`RunAnalysis.notices`); with several, each run holds its own."""
+        mine = self.runs[0].notices if len(self.runs) == 1 else []
+        return list(dict.fromkeys([*self.input_notices, *mine]))
 
     @property
     def only(self) -> RunAnalysis:

@@ -27,8 +27,11 @@ SAMPLES = REPO / "sample_traces"
 def run_cli(
     *args: str, timeout: float = 300, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """`fsdp-trace ARGS` in a subprocess, from the repository root."""
-    full_env = {**os.environ, "FSDP_TRACE_QUIET": "1", **(env or {})}
+    """`fsdp-trace ARGS` in a subprocess, from the repository root; its output piped, at the
+    width piped output gets (pytest-xdist's workers set COLUMNS=80, which the terminal views
+    honour: a test of a width passes COLUMNS in `env`)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    full_env = {**inherited, "FSDP_TRACE_QUIET": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "fsdp_trace", *args],
         cwd=REPO,

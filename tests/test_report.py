@@ -130,7 +130,10 @@ def table_rows(text: str, key: str, start: int = 0) -> list[list[str]]:
     table = table[: table.index("</table>")]
     body = table[table.index("<tbody>") :]
     return [
-        [html.unescape(c) for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row)]
+        [
+            html.unescape(re.sub(r"<[^>]+>", "", c))  # a cell's text (numbers come in pieces)
+            for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row)
+        ]
         for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body)
     ]
 
@@ -504,7 +507,12 @@ def test_tables_are_the_views(sample):
     view = run_view(run)
     for table in (view.breakdown, view.ranks, view.distortion, view.crossrank, view.transfer):
         assert table_rows(text, table.key) == table.rows, table.key
-        assert html.escape(table.title) in text
+        # its title, less the panel heading it would repeat ("Per rank" / "Per rank (...)")
+        table_tag = f'<div class="scroll"><table class="data" data-table="{table.key}"'
+        caption = re.search(rf'<p class="caption">([^<]*)</p>{re.escape(table_tag)}', text)
+        assert caption, table.key
+        shown = html.unescape(caption.group(1))
+        assert shown.lower() in table.title.lower() and len(shown) > 20, (shown, table.title)
     for item in run.distortion():
         assert f"{item['slowdown_pct']:+.1f}" in table_rows(text, "distortion")[item["rank"]]
     assert "ms" in figure(text, "blocks")["layout"]["xaxis"]["title"]["text"]
@@ -716,7 +724,7 @@ def test_names_cannot_break_out_of_the_page(tmp_path):
     block = "layers.</script><img src=x onerror=alert(1)>"
     run = analyze(gpu_run(tmp_path / "run", block=block)).only
     assert block in set(run.blocks["block"])
-    run.notices.append("<b>notice</b> & </script>")
+    run.own_notices.append("<b>notice</b> & </script>")
     path = tmp_path / "r.html"
     write_report(run, path)
     text = path.read_text(encoding="utf-8")

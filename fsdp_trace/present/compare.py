@@ -61,11 +61,14 @@ def compare_table(table: pd.DataFrame) -> Table:
     rows = [
         [cell(i, row) for _, cell, _ in COLUMNS] for i, row in enumerate(table.to_dict("records"))
     ]
+    headers = [header for header, _, _ in COLUMNS]
     return Table(
         "compare",
         "Runs compared, in the order given (exposure: the worst rank's)",
-        [header for header, _, _ in COLUMNS],
+        headers,
         rows,
+        names=(headers.index("run"), headers.index("baseline (1 GPU)")),
+        heading=2,
     )
 
 

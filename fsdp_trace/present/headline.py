@@ -63,7 +63,10 @@ def figures(record: RunRecord) -> list[Figure]:
                 "step_ms_unprofiled",
                 "Step (un-profiled)",
                 f"{f.step_time_ms.median:.2f} ms",
-                f"median of {fmt.plural(n, 'timed step')}" if n else "median",
+                f"median of {fmt.plural(n, 'timed step')} without the profiler (run.json): "
+                "the training's own speed"
+                if n
+                else "median of the steps timed without the profiler (run.json)",
             )
         )
     if fmt.finite(f.tokens_per_s_per_gpu):

@@ -20,7 +20,6 @@ from fsdp_trace.analysis.config import InferredConfig, Item, Mesh
 from fsdp_trace.analysis.crossrank import CrossRank
 from fsdp_trace.analysis.setup import SetUp
 from fsdp_trace.diagnose.finding import Finding
-from fsdp_trace.present.view import notices
 from fsdp_trace.result import Result, RunAnalysis
 
 
@@ -178,7 +177,7 @@ def run_payload(run: RunAnalysis) -> dict[str, Any]:
             "findings": [finding_payload(f) for f in run.diagnosis.findings],
             "minor": [finding_payload(f) for f in run.diagnosis.minor],
             "crossrank": crossrank_payload(run.crossrank),
-            "notices": notices(run),
+            "notices": run.notices,
         }
     )
 
@@ -191,9 +190,5 @@ def payload(result: Result) -> dict[str, Any]:
         "grouping": result.grouping,
     }
     if len(result.runs) == 1:
-        return {**head, **run_payload(result.runs[0]), "notices": _notices(result)}
+        return {**head, **run_payload(result.runs[0]), "notices": result.notices}
     return clean({**head, "notices": result.notices, "runs": [run_payload(r) for r in result.runs]})
-
-
-def _notices(result: Result) -> list[str]:
-    return list(dict.fromkeys([*result.notices, *notices(result.runs[0])]))

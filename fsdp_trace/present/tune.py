@@ -170,6 +170,8 @@ def tune_view(result: TuneResult, folder: Path, figures: pd.DataFrame) -> TuneVi
         list(HEADERS),
         rows,
         highlight=[t.kept for t in result.trials],
+        names=(1,),
+        heading=2,
     )
     kept = ", ".join(f"{k}={v}" for k, v in result.kept.items()) or "none"
     basis = (

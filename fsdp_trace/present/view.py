@@ -55,7 +55,10 @@ class Card:
 
 @dataclass(frozen=True)
 class Table:
-    """Headers and rows of text; `numeric_from`: the first right-aligned column."""
+    """Headers and rows of text; `numeric_from`: the first right-aligned column. Where the
+    terminal is narrow: `names` are the columns of names a user types (a block, a run, a knob:
+    never broken), `narrow` the headers left out first, and the first `heading` columns name
+    a row of the stacked layout."""
 
     key: str
     title: str
@@ -63,6 +66,9 @@ class Table:
     rows: list[list[str]]
     numeric_from: int = 1
     highlight: list[bool] = field(default_factory=list)  # per row: draw attention to it
+    names: tuple[int, ...] = (0,)
+    narrow: tuple[str, ...] = ()
+    heading: int = 1
 
 
 @dataclass(frozen=True)
@@ -219,8 +225,13 @@ def cards(run: RunAnalysis) -> list[Card]:
     steps = pd.to_numeric(per["step_us"], errors="coerce")
     if steps.notna().any():
         slowest = per.loc[steps.idxmax(), "label"]
-        sub = f"profiled; slowest: {slowest}" if len(per) > 1 else "profiled, median step"
-        out.append(Card("step_ms", "Step time", fmt.ms(steps.max(), " ms"), sub))
+        sub = (
+            f"median profiled step of the slowest rank ({slowest})"
+            if len(per) > 1
+            else "median profiled step"
+        )
+        sub += _beside_unprofiled(run, float(steps.max()))
+        out.append(Card("step_ms", "Step time (profiled)", fmt.ms(steps.max(), " ms"), sub))
     if not run.gpu:
         out.append(
             Card(
@@ -246,7 +257,8 @@ def cards(run: RunAnalysis) -> list[Card]:
                 "exposed_wait_pct",
                 "Waiting for peers",
                 fmt.pct(value, " %"),
-                f"of the step, inside NCCL kernels, exposed; worst: {who}",
+                f"of the step: waiting inside NCCL kernels that no compute hides; worst: {who} "
+                "(Across ranks counts its hidden waiting too)",
                 tone,
             )
         )
@@ -279,6 +291,23 @@ def cards(run: RunAnalysis) -> list[Card]:
             )
         )
     return out
+
+
+def _beside_unprofiled(run: RunAnalysis, profiled_us: float) -> str:
+    """How a profiled step compares with run.json's un-profiled median, and why."""
+    stats = run.run.figures.step_time_ms if run.run is not None else None
+    if stats is None or not stats.median or not fmt.finite(profiled_us):
+        return ""
+    median = float(stats.median)
+    change = 100.0 * (profiled_us / 1e3 / median - 1.0)
+    if change >= 1.0:
+        return (
+            f"; {change:+.0f} % over the un-profiled median ({median:.2f} ms): the profiler's "
+            "own overhead and step-to-step spread"
+        )
+    if change <= -1.0:
+        return f"; {change:.0f} % under the un-profiled median ({median:.2f} ms)"
+    return f"; about the un-profiled median ({median:.2f} ms)"
 
 
 def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
@@ -493,7 +522,7 @@ def block_table(run: RunAnalysis, top: int | None = None) -> Table | None:
         "block",
         "phase",
         "collective",
-        "count (unit/expected)",
+        "count (unit / expected)",
         "comm ms",
         "exposed ms",
         "MB",
@@ -532,6 +561,8 @@ def block_table(run: RunAnalysis, top: int | None = None) -> Table | None:
         rows,
         numeric_from=3,
         highlight=flags,
+        narrow=("MB", "busbw GB/s"),
+        heading=3,
     )
 
 
@@ -561,7 +592,8 @@ def crossrank_table(run: RunAnalysis) -> Table | None:
     return Table(
         "crossrank",
         f"Across ranks ({len(cross.matched):,} matched collectives; transfer = the shortest "
-        "duration across ranks, the rest is waiting)",
+        "duration across ranks, the rest is waiting: all of it, hidden behind compute or not, "
+        "median step; the breakdown's waiting for peers is its exposed part)",
         [
             "rank",
             "matched collectives",
@@ -682,38 +714,6 @@ def finding_view(f: Finding, minor: bool = False) -> FindingView:
     )
 
 
-def _owners(traces: list[RankAnalysis]) -> str:
-    """Who a notice came from: 'rank 1', 'ranks 0, 1 (timing and detailed traces)', 'rank 1;
-    rank 0 (detailed)', or file names where ranks cannot tell traces apart."""
-
-    def ranks(numbers: list[int]) -> str:
-        return ("ranks " if len(numbers) > 1 else "rank ") + ", ".join(map(str, numbers))
-
-    numbers = [r.rank for r in traces]
-    if None in numbers or len({(r.rank, r.source) for r in traces}) < len(traces):
-        return ", ".join(dict.fromkeys(Path(r.path).name for r in traces))
-    plain = sorted({r.rank for r in traces if r.source != Source.DETAILED})
-    detailed = sorted({r.rank for r in traces if r.source == Source.DETAILED})
-    if plain and plain == detailed:
-        return f"{ranks(plain)} (timing and detailed traces)"
-    parts = [ranks(plain)] if plain else []
-    parts += [f"{ranks(detailed)} (detailed)"] if detailed else []
-    return "; ".join(parts)
-
-
-def notices(run: RunAnalysis) -> list[str]:
-    """run.json's notices, the run's, then each trace's (prefixed by who gave it; one line
-    for a notice several traces share)."""
-    lines = [f"run.json: {n}" for n in (run.run.figures.notices if run.run else [])]
-    lines += list(run.notices)
-    owners: dict[str, list[RankAnalysis]] = {}
-    for r in run.ranks + run.detailed:
-        for notice in dict.fromkeys(r.notices):
-            owners.setdefault(notice, []).append(r)
-    lines += [f"{_owners(traces)}: {notice}" for notice, traces in owners.items()]
-    return list(dict.fromkeys(lines))
-
-
 def _traces_description(run: RunAnalysis) -> str:
     devices = {r.device for r in run.ranks}
     kind = "GPU" if Device.GPU in devices else "CPU (gloo)"
@@ -744,7 +744,7 @@ def run_view(run: RunAnalysis, top: int | None = 15) -> RunView:
         transfer=transfer_table(run),
         findings=[finding_view(f) for f in run.diagnosis.findings],
         minor=[finding_view(f, minor=True) for f in run.diagnosis.minor],
-        notices=notices(run),
+        notices=run.notices,
         hta=hta_table(run),
         cpu=not run.gpu,
         diagnosis_heading=diagnosis_heading(run),

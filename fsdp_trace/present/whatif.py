@@ -11,7 +11,7 @@ from typing import Any
 from fsdp_trace.present import fmt
 from fsdp_trace.present.view import EXPOSED_PARTS, PART_LABELS, STACK_ORDER, Table
 from fsdp_trace.runrecord import RunRecord
-from fsdp_trace.whatif import MODEL_ERROR, Knobs, Prediction, RankPrediction
+from fsdp_trace.whatif import MODEL_ERROR, Baseline, Knobs, Prediction, RankPrediction
 
 RESIDUAL_SHOWN_US = 10.0  # the replay's gap to the measured step, shown from this size
 
@@ -44,6 +44,7 @@ class RankingView:
     basis: list[str]
     measured_ms: float  # the run's own step
     points: list[RankingPoint]
+    statistic: str = ""  # which statistic measured_ms is (`statistic`)
 
 
 def exposed(parts: dict[str, float]) -> float:
@@ -83,10 +84,13 @@ def prediction_view(p: Prediction, run_name: str) -> PredictionView:
             _change(exposed(before), exposed(after)),
         ],
     )
-    if abs(p.residual_us) >= RESIDUAL_SHOWN_US:
+    if p.residual_us >= RESIDUAL_SHOWN_US:
         rows.append(
             ["  not replayed (measured − replay)", fmt.ms(p.residual_us), fmt.ms(p.residual_us), ""]
         )
+    elif p.residual_us <= -RESIDUAL_SHOWN_US:  # the parts above add up to more than the step
+        over = fmt.ms(-p.residual_us)
+        rows.append(["  replay longer than the measured step (subtracted)", over, over, ""])
     rows.append(
         [
             "tokens/s per GPU",
@@ -99,9 +103,11 @@ def prediction_view(p: Prediction, run_name: str) -> PredictionView:
         rows.append(["peak memory", fmt.gib(p.peak_memory_gib), "not modelled", ""])
     table = Table(
         "whatif",
-        f"What if {p.knobs.describe()} ({run_name}; ms per step, the slowest rank)",
+        f"What if {p.knobs.describe()} ({run_name}; ms per step, the slowest rank; now: "
+        f"{statistic(p.baseline)})",
         ["", "now", "predicted", "change"],
         rows,
+        names=(),  # labels of the step's parts, not names to type
     )
     return PredictionView(table.title, table, _rank_table(p), basis(p))
 
@@ -123,20 +129,62 @@ def _rank_table(p: Prediction) -> Table | None:
     return Table("whatif-ranks", "Per rank", headers, rows)
 
 
-def basis(p: Prediction) -> list[str]:
+def statistic(b: Baseline) -> str:
+    """Which statistic the measured step is, in a few words."""
+    if b.anchor == "traced":
+        return "the traced step (no run.json: no un-profiled timing)"
+    which = "10th percentile" if b.anchor == "p10" else "median"
+    return f"the {which} of the un-profiled steps"
+
+
+def _now(p: Prediction) -> str:
+    """What the measured step is and why it is not the other step times shown."""
+    b = p.baseline
+    traced = f"the traced step {p.step} ({fmt.ms(b.traced_step_us, ' ms')}" + (
+        ", profiled: the profiler's overhead included)" if b.anchor != "traced" else ")"
+    )
+    replayed = (
+        f"{traced} replayed unchanged (`fsdp-trace analyze` gives that step's measured breakdown)"
+    )
+    if b.anchor == "traced":
+        return f"now: {replayed}"
+    line = f"now: {b.basis}, {fmt.ms(b.step_us, ' ms')}"
+    if b.anchor != "median" and b.median_us is not None:
+        line += (
+            f", not their median ({fmt.ms(b.median_us, ' ms')}): interference on a shared host "
+            "only lengthens steps, so the fast ones are the run's own speed, and the same "
+            "statistic of another run compares with it"
+        )
+    return f"{line}; its split is {replayed}"
+
+
+def _host(p: Prediction) -> str:
+    """How the replay's host launch times relate to the traced ones, in words."""
     b = p.baseline
     scale = b.host_scale
-    host = (
-        ", ".join(f"rank {k}: {v:.2f}" for k, v in sorted(scale.items()))
-        if isinstance(scale, dict)
-        else f"{scale:.2f}"
+    if isinstance(scale, dict):
+        per = ", ".join(f"rank {k}: {v:.2f}" for k, v in sorted(scale.items()))
+        return f"host launch times × {per} ({b.host_basis})"
+    if scale == 0.0:
+        return (
+            "host launch times: none, an instant host: even the GPU work of the traced step "
+            f"alone replays {fmt.ms(max(-p.residual_us, 0.0), ' ms')} longer than the measured "
+            "step (its kernels ran longer than in the fast un-profiled steps), subtracted on "
+            "both sides"
+        )
+    if scale == 1.0:
+        return f"host launch times as traced ({b.host_basis})"
+    return (
+        f"host launch times × {scale:.2f}: the profiled host's time between launches cut to "
+        f"{100 * scale:.0f} % ({b.host_basis})"
     )
+
+
+def basis(p: Prediction) -> list[str]:
+    b = p.baseline
     lines = [
-        f"now: {b.basis}; its split is the traced step {p.step} "
-        f"({fmt.ms(b.traced_step_us, ' ms')}) replayed unchanged (`fsdp-trace analyze` gives "
-        "that step's measured breakdown)",
-        f"host launch times × {host} ({b.host_basis}); compute beside NCCL "
-        f"{fmt.fraction_pct(b.tax)} slower (measured overlap tax)",
+        _now(p),
+        f"{_host(p)}; compute beside NCCL {fmt.fraction_pct(b.tax)} slower (measured overlap tax)",
         f"uncertainty: run-to-run spread of the measured step ({fmt.ms(b.spread_us, ' ms')}) and "
         f"{fmt.fraction_pct(MODEL_ERROR)} of the predicted step (the model's error on the real "
         "validation pairs, README 'What if')",
@@ -183,14 +231,16 @@ def ranking_view(
     table = Table(
         "whatif-ranking",
         f"What the findings' changes would buy ({run_name}; measured step "
-        f"{fmt.ms(step, ' ms')}), best first",
+        f"{fmt.ms(step, ' ms')}, {statistic(ranked[0][0].baseline) if ranked else ''}), best "
+        "first",
         headers + (["measured step ms"] if measured else []),
         rows,
         numeric_from=2,
         highlight=flags,
     )
     lines = basis(ranked[0][0])[:3] if ranked else []
-    return RankingView(table.title, table, lines, step / 1e3, points)
+    which = statistic(ranked[0][0].baseline) if ranked else ""
+    return RankingView(table.title, table, lines, step / 1e3, points, which)
 
 
 # Capture options a what-if knob does not change: runs that differ in one are other jobs.

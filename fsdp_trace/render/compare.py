@@ -21,6 +21,7 @@ from fsdp_trace import atomic
 from fsdp_trace.present import fmt
 from fsdp_trace.present.compare import compare_table, numeric
 from fsdp_trace.present.view import Table
+from fsdp_trace.render.report import markup
 
 THROUGHPUT = "#4e79a7"
 CPU_BAR = "#bab0ac"
@@ -119,11 +120,17 @@ def view_html(view: Table, numeric: Callable[[str], bool]) -> str:
         f'<th class="{"num" if numeric(h) else ""}">{html.escape(h)}</th>' for h in view.headers
     )
     highlight = view.highlight or [False] * len(view.rows)
+
+    def cell(i: int, text: str) -> str:
+        if numeric(view.headers[i]):
+            return markup.number(text)
+        return markup.name(text) if i in view.names else html.escape(text)
+
     rows = "".join(
         ('<tr class="hl">' if lit else "<tr>")
         + "".join(
-            f'<td class="{"num" if numeric(h) else ""}">{html.escape(c)}</td>'
-            for h, c in zip(view.headers, row, strict=True)
+            f'<td class="{"num" if numeric(h) else ""}">{cell(i, c)}</td>'
+            for i, (h, c) in enumerate(zip(view.headers, row, strict=True))
         )
         + "</tr>"
         for row, lit in zip(view.rows, highlight, strict=True)
@@ -146,10 +153,14 @@ h1 { font-size:20px; font-weight:600; margin:0 0 4px; }
 p.caption { color:#6b7480; margin:0 0 10px; font-size:13px; }
 table { border-collapse:collapse; font-size:13px; margin:8px 0; width:100%; }
 th, td { padding:5px 10px; border-bottom:1px solid #e3e6ea; text-align:left; vertical-align:top; }
-th { color:#6b7480; font-weight:600; white-space:nowrap; }
-td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+th { color:#6b7480; font-weight:600; vertical-align:bottom; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
+.nw { white-space:nowrap; }
 td { overflow-wrap:anywhere; }
-td:nth-child(2) { min-width:170px; }
+@media (max-width:1200px) { th, td { padding:5px 6px; } }
+/* plotly's toolbar in a band of its own above the chart, never on its legend */
+.plotly-graph-div { margin-top:30px; }
+.plotly-graph-div .modebar-container { top:-30px !important; }
 ul.notices { color:#8a6d1a; font-size:13px; }
 tr.hl td { background:#eef6ec; }
 """

@@ -268,25 +268,24 @@ def repeats_note(table: pd.DataFrame) -> str | None:
 
 # Height of the GPU page's two rows of panels, between its title and its notes.
 PLOTS_PX = 640
-# Characters of a footnote line (12 px type) before it wraps: the page is ~1400 px wide.
-FOOTNOTE_WIDTH = 170
+FOOTNOTE_CHARACTERS = 120  # a footnote's line, wrapped to fit a 1024 px window
 FOOTNOTE_LINE_PX = 18
 
 
-def _wrapped(lines: list[str]) -> list[str]:
-    """Each footnote as the lines it is drawn in (plotly does not wrap annotations)."""
-    return ["<br>".join(textwrap.wrap(line, FOOTNOTE_WIDTH)) or line for line in lines]
+def footnote_rows(lines: list[str]) -> list[str]:
+    """The footnotes as the rows they take, each line wrapped (plotly never wraps text: a
+    long notice ran off the page)."""
+    return [row for line in lines for row in textwrap.wrap(line, FOOTNOTE_CHARACTERS)]
 
 
 def _footnote_height(lines: list[str]) -> int:
-    return FOOTNOTE_LINE_PX * sum(text.count("<br>") + 1 for text in _wrapped(lines))
+    return FOOTNOTE_LINE_PX * len(footnote_rows(lines))
 
 
 def _footnotes(fig, lines: list[str]) -> None:
-    shift = 0
-    for text in _wrapped(lines):
+    for i, row in enumerate(footnote_rows(lines)):
         fig.add_annotation(
-            text=text,
+            text=row,
             xref="paper",
             yref="paper",
             x=0,
@@ -294,11 +293,10 @@ def _footnotes(fig, lines: list[str]) -> None:
             align="left",
             y=-0.08,
             yanchor="top",
-            yshift=-shift,
+            yshift=-FOOTNOTE_LINE_PX * i,
             showarrow=False,
             font={"size": 12, "color": "#555"},
         )
-        shift += FOOTNOTE_LINE_PX * (text.count("<br>") + 1)
 
 
 CPU_PANELS = (

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pandas as pd
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape as markup_escape
 from rich.table import Table as RichTable
+from rich.text import Text
 
 from fsdp_trace.present.view import FindingView, RunView, Table, run_view, side_by_side
-from fsdp_trace.printable import printable_lines
+from fsdp_trace.printable import printable, printable_lines
 from fsdp_trace.result import Result
 
 
@@ -20,19 +27,212 @@ def escape(text: object) -> str:
     return markup_escape(printable_lines(text))
 
 
-def make_console(width: int = 160) -> Console:
-    """Wide enough for the widest table when output is piped (rich assumes 80 columns)."""
-    return Console() if sys.stdout.isatty() else Console(width=width)
+def _printable(view: Table) -> Table:
+    """The table with every control character of its text shown escaped (cells are drawn as
+    plain text, never read as markup)."""
+    return dataclasses.replace(
+        view,
+        title=printable_lines(view.title),
+        headers=[printable(h) for h in view.headers],
+        rows=[[printable(c) for c in row] for row in view.rows],
+    )
 
 
-def table(view: Table) -> RichTable:
-    out = RichTable(title=escape(view.title), title_justify="left")
-    for i, header in enumerate(view.headers):
-        out.add_column(escape(header), justify="right" if i >= view.numeric_from else "left")
+PIPED_WIDTH = 160  # piped output without COLUMNS (rich would assume 80)
+
+
+def make_console(width: int = PIPED_WIDTH) -> Console:
+    """The terminal's width; piped, COLUMNS where it is set, else `width`. Tables fit it
+    whatever it is (`print_table`)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
+        return Console()  # rich reads the terminal's size, or COLUMNS
+    return Console(width=width)
+
+
+# --- tables that fit the terminal --------------------------------------------------------------
+#
+# A table is printed whole where it fits; else with its headers and text wrapped (words never
+# cut; a number breaks only before its parenthesis, "52.76 (51.56–55.38)", a name only after
+# itself, "gpt-small-1gpu (differs: AC coverage)"); else without its `narrow` columns, said
+# under it; else stacked, one block per row. Rich alone would shrink columns below their
+# longest word and cut names ("layer…").
+
+PIECE = re.compile(r" (?=\()")  # where a number's or a name's cell may break
+NUMBER, NAME, TEXT = "number", "name", "text"  # how a column's cells may break
+
+
+def _pieces(text: str, kind: str) -> list[str]:
+    """The parts of a cell no line break may split."""
+    if kind == NUMBER:
+        return PIECE.split(text)
+    if kind == NAME:
+        name, *rest = PIECE.split(text, maxsplit=1)
+        return [name, *(w for r in rest for w in r.split())]
+    return text.split() or [""]
+
+
+@dataclass(frozen=True)
+class _Column:
+    """A column's content widths (padding and borders apart): its longest header word,
+    narrowest cell (its longest unbreakable part), widest cell, and widest line."""
+
+    header: int
+    piece: int
+    whole: int
+    widest: int
+    kind: str
+
+    @property
+    def unbroken(self) -> bool:
+        """Its cells rather kept whole (a number, a name)."""
+        return self.kind != TEXT
+
+
+def _column(view: Table, i: int, kind: str, header: bool) -> _Column:
+    cells = [row[i] for row in view.rows]
+    piece = max((cell_len(p) for c in cells for p in _pieces(c, kind)), default=1)
+    whole = max((cell_len(c) for c in cells), default=1)
+    words = max(cell_len(w) for w in _pieces(view.headers[i], TEXT)) if header else 1
+    widest = max(whole, cell_len(view.headers[i]) if header else 1)
+    return _Column(words, piece, whole, widest, kind)
+
+
+def _spread(widths: list[int], top: list[int], room: int, which: list[bool]) -> list[int]:
+    """`widths` grown toward `top` within `room`, for the columns in `which`, each in
+    proportion to what it lacks (as browsers lay out tables)."""
+    spare = room - sum(widths)
+    lack = [t - w if ok else 0 for w, t, ok in zip(widths, top, which, strict=True)]
+    if spare <= 0 or not sum(lack):
+        return widths
+    if spare >= sum(lack):
+        return [w + d for w, d in zip(widths, lack, strict=True)]
+    grown = [w + spare * d // sum(lack) for w, d in zip(widths, lack, strict=True)]
+    for i in sorted(range(len(grown)), key=lambda i: grown[i] - top[i]):
+        if sum(grown) >= room:
+            break
+        if grown[i] < top[i]:
+            grown[i] += 1
+    return grown
+
+
+def _fit(columns: list[_Column], room: int) -> list[int] | None:
+    """Column widths within `room`, or None where even the narrowest do not fit: each column
+    its widest where all fit; else headers wrap, numbers and names whole; else they break
+    before their parenthesis too, text columns taking the room first and a number's column
+    widened only where all its cells then fit whole (no column half broken)."""
+    widest = [c.widest for c in columns]
+    if sum(widest) <= room:
+        return widest
+    whole = [max(c.header, c.whole if c.unbroken else c.piece) for c in columns]
+    if sum(whole) <= room:
+        return _spread(whole, widest, room, [True] * len(columns))
+    narrow = [max(c.header, c.piece) for c in columns]
+    if sum(narrow) > room:
+        return None
+    widths = _spread(narrow, widest, room, [not c.unbroken for c in columns])
+    for i in sorted(range(len(columns)), key=lambda i: whole[i] - widths[i]):
+        if columns[i].unbroken and sum(widths) + whole[i] - widths[i] <= room:
+            widths[i] = max(widths[i], whole[i])
+    return widths
+
+
+def _cell(text: str, width: int, kind: str, style: str | None) -> Text:
+    if kind != TEXT and cell_len(text) > width:  # break where it may (the rest wraps)
+        first, *rest = PIECE.split(text, maxsplit=0 if kind == NUMBER else 1)
+        text = "\n".join([first, *rest])
+    return Text(text, style=style or "", no_wrap=kind == NUMBER, overflow="fold")
+
+
+def _kind(view: Table, i: int, numeric: Callable[[int], bool]) -> str:
+    return NUMBER if numeric(i) else NAME if i in view.names else TEXT
+
+
+def _laid_out(
+    view: Table,
+    columns: list[int],
+    widths: list[int],
+    numeric: Callable[[int], bool],
+    show_header: bool,
+    dim: tuple[int, ...],
+    flagged: str,
+) -> RichTable:
+    out = RichTable(title=view.title, title_justify="left", show_header=show_header)
+    for i, width in zip(columns, widths, strict=True):
+        out.add_column(
+            view.headers[i],
+            justify="right" if numeric(i) else "left",
+            width=width,
+            style="dim" if i in dim else None,
+        )
     flags = view.highlight or [False] * len(view.rows)
     for row, flag in zip(view.rows, flags, strict=True):
-        out.add_row(*(f"[red]{escape(c)}[/]" if flag else escape(c) for c in row))
+        out.add_row(
+            *(
+                _cell(row[i], w, _kind(view, i, numeric), flagged if flag else None)
+                for i, w in zip(columns, widths, strict=True)
+            )
+        )
     return out
+
+
+def _stacked(view: Table, width: int, flagged: str) -> list[Text]:
+    """One block per row: its heading (the first `heading` cells), then "header value" pairs
+    packed into lines, a pair never broken where it fits a line."""
+    out = [Text(view.title, style="italic")]
+    flags = view.highlight or [False] * len(view.rows)
+    indent = "   "
+    for row, flag in zip(view.rows, flags, strict=True):
+        head = " · ".join(c for c in row[: view.heading] if c)
+        out.append(Text(head, style=f"bold {flagged}" if flag else "bold"))
+        line = Text(indent)
+        for i in range(view.heading, len(view.headers)):
+            if not row[i]:  # nothing to say
+                continue
+            pair = Text.assemble((view.headers[i], "dim"), " ", row[i])
+            if cell_len(line.plain) > len(indent) and line.cell_len + 3 + pair.cell_len > width:
+                out.append(line)
+                line = Text(indent)
+            if cell_len(line.plain) > len(indent):
+                line.append("   ")
+            line.append_text(pair)
+        if cell_len(line.plain) > len(indent):
+            out.append(line)
+    return out
+
+
+def print_table(
+    console: Console,
+    view: Table,
+    numeric: Callable[[int], bool] | None = None,
+    *,
+    show_header: bool = True,
+    dim: tuple[int, ...] = (),
+    flagged: str = "red",
+) -> None:
+    """`view` laid out to fit the console's width (see above); `numeric`: the columns to
+    right-align (default: from `view.numeric_from`); `dim`: columns shown dim; `flagged`: the
+    style of highlighted rows."""
+    view = _printable(view)
+    numeric = numeric or (lambda i: i >= view.numeric_from)
+    width = console.width
+    everything = list(range(len(view.headers)))
+    for n in range(len(view.narrow) + 1):
+        left_out = view.narrow[:n]
+        columns = [i for i in everything if view.headers[i] not in left_out]
+        measured = [_column(view, i, _kind(view, i, numeric), show_header) for i in columns]
+        room = width - (len(columns) + 1) - 2 * len(columns)  # borders, padding
+        widths = _fit(measured, room)
+        if widths is None:
+            continue
+        console.print(_laid_out(view, columns, widths, numeric, show_header, dim, flagged))
+        if left_out:
+            console.print(
+                f"[dim]({escape(', '.join(left_out))} left out at {width} columns: a wider "
+                "terminal, --json or the report has them)[/]"
+            )
+        return
+    for line in _stacked(view, width, flagged):
+        console.print(line)
 
 
 def render(result: Result, console: Console | None = None, top: int = 15) -> None:
@@ -40,8 +240,8 @@ def render(result: Result, console: Console | None = None, top: int = 15) -> Non
     console.print(f"[bold]fsdp-trace analyze[/] {escape(', '.join(result.inputs))}")
     if len(result.runs) > 1:
         console.print(f"[dim]{escape(result.grouping)}[/]")
-        console.print(table(side_by_side(result)))
-    for notice in result.notices:
+        print_table(console, side_by_side(result))
+    for notice in result.input_notices:
         console.print(f"[yellow]notice:[/] {escape(notice)}")
     for run in result.runs:
         render_run(run_view(run, top), console, several=len(result.runs) > 1)
@@ -52,38 +252,43 @@ def render_run(view: RunView, console: Console, several: bool = False) -> None:
         console.rule(f"[bold]{escape(view.name)}")
     console.print(escape(view.description))
     if view.run_figures:
-        console.print("  ".join(f"{f.label}: [bold]{escape(f.value)}[/]" for f in view.run_figures))
+        console.print(_cards(view.run_figures))
     tone = "yellow" if view.cpu else "green" if view.healthy else "bold red"
     console.print(f"[bold]Verdict:[/] [{tone}]{escape(view.verdict)}[/]")
     if view.cards:
-        cards = RichTable.grid(padding=(0, 2))
-        for _ in range(3):
-            cards.add_column()
-        for c in view.cards:
-            cards.add_row(
-                escape(c.label), f"[bold]{escape(c.value)}[/]", f"[dim]{escape(c.sub)}[/]"
-            )
-        console.print(cards)
-    config = RichTable(title="Inferred configuration", title_justify="left", show_header=False)
-    for column in ("item", "value", "from"):
-        config.add_column(column, style="dim" if column == "from" else None)
-    for label, value, source in view.config:
-        config.add_row(escape(label), escape(value), escape(source))
-    console.print(config)
+        console.print(_cards(view.cards))
+    config = Table(
+        "config",
+        "Inferred configuration",
+        ["item", "value", "from"],
+        [list(line) for line in view.config],
+        numeric_from=3,
+    )
+    print_table(console, config, show_header=False, dim=(2,))
     for notice in view.notices:
         console.print(f"[yellow]notice:[/] {escape(notice)}")
     if view.breakdown.rows:
-        console.print(table(view.breakdown))
-    console.print(table(view.ranks))
+        print_table(console, view.breakdown)
+    print_table(console, view.ranks)
     if view.distortion is not None:
-        console.print(table(view.distortion))
+        print_table(console, view.distortion)
     if view.blocks is not None:
-        console.print(table(view.blocks))
+        print_table(console, view.blocks)
     if view.crossrank is not None:
-        console.print(table(view.crossrank))
+        print_table(console, view.crossrank)
     render_findings(view, console)
     if view.hta is not None:
-        console.print(table(view.hta))
+        print_table(console, view.hta)
+
+
+def _cards(items) -> RichTable:
+    """Figures or cards as rows: label, value, and the line that says what the value is."""
+    grid = RichTable.grid(padding=(0, 2))
+    for _ in range(3):
+        grid.add_column()
+    for c in items:
+        grid.add_row(escape(c.label), f"[bold]{escape(c.value)}[/]", f"[dim]{escape(c.sub)}[/]")
+    return grid
 
 
 def _finding(f: FindingView, console: Console, indent: str = "") -> None:
@@ -102,7 +307,8 @@ def _finding(f: FindingView, console: Console, indent: str = "") -> None:
     if f.code:
         console.print(f"{pad}[bold]in code:[/] {escape(f.code)}")
     for symptom in f.symptoms:
-        console.print(f"{pad}[bold]explains:[/] {escape(symptom.title)} ({escape(symptom.cost)})")
+        cost = f" ({escape(symptom.cost)})" if symptom.cost else ""  # a note: no cost
+        console.print(f"{pad}[bold]explains:[/] {escape(symptom.title)}{cost}")
         console.print(f"{pad}    {escape(symptom.evidence)}")
 
 
@@ -126,16 +332,6 @@ def compare_view(table_: pd.DataFrame, console: Console | None = None) -> None:
 
     console = console or make_console(200)
     view = compare_table(table_)
-    out = RichTable(title=view.title, title_justify="left")
-    names = [len(row[view.headers.index("run")]) for row in view.rows]
-    widths = {"what changed": 24, "run": min(max(names, default=3), 32)}
-    for header in view.headers:  # numbers never wrap; the run and what changed may
-        if numeric(header):
-            out.add_column(header, justify="right", no_wrap=True)
-        else:  # a run's name is never cut short
-            out.add_column(header, min_width=widths.get(header), overflow="fold")
-    for row in view.rows:
-        out.add_row(*(escape(c) for c in row))
-    console.print(out)
+    print_table(console, view, lambda i: numeric(view.headers[i]))
     for notice in table_.attrs.get("notices", []):
         console.print(f"[yellow]notice:[/] {escape(notice)}")

@@ -12,21 +12,11 @@ TITLE = "fsdp-trace tune: which knob bought each point"
 
 
 def terminal(view: TuneView) -> None:
-    from rich.table import Table as RichTable
-
-    from fsdp_trace.render.terminal import escape, make_console
+    from fsdp_trace.render.terminal import escape, make_console, print_table
 
     console = make_console(200)
     table = view.table
-    out = RichTable(title=escape(table.title), title_justify="left")
-    for header in table.headers:
-        if numeric(header):
-            out.add_column(escape(header), justify="right", no_wrap=True)
-        else:
-            out.add_column(escape(header), overflow="fold", min_width=8)
-    for row, kept in zip(table.rows, table.highlight, strict=True):
-        out.add_row(*(escape(c) for c in row), style="green" if kept else None)
-    console.print(out)
+    print_table(console, table, lambda i: numeric(table.headers[i]), flagged="green")
     for line in view.summary:
         console.print(escape(line))
     for notice in view.notices:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from rich.console import Console
 
 from fsdp_trace.present.whatif import PredictionView, RankingView
-from fsdp_trace.render.terminal import escape, table
+from fsdp_trace.render.terminal import escape, print_table
 
 
 def render_prediction(view: PredictionView, console: Console) -> None:
-    console.print(table(view.table))
+    print_table(console, view.table)
     if view.ranks is not None:
-        console.print(table(view.ranks))
+        print_table(console, view.ranks)
     for line in view.basis:
         console.print(f"[dim]{escape(line)}[/]")
 
@@ -20,6 +20,6 @@ def render_ranking(view: RankingView, console: Console) -> None:
     if not view.table.rows:
         console.print("No finding names a change the replay models: nothing to rank.")
         return
-    console.print(table(view.table))
+    print_table(console, view.table)
     for line in view.basis:
         console.print(f"[dim]{escape(line)}[/]")

@@ -65,6 +65,8 @@ class Baseline:
     host_scale: float | dict  # the host's launch times × this (per rank where measured)
     tax: float  # compute beside NCCL runs (1 + tax) times slower (measured)
     host_basis: str = "the host's speed as traced"
+    anchor: str = "traced"  # which statistic step_us is: ANCHOR, "median" or "traced"
+    median_us: float | None = None  # the un-profiled steps' median (run.json), to say beside it
 
 
 @dataclass
@@ -205,6 +207,7 @@ def baseline(run, progs: list[Program], offsets: dict) -> Baseline:
     target = float(value if value else stats.median) * 1e3
     which = "10th percentile" if value else "median"
     basis = f"the {which} of {stats.n or '?'} un-profiled steps (run.json)"
+    said = {"anchor": ANCHOR if value else "median", "median_us": float(stats.median) * 1e3}
     probed = _probed_host_scale(figures, progs)
     if probed is not None:
         return Baseline(
@@ -215,6 +218,7 @@ def baseline(run, progs: list[Program], offsets: dict) -> Baseline:
             probed,
             tax,
             "the host's speed measured without the profiler (run.json)",
+            **said,
         )
     fitted = _fitted_host_scale(progs, offsets, tax, target)
     host_basis = "the host's speed fitted to the un-profiled step"
@@ -223,7 +227,7 @@ def baseline(run, progs: list[Program], offsets: dict) -> Baseline:
             "the host taken as instant: even so the replay is longer than the un-profiled "
             "step, and the rest is left as not replayed"
         )
-    return Baseline(target, basis, _median_spread(stats), traced, fitted, tax, host_basis)
+    return Baseline(target, basis, _median_spread(stats), traced, fitted, tax, host_basis, **said)
 
 
 def _probed_host_scale(figures, progs: list[Program]) -> dict | None:

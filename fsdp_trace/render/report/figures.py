@@ -611,7 +611,8 @@ def whatif_figure(view):
     fig.add_vline(
         x=view.measured_ms,
         line={"dash": "dot", "color": COLORS["idle"]},
-        annotation_text=f"measured {view.measured_ms:.2f} ms",
+        annotation_text=f"measured {view.measured_ms:.2f} ms"
+        + (f" ({view.statistic})" if view.statistic else ""),
         annotation_position="top",
     )
     fig.update_layout(

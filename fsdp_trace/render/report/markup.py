@@ -29,22 +29,58 @@ def _numeric_columns(view: Table) -> set[int]:
     }
 
 
-def table(view: Table, *, caption: bool = True) -> str:
-    """A view Table: its title as a caption, headers, rows (highlighted rows flagged)."""
+# Where a number's cell may break: before its parenthesis ("52.76 (51.56–55.38)"), never inside
+# a piece, so that a narrow window wraps a column instead of scrolling it away.
+PIECE = re.compile(r" (?=\()")
+
+
+def number(text: str) -> str:
+    """A number's cell: its pieces, each kept on one line."""
+    return " ".join(f'<span class="nw">{esc(p)}</span>' for p in PIECE.split(text))
+
+
+def name(text: str) -> str:
+    """A name's cell ("gpt-small-1gpu (differs: AC coverage)"): the name on one line (never
+    broken at its hyphens), what follows it free to wrap."""
+    first, *rest = PIECE.split(text, maxsplit=1)
+    return f'<span class="nw">{esc(first)}</span>' + "".join(f" {esc(r)}" for r in rest)
+
+
+def untitled(title: str, heading: str) -> str:
+    """A table's title without the panel heading it would repeat: "Per rank (median and
+    min–max …)" under "Per rank" is "Median and min–max …"."""
+    if not heading or not title.lower().startswith(heading.lower()):
+        return title
+    rest = title[len(heading) :].strip()
+    if rest.startswith("(") and rest.endswith(")"):
+        rest = rest[1:-1]
+    rest = rest.lstrip(":;,— ").strip()
+    if rest.split(" ", 1)[0].isalpha():  # a word, not a name (get_comm_comp_overlap)
+        rest = rest[:1].upper() + rest[1:]
+    return rest
+
+
+def table(view: Table, *, caption: bool = True, heading: str = "") -> str:
+    """A view Table: its title as a caption (less the panel `heading` it would repeat),
+    headers, rows (highlighted rows flagged)."""
     numeric = _numeric_columns(view)
 
     def cls(i: int) -> str:
         return ' class="num"' if i in numeric else ""
 
+    def cell(i: int, text: str) -> str:
+        return number(text) if i in numeric else name(text) if i in view.names else esc(text)
+
     head = "".join(f"<th{cls(i)}>{esc(h)}</th>" for i, h in enumerate(view.headers))
     flags = view.highlight or [False] * len(view.rows)
     body = "".join(
         ('<tr class="flag">' if flag else "<tr>")
-        + "".join(f"<td{cls(i)}>{esc(c)}</td>" for i, c in enumerate(row))
+        + "".join(f"<td{cls(i)}>{cell(i, c)}</td>" for i, c in enumerate(row))
         + "</tr>"
         for row, flag in zip(view.rows, flags, strict=True)
     )
-    title = f'<p class="caption">{esc(view.title)}</p>' if caption else ""
+    shown = untitled(view.title, heading)
+    title = f'<p class="caption">{esc(shown)}</p>' if caption and shown else ""
     return (
         f'{title}<div class="scroll"><table class="data" data-table="{esc(view.key)}">'
         f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"

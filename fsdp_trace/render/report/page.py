@@ -149,12 +149,12 @@ def render(result: Result) -> str:
         view.peers = result.runs  # the what-if panel's measured points
     several = len(views) > 1
     page = Page()
-    main = [markup.notices(result.notices, "result")]
+    main = [markup.notices(result.input_notices, "result")]
     compared = side_by_side(result)
     if compared is not None:
         main.append(
             '<section class="panel" id="runs" data-panel="runs"><h2>Runs side by side</h2>'
-            f"{markup.table(compared)}</section>"
+            f"{markup.table(compared, heading='Runs side by side')}</section>"
         )
     main += [
         _run(page, run, view, i, several)

@@ -85,7 +85,8 @@ def whatif(run: RunAnalysis, view: RunView) -> Panel:
         "What if: the changes, predicted",
         "Each change the diagnosis names, replayed on the measured step (fsdp-trace whatif): "
         "the predicted step with its uncertainty; a diamond where a run of this job made the "
-        "change. " + " ".join(ranking.basis),
+        "change. "
+        + " ".join(f"{line[:1].upper()}{line[1:].rstrip('.')}." for line in ranking.basis),
         figure=figs.whatif_figure(ranking),
         body=markup.table(ranking.table),
     )
@@ -110,13 +111,13 @@ def breakdown(run: RunAnalysis, view: RunView) -> Panel | None:
         ),
         figure=figs.breakdown_figure(view),
         missing="No step to break down.",
-        body=markup.table(view.breakdown),
+        body=markup.table(view.breakdown, heading="Where each rank's step goes"),
     )
 
 
 @panel
 def ranks(run: RunAnalysis, view: RunView) -> Panel:
-    return Panel("ranks", "Per rank", body=markup.table(view.ranks))
+    return Panel("ranks", "Per rank", body=markup.table(view.ranks, heading="Per rank"))
 
 
 @panel
@@ -135,7 +136,8 @@ def configuration(run: RunAnalysis, view: RunView) -> Panel:
 def distortion(run: RunAnalysis, view: RunView) -> Panel | None:
     if view.distortion is None:
         return None
-    return Panel("distortion", "Profiler distortion", body=markup.table(view.distortion), half=True)
+    title = "Profiler distortion"
+    return Panel("distortion", title, body=markup.table(view.distortion, heading=title), half=True)
 
 
 @panel
@@ -149,7 +151,7 @@ def crossrank(run: RunAnalysis, view: RunView) -> Panel | None:
         "across ranks approximates the transfer; each rank's excess is waiting for the last to "
         "arrive (a straggler shows as the others' waiting). Clocks are aligned by matched end "
         "times when they disagree.",
-        body=markup.table(view.crossrank)
+        body=markup.table(view.crossrank, heading="Across ranks")
         + (markup.table(view.transfer) if view.transfer is not None else ""),
     )
 
@@ -258,4 +260,5 @@ def heatmap(run: RunAnalysis, view: RunView) -> Panel | None:
 def hta(run: RunAnalysis, view: RunView) -> Panel | None:
     if view.hta is None:
         return None
-    return Panel("hta", "Cross-check with HTA", body=markup.table(view.hta))
+    title = "Cross-check with HTA"
+    return Panel("hta", title, body=markup.table(view.hta, heading=title))
