@@ -15,17 +15,23 @@ import pytest
 from tests.conftest import REPO
 
 
-def test_rules_tables_are_written_from_the_code():
-    """(Through the test run's cache, which conftest keeps out of the user's: the shipped
-    samples the other tests parsed are read back, not parsed again.)"""
-    done = subprocess.run(
-        [sys.executable, "scripts/rules_table.py", "--check"],
+def check(script: str) -> subprocess.CompletedProcess:
+    """`python scripts/SCRIPT --check` from the repository root, through the test run's cache
+    (conftest keeps it out of the user's: samples other tests parsed are read back)."""
+    return subprocess.run(
+        [sys.executable, f"scripts/{script}", "--check"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
         env={"FSDP_TRACE_CACHE_DIR": os.environ["FSDP_TRACE_CACHE_DIR"], "PATH": "/usr/bin:/bin"},
     )
+
+
+def test_rules_tables_are_written_from_the_code():
+    """(Through the test run's cache, which conftest keeps out of the user's: the shipped
+    samples the other tests parsed are read back, not parsed again.)"""
+    done = check("rules_table.py")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -40,13 +46,7 @@ def gpu_tables():
 def test_gpu_tables_are_written_from_the_runs():
     """The sweep table and the H100 scaling figures in README.md, capture_scaling.md and
     sample_traces/README.md are what scripts/gpu_tables.py writes from the run.json files."""
-    done = subprocess.run(
-        [sys.executable, "scripts/gpu_tables.py", "--check"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = check("gpu_tables.py")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -114,14 +114,7 @@ def test_the_readme_pictures_are_what_the_code_makes():
     sample now; report.png says (in its text chunk) the verdict, cards, findings and panels
     of the report made now. Stale pictures (an old diagnosis, no verdict, no what-if panel)
     fail: `python scripts/readme_images.py` makes them again."""
-    done = subprocess.run(
-        [sys.executable, "scripts/readme_images.py", "--check"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"FSDP_TRACE_CACHE_DIR": os.environ["FSDP_TRACE_CACHE_DIR"], "PATH": "/usr/bin:/bin"},
-    )
+    done = check("readme_images.py")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
