@@ -68,7 +68,8 @@
 #       --timing-steps 3 --timed-steps 30 with NAME: b2 and b2-repeat (--batch-size 2),
 #       b2-ac0.5 / b2-ac1 (--ac-coverage), b2-noreshard (--reshard-after-forward false),
 #       b2-pf2 (--prefetch-forward 2), b2-pb2 (--prefetch-backward 2), b2-emb
-#       (--shard-embeddings), b4 (--batch-size 4)
+#       (--shard-embeddings), b4 (--batch-size 4), b2-nch8 (NCCL_MAX_NCHANNELS=8 in the
+#       environment: no what-if knob models it, so the pair is measured only)
 #   fsdp-trace whatif $R/pairs/BASE --set KNOB=VALUE --json $R/predict/N.json (pairs: PAIRS)
 #   fsdp-trace capture --out $R/scaling-b4/b4-rN-1gpu --overwrite --model gpt-1.3b
 #       --batch-size 4 --nproc-per-node 1 --timed-steps 20, then b4-rN-2gpu with
@@ -98,6 +99,9 @@
 #     1-GPU baselines) as MODEL-bB-rN-Ngpu.run.json (done, 2x H100); `python
 #     scripts/gpu_tables.py` writes their table (median, min-max) into
 #     benchmarks/results/capture_scaling.md and the batch-4 figure into README.md.
+#
+# DEADLINE (epoch seconds): a capture that could not end before it (CAP_EST s, default 60) is
+# skipped, so a stage returns what it has inside the device tool's 10-minute limit.
 #
 # CPU=1: the same stages on this CPU machine (tiny model, --device cpu, gloo, 2 processes, few
 # steps) to check every command line end to end; runs under /tmp/issue15-cpu. whatif refuses
@@ -177,6 +181,9 @@ cap() {  # cap DIR [VAR=VALUE ...] -- capture args
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   mkdir -p "$(dirname "$dir")"
   local s=$(date +%s)
+  if [ "${DEADLINE:-0}" -gt 0 ] && [ $(( s + ${CAP_EST:-60} )) -gt "$DEADLINE" ]; then
+    printf '== %-40s skipped: the stage is out of time (DEADLINE)\n' "${dir#$R/}"; return
+  fi
   env ${envs[@]+"${envs[@]}"} timeout "$CAP_TIMEOUT" $FT capture --out "$dir" --overwrite "$@" \
     $DEV > "$dir.log" 2>&1
   local rc=$?
@@ -387,6 +394,7 @@ pairs)
   cap $P/b2-pb2 -- $BIG --batch-size 2 $S --prefetch-backward 2
   cap $P/b2-emb -- $BIG --batch-size 2 $S --shard-embeddings
   cap $P/b4 -- $BIG --batch-size 4 $S
+  cap $P/b2-nch8 NCCL_MAX_NCHANNELS=8 -- $BIG --batch-size 2 $S  # no what-if knob: measured only
   echo "== pairs $(( $(date +%s) - start ))s"
   runs_table "$P"
   pack pairs "$P" --exclude='*.detailed.json.gz'
