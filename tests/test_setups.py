@@ -21,6 +21,7 @@ from tests.conftest import SAMPLES
 
 GPU = "foreign-2gpu"
 CPU = "foreign-cpu"
+BIG = "foreign-2gpu-big"
 
 
 @cache
@@ -100,6 +101,9 @@ def test_the_evidence_is_the_raw_traces():
     [
         (f"{GPU}/float8", "float8-uncompiled", f"{GPU}/fsdp2"),
         (f"{GPU}/fsdp2-offload", "cpu-offload", f"{GPU}/fsdp2"),
+        # GPU-bound sizes (EXTRA in benchmarks/gpu_runs_foreign.sh): the host is not the limit
+        (f"{BIG}/fsdp2-root-only", "one-unit", f"{BIG}/fsdp2"),
+        (f"{BIG}/slow-gpu", "straggler", f"{BIG}/fsdp2"),
     ],
 )
 def test_the_set_up_is_the_first_finding(path, first, healthy):

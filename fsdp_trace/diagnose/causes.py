@@ -172,7 +172,7 @@ def verdict(causes: list[Finding]) -> str:
         )
     top = causes[0]
     where = ""
-    if top.ranks and len(top.ranks) <= 4:
+    if top.ranks and len(top.ranks) <= 4 and ranks_text(top.ranks) not in top.title:
         where = f" ({ranks_text(top.ranks)})"
     cost = cost_text(top)
     if top.upper_bound:

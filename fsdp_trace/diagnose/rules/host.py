@@ -227,13 +227,19 @@ def _profiler_only(ctx: Context, rank: int, idle_us: float, step: float, text: s
     "straggler",
     "Straggler: one rank arrives last",
     "one rank arrives last at ≥ 60 % of its collectives and the others wait (exposed) ≥ 10 % of "
-    "the step",
+    "the step, or its GPU runs ≥ 5 % of the step more kernel time than theirs while they wait "
+    "(hidden or not) at least that long",
     needs="≥ 2 GPU ranks",
 )
 def straggler(ctx: Context) -> Finding | None:
     """One rank arrives last at most collectives: the others wait for it. The rank's own
     figures say why: its GPU idles (its host; folded under host-bound), it computes longer
-    (a slow GPU), or neither (something outside the step)."""
+    (a slow GPU), or neither (something outside the step).
+
+    A slow GPU can cost the step even when its peers' waiting is hidden behind their compute:
+    their NCCL kernels spin on SMs their compute then lacks, so every rank's step grows by
+    about the straggler's extra kernel time. That extra time (per kernel name, against the
+    others' median) is the cost then, as long as the others wait at least that long."""
     if ctx.crossrank.empty:
         return None
     per_rank = ctx.crossrank.per_rank
@@ -243,29 +249,52 @@ def straggler(ctx: Context) -> Finding | None:
     rank = int(slow["rank"])
     wait, others = _waiting_on_others(ctx, {rank})
     step = ctx.median_step_us()
-    if not np.isfinite(wait) or wait < STRAGGLER_WAIT * step:
+    if not np.isfinite(wait) or not step > 0:
+        return None
+    by_rank = {int(r.rank): r for r in ctx.gpu_ranks}
+    extra_us, top = _extra_kernels(by_rank, rank)
+    all_wait = per_rank.loc[per_rank["rank"] != rank, "wait_us_per_step"]
+    all_wait_us = float(all_wait.median()) if len(all_wait) else float("nan")
+    extra_gpu = extra_us >= (SLOW_COMPUTE - 1) * step and all_wait_us >= extra_us
+    if wait < STRAGGLER_WAIT * step and not extra_gpu:
         return None
     m = ctx.crossrank.matched
     late = float(m.loc[m["last_rank"] == rank, "lateness_us"].median())
-    by_rank = {int(r.rank): r for r in ctx.gpu_ranks}
     compute = {k: ctx.part(r, "compute_us") for k, r in by_rank.items()}
     others_compute = [v for k, v in compute.items() if k != rank and np.isfinite(v)]
-    slow_gpu = (
+    slow_gpu = extra_gpu or bool(
         rank in compute
         and others_compute
         and compute[rank] >= SLOW_COMPUTE * float(np.median(others_compute))
     )
     kernels = ""
+    cost = wait
     if slow_gpu:
-        extra_us = compute[rank] - float(np.median(others_compute))
-        cause = (
-            f"rank {rank}'s GPU computes {compute[rank] / np.median(others_compute) - 1:.0%} "
-            f"({ms(extra_us)}) longer per step than the others' on the same work, so it "
-            "arrives last and they wait"
-        )
-        look = "GPU: clocks and thermals (nvidia-smi -q -d CLOCK,PERFORMANCE), a different "
-        look += "GPU model, or other work sharing it"
-        kernels = _extra_kernels(by_rank, rank)
+        median_compute = float(np.median(others_compute)) if others_compute else float("nan")
+        if rank in compute and compute[rank] >= SLOW_COMPUTE * median_compute:
+            cause = (
+                f"rank {rank}'s GPU computes {compute[rank] / median_compute - 1:.0%} "
+                f"({ms(compute[rank] - median_compute)}) longer per step than the others' on "
+                "the same work, so it arrives last and they wait"
+            )
+        else:  # the others' compute is slowed too: by NCCL kernels spinning beside it
+            cause = (
+                f"rank {rank}'s GPU runs {ms(extra_us)} more kernel time per step than the "
+                f"others' ({pct(extra_us / step)} of the step), so it arrives last and they wait"
+            )
+        look = "GPU: work only it runs (the kernels in the evidence), clocks and thermals "
+        look += "(nvidia-smi -q -d CLOCK,PERFORMANCE), a different GPU model, or other work on it"
+        if top:
+            kernels = (
+                "; the kernels that account for it (per step, against the others' median): "
+                + ", ".join(f"{n[:60]} +{ms(v)}" for v, n in top)
+            )
+        if extra_gpu:
+            cost = max(wait, min(extra_us, all_wait_us))
+            kernels += (
+                f"; the others wait {ms(all_wait_us)} per step in all, most of it hidden behind "
+                "compute their spinning NCCL kernels slow down"
+            )
     else:
         cause = f"rank {rank} arrives last at most collectives and the other ranks wait for it"
         look = "host: data loading, CPU contention or affinity, a different GPU"
@@ -282,33 +311,33 @@ def straggler(ctx: Context) -> Finding | None:
         change=Change(
             f"look at rank {rank}'s {look}; compare its step time and idle share with the others'"
         ),
-        cost_us=wait,
+        cost_us=cost,
         step_us=step,
         ranks=[rank],
         metrics={
             "rank": rank,
             "share": float(slow["arrived_last_share"]),
             "wait_us_per_step": wait,
-            "wait_pct": 100 * wait / step if step else float("nan"),
+            "wait_pct": 100 * wait / step,
+            "all_wait_us_per_step": all_wait_us,
+            "extra_kernel_us_per_step": extra_us,
             "slow_gpu": bool(slow_gpu),
         },
     )
 
 
-def _extra_kernels(by_rank: dict, rank: int) -> str:
-    """The kernels that take the slow rank longer than the others' median, per step."""
+def _extra_kernels(by_rank: dict, rank: int) -> tuple[float, list[tuple[float, str]]]:
+    """The kernel time per step the slow rank runs beyond the others' median, summed over
+    kernel names where it runs more (extra kernels or slower ones), and the top three."""
     mine = by_rank[rank].kernel_time
     others = [r.kernel_time for k, r in by_rank.items() if k != rank]
     if not mine or not others:
-        return ""
+        return 0.0, []
     extra = {
         name: us - float(np.median([o.get(name, 0.0) for o in others])) for name, us in mine.items()
     }
-    top = sorted(((v, n) for n, v in extra.items() if v > 0), reverse=True)[:3]
-    if not top:
-        return ""
-    listed = ", ".join(f"{n[:60]} +{ms(v)}" for v, n in top)
-    return f"; the kernels that account for it (per step, against the others' median): {listed}"
+    positive = sorted(((v, n) for n, v in extra.items() if v > 0), reverse=True)
+    return float(sum(v for v, _ in positive)), positive[:3]
 
 
 @rule(

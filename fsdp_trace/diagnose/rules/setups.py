@@ -114,7 +114,8 @@ def one_unit(ctx: Context) -> Finding | None:
         evidence=f"rank {r.rank}: the only unit is the root; it all-gathers {size} "
         f"{plural(per_step, 'time')} per step and its gathers and reduce-scatters are exposed "
         f"{ms(cost)} per step ({pct(cost / step) if step else 'not timed'}, waiting for peers "
-        "excluded); the whole "
+        "excluded; what per-block units save is at most that: they still expose the first "
+        "gather and the last reduce-scatter, and add copies and launches of their own); the whole "
         f"model ({size} in the compute dtype) is unsharded at once on every rank, where one "
         "unit per block holds only the blocks being computed and prefetched",
         why="FSDP overlaps a unit's gather with the previous unit's compute: with a single unit "
