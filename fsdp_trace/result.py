@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis.breakdown import BREAKDOWN_COLUMNS, PARTS, median_step
 from fsdp_trace.analysis.results import (
     BLOCK_COLUMNS,
+    BREAKDOWN_COLUMNS,
     COLLECTIVE_COLUMNS,
+    PARTS,
     STEP_COLUMNS,
     RankAnalysis,
 )
@@ -33,6 +34,15 @@ def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=columns)
     return pd.concat(frames, ignore_index=True).reindex(columns=columns)
+
+
+def median_step(breakdown: pd.DataFrame) -> pd.Series | None:
+    """The step whose length is the median of a rank's steps (the lower middle one for an
+    even count): its parts add up to its step exactly, as a real step's do."""
+    if breakdown.empty:
+        return None
+    ordered = breakdown.sort_values(["step_us", "step"], kind="stable")
+    return ordered.iloc[(len(ordered) - 1) // 2]
 
 
 @dataclass
@@ -146,9 +156,11 @@ class RunAnalysis:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        from fsdp_trace.present.payload import run_payload
+        """A shim for API users: `fsdp_trace.present.payload.to_json(run)`, the presentation
+        layer's (the one import upward a record makes: ARCHITECTURE.md)."""
+        from fsdp_trace.present.payload import to_json
 
-        return run_payload(self)
+        return to_json(self)
 
 
 def _owners(traces: list[RankAnalysis]) -> str:
@@ -227,10 +239,12 @@ class Result:
         return self.only.distortion()
 
     def to_json(self) -> dict[str, Any]:
-        """Everything, JSON-ready (the CLI's --json)."""
-        from fsdp_trace.present.payload import payload
+        """Everything, JSON-ready (the CLI's --json). A shim for API users (README):
+        `fsdp_trace.present.payload.to_json(result)`, the presentation layer's (the one
+        import upward a record makes: ARCHITECTURE.md)."""
+        from fsdp_trace.present.payload import to_json
 
-        return payload(self)
+        return to_json(self)
 
 
 def timing_ranks(run: RunAnalysis) -> list[RankAnalysis]:

@@ -34,21 +34,13 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.vocab import Kind, Phase
-
-# The parts, in the order they take precedence, and the per-step table's columns.
-PARTS = (
-    "recompute_us",
-    "compute_us",
-    "fsdp_copy_us",
-    "exposed_transfer_us",
-    "exposed_wait_us",
-    "exposed_unsplit_us",
-    "idle_us",
+from fsdp_trace.analysis.results import (  # noqa: F401 (the parts' names, kept here too)
+    BREAKDOWN_COLUMNS,
+    EXPOSED_PARTS,
+    PARTS,
+    RankAnalysis,
 )
-BREAKDOWN_COLUMNS = ["rank", "source", "step", "step_us", *PARTS]
-EXPOSED_PARTS = ("exposed_transfer_us", "exposed_wait_us", "exposed_unsplit_us")
+from fsdp_trace.vocab import Kind, Phase
 
 
 def _lengths(u: iv.Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -194,15 +186,6 @@ def _matched(collectives: pd.DataFrame, matched: pd.DataFrame, column: str) -> n
     correlation (NaN where unmatched)."""
     by_corr = matched.set_index("correlation")[column]
     return by_corr.reindex(collectives["correlation"].to_numpy()).to_numpy(dtype=np.float64)
-
-
-def median_step(breakdown: pd.DataFrame) -> pd.Series | None:
-    """The step whose length is the median of a rank's steps (the lower middle one for an
-    even count): its parts add up to its step exactly, as a real step's do."""
-    if breakdown.empty:
-        return None
-    ordered = breakdown.sort_values(["step_us", "step"], kind="stable")
-    return ordered.iloc[(len(ordered) - 1) // 2]
 
 
 def collective_transfer(

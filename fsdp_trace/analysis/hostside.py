@@ -9,8 +9,6 @@ them). Made with the rank's analysis, from its CPU events and kernels."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,7 +16,7 @@ import pandas as pd
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.context import CpuContext, name_mask
-from fsdp_trace.analysis.results import DictRecord
+from fsdp_trace.analysis.results import HostTime
 
 SYNC_NAMES = re.compile(
     r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy|"
@@ -30,26 +28,6 @@ FSDP_HOOK = re.compile(r"^FSDP::|^FullyShardedDataParallel\._")  # hooks, not wh
 # the host waiting, an operator inside an FSDP hook is the hook's.
 CATEGORIES = ("synchronization", "optimizer", "FSDP hooks", "other operators", "Python")
 TOP_OPS = 5
-
-
-@dataclass(frozen=True)
-class HostTime(DictRecord):
-    """Per step (median over the steps): the GPU's idle time and what the launching host
-    thread did during it, by category (µs); the operators overlapping it most (name, µs per
-    step, inclusive of the operators they call); the profiler's events per step."""
-
-    idle_us: float = 0.0
-    by_category: dict[str, float] = field(default_factory=dict)
-    top_ops: list[list[Any]] = field(default_factory=list)
-    events_per_step: float = 0.0
-    # The main thread's whole step (its CPU ProfilerStep span) by the same categories: what
-    # tells a slow host from its peers' (their gaps may be empty).
-    main_by_category: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def largest(self) -> str | None:
-        found = {k: v for k, v in self.by_category.items() if v > 0}
-        return max(found, key=found.get) if found else None
 
 
 def host_time(

@@ -16,7 +16,12 @@ from fsdp_trace.analysis.loader import raw_size, wants_progress
 from fsdp_trace.analysis.rank import analyze_trace
 from fsdp_trace.analysis.readers import load as load_trace  # through the reader registry
 from fsdp_trace.analysis.remote import is_url
-from fsdp_trace.analysis.results import MAX_TIMELINE_RANKS, RankAnalysis
+from fsdp_trace.analysis.results import (
+    MAX_TIMELINE_RANKS,
+    RankAnalysis,
+    Reread,
+    set_kernel_reader,
+)
 from fsdp_trace.analysis.trace import rank_from_name
 from fsdp_trace.errors import UserError
 from fsdp_trace.vocab import Source
@@ -304,3 +309,43 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _same_content(path: str, key: str | None) -> bool:
+    """Whether a local trace whose size or modification time moved still holds the analyzed
+    bytes (a `touch`, a copy that kept them): its content hash is the one in the key of the
+    analysis's cache entry. False without a key, for a URL, or when it cannot be read."""
+    if not key or is_url(path):
+        return False
+    try:
+        return f"-{cache_mod.content_hash(Path(path))}-" in key
+    except OSError:
+        return False
+
+
+class _KernelReader:
+    """How `RankAnalysis.load_kernels` reads a rank's kernels again (`results.KernelReader`)."""
+
+    def read(self, rank: RankAnalysis, again: Reread, cache: bool):
+        """From the cache entry its analysis wrote (by its key: the analyzed content's,
+        whatever the file holds now), else its trace parsed and analyzed again, when its size
+        and modification time (a URL's version) are as analyzed or, where only those moved,
+        its content hash is the analyzed one (in the entry's key); else None (changed)."""
+        table = None
+        if cache and again.entry and cache_mod.enabled():
+            hit = cache_mod.AnalysisEntry.of_key(again.entry).load(rank.path)
+            table = None if hit is None else hit.kernel_table
+        if table is None:
+            moved = again.stamp is not None and stamp(rank.path) != again.stamp
+            if moved and not _same_content(rank.path, again.entry):
+                return None
+            table = analyze_file(rank.path, again.source, cache=cache, progress=False).kernel_table
+        return table
+
+    def parses(self, again: Reread | None) -> bool:
+        if again is None or not (again.cache and again.entry and cache_mod.enabled()):
+            return True
+        return not cache_mod.AnalysisEntry.of_key(again.entry).trusted()
+
+
+set_kernel_reader(_KernelReader())

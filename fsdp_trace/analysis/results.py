@@ -6,10 +6,13 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 import pandas as pd
+
+from fsdp_trace.analysis.intervals import overlapping
+from fsdp_trace.errors import UserError
 
 # Per rank × step (µs unless the name says otherwise). Documented in README "Definitions".
 STEP_COLUMNS = [
@@ -114,6 +117,20 @@ OP_TAX_COLUMNS = [
 ]
 
 
+# The parts, in the order they take precedence, and the per-step table's columns.
+PARTS = (
+    "recompute_us",
+    "compute_us",
+    "fsdp_copy_us",
+    "exposed_transfer_us",
+    "exposed_wait_us",
+    "exposed_unsplit_us",
+    "idle_us",
+)
+BREAKDOWN_COLUMNS = ["rank", "source", "step", "step_us", *PARTS]
+EXPOSED_PARTS = ("exposed_transfer_us", "exposed_wait_us", "exposed_unsplit_us")
+
+
 class DictRecord:
     """A frozen dataclass a RankAnalysis keeps as a plain dict (cached as JSON, pickled as
     such): read back by its fields, ignoring keys an older or newer version wrote."""
@@ -139,6 +156,46 @@ class Reread(NamedTuple):
     cache: bool
     entry: str | None = None
     stamp: str | None = None
+
+
+@dataclass(frozen=True)
+class Signals(DictRecord):
+    """One rank's evidence of its set-up: label counts over the trace, and per step (median
+    over its steps, µs) the GPU time of the work a set-up adds."""
+
+    steps: int = 0
+    fsdp2_labels: int = 0  # FSDP::… record_functions
+    fsdp1_labels: int = 0  # FullyShardedDataParallel.… record_functions
+    ddp_forwards: int = 0  # DistributedDataParallel.forward
+    float8_gemms: float = 0.0  # aten::_scaled_mm per step
+    float8_cast_us: float = 0.0  # compute launched by float8 ops other than their GEMM
+    float8_cast_kernels: float = 0.0  # such kernels per step
+    h2d_pinned_us: float = 0.0  # pinned host → device copies (CPU offload's parameters)
+    d2h_pinned_us: float = 0.0  # device → pinned host copies (CPU offload's gradients)
+    offload_copies_exposed_us: float = 0.0  # those copies' time with no compute beside them
+    optimizer_cpu_us: float = 0.0  # the host inside Optimizer.step#…
+    optimizer_gpu_us: float = 0.0  # GPU kernels launched by it
+    optimizer_idle_us: float = 0.0  # the GPU idle while the host is in the optimizer step
+
+
+@dataclass(frozen=True)
+class HostTime(DictRecord):
+    """Per step (median over the steps): the GPU's idle time and what the launching host
+    thread did during it, by category (µs); the operators overlapping it most (name, µs per
+    step, inclusive of the operators they call); the profiler's events per step."""
+
+    idle_us: float = 0.0
+    by_category: dict[str, float] = field(default_factory=dict)
+    top_ops: list[list[Any]] = field(default_factory=list)
+    events_per_step: float = 0.0
+    # The main thread's whole step (its CPU ProfilerStep span) by the same categories: what
+    # tells a slow host from its peers' (their gaps may be empty).
+    main_by_category: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def largest(self) -> str | None:
+        found = {k: v for k, v in self.by_category.items() if v > 0}
+        return max(found, key=found.get) if found else None
 
 
 @dataclass
@@ -196,17 +253,13 @@ class RankAnalysis:
     cpu_slices: ClassVar[Any] = None
 
     @property
-    def signals(self):  # -> fsdp_trace.analysis.setup.Signals
+    def signals(self) -> Signals:
         """What the trace shows of its set-up (wrapper labels, offload copies, float8)."""
-        from fsdp_trace.analysis.setup import Signals
-
         return Signals.from_dict(self.setup)
 
     @property
-    def host_time(self):  # -> fsdp_trace.analysis.hostside.HostTime
+    def host_time(self) -> HostTime:
         """What the launching host thread did while the GPU idled, per step."""
-        from fsdp_trace.analysis.hostside import HostTime
-
         return HostTime.from_dict(self.host)
 
     @property
@@ -239,14 +292,9 @@ class RankAnalysis:
     def rereads_by_parsing(self) -> bool:
         """Whether `load_kernels` would parse the trace here: not held, not read last, and
         no cache entry of the analysis readable by its key on this machine."""
-        from fsdp_trace.analysis import cache as cache_mod
-
         if self._at_hand() is not None:
             return False
-        again = self.reread
-        if again is None or not (again.cache and again.entry and cache_mod.enabled()):
-            return True
-        return not cache_mod.AnalysisEntry.of_key(again.entry).trusted()
+        return _reader.parses(self.reread)
 
     def without_kernels(
         self, cache: bool, entry: str | None = None, stamp: str | None = None
@@ -279,8 +327,6 @@ class RankAnalysis:
 
     def exposed_collectives(self) -> list[list[int]]:
         """For each exposed interval, the rows of `collectives` running during it."""
-        from fsdp_trace.analysis.intervals import overlapping
-
         if self.exposed.empty or self.collectives.empty:
             return [[] for _ in range(len(self.exposed))]
         return overlapping(
@@ -387,51 +433,39 @@ def _forget(ref: weakref.ref) -> None:
 
 
 def _changed(rank: RankAnalysis) -> Exception:
-    from fsdp_trace.errors import UserError
-
     return UserError(
         f"{rank.path} changed (or was removed) since it was analyzed: analyze it again"
     )
 
 
-def _same_content(path: str, key: str | None) -> bool:
-    """Whether a local trace whose size or modification time moved still holds the analyzed
-    bytes (a `touch`, a copy that kept them): its content hash is the one in the key of the
-    analysis's cache entry. False without a key, for a URL, or when it cannot be read."""
-    from pathlib import Path
+class KernelReader(Protocol):
+    """How a rank's kernels are read again: the read stage's (`fsdp_trace.analysis.job.pertrace`
+    hands it down with `set_kernel_reader` when imported), so the records import nothing
+    above them."""
 
-    from fsdp_trace.analysis import cache as cache_mod
-    from fsdp_trace.analysis.remote import is_url
+    def read(self, rank: RankAnalysis, again: Reread, cache: bool) -> pd.DataFrame | None:
+        """The kernel table (None: the trace changed since it was analyzed)."""
 
-    if not key or is_url(path):
-        return False
-    try:
-        return f"-{cache_mod.content_hash(Path(path))}-" in key
-    except OSError:
-        return False
+    def parses(self, again: Reread | None) -> bool:
+        """Whether reading them again would parse the trace (no trusted cache entry)."""
+
+
+_reader: KernelReader
+
+
+def set_kernel_reader(reader: KernelReader) -> None:
+    global _reader
+    _reader = reader
 
 
 def _read_kernels(rank: RankAnalysis, cache: bool | None) -> pd.DataFrame:
-    """A rank's kernels read again: from the cache entry its analysis wrote (by its key:
-        the analyzed content's, whatever the file holds now), else its trace parsed and analyzed
-        again, when its size and modification time (a URL's version) are as analyzed or, where only
-    those moved, its content hash is the analyzed one (in the entry's key); either way
-        as many as the analysis kept, else a one-line `UserError`."""
+    """A rank's kernels read again (`KernelReader.read`): from the cache entry its analysis
+    wrote, else its trace parsed and analyzed again when unchanged; as many as the analysis
+    kept, else a one-line `UserError`."""
     global _last
-    from fsdp_trace.analysis import cache as cache_mod
-    from fsdp_trace.analysis.perrank import analyze_file, stamp
-
     again = rank.reread or Reread(str(rank.source), True)
     cache = again.cache if cache is None else cache and again.cache
-    table = None
-    if cache and again.entry and cache_mod.enabled():
-        hit = cache_mod.AnalysisEntry.of_key(again.entry).load(rank.path)
-        table = None if hit is None else hit.kernel_table
-    if table is None:
-        moved = again.stamp is not None and stamp(rank.path) != again.stamp
-        if moved and not _same_content(rank.path, again.entry):
-            raise _changed(rank)
-        table = analyze_file(rank.path, again.source, cache=cache, progress=False).kernel_table
+    table = _reader.read(rank, again, cache)
     if table is None or len(table) != rank.n_kernels:
         raise _changed(rank)
     _last = (weakref.ref(rank, _forget), table)

@@ -18,7 +18,7 @@ from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis import steps as steps_mod
 from fsdp_trace.analysis.context import CpuContext, ThreadUnion, name_mask
-from fsdp_trace.analysis.results import DictRecord
+from fsdp_trace.analysis.results import Signals
 from fsdp_trace.vocab import Parallelism, Phase
 
 # The wrappers' own record_function names (torch 2.11; trace-facts.md).
@@ -33,26 +33,6 @@ DEVICE_TO_HOST = "Memcpy DtoH (Device -> Pinned)"
 # and gradients to float8 (each with its amax).
 FLOAT8_GEMM = "aten::_scaled_mm"
 FLOAT8_REGION = re.compile(r"float8|Float8|_scaled_mm")
-
-
-@dataclass(frozen=True)
-class Signals(DictRecord):
-    """One rank's evidence of its set-up: label counts over the trace, and per step (median
-    over its steps, µs) the GPU time of the work a set-up adds."""
-
-    steps: int = 0
-    fsdp2_labels: int = 0  # FSDP::… record_functions
-    fsdp1_labels: int = 0  # FullyShardedDataParallel.… record_functions
-    ddp_forwards: int = 0  # DistributedDataParallel.forward
-    float8_gemms: float = 0.0  # aten::_scaled_mm per step
-    float8_cast_us: float = 0.0  # compute launched by float8 ops other than their GEMM
-    float8_cast_kernels: float = 0.0  # such kernels per step
-    h2d_pinned_us: float = 0.0  # pinned host → device copies (CPU offload's parameters)
-    d2h_pinned_us: float = 0.0  # device → pinned host copies (CPU offload's gradients)
-    offload_copies_exposed_us: float = 0.0  # those copies' time with no compute beside them
-    optimizer_cpu_us: float = 0.0  # the host inside Optimizer.step#…
-    optimizer_gpu_us: float = 0.0  # GPU kernels launched by it
-    optimizer_idle_us: float = 0.0  # the GPU idle while the host is in the optimizer step
 
 
 def _per_step(values: np.ndarray, step_of: np.ndarray, steps: np.ndarray) -> float:

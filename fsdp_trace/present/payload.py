@@ -192,3 +192,9 @@ def payload(result: Result) -> dict[str, Any]:
     if len(result.runs) == 1:
         return {**head, **run_payload(result.runs[0]), "notices": result.notices}
     return clean({**head, "notices": result.notices, "runs": [run_payload(r) for r in result.runs]})
+
+
+def to_json(result: Result | RunAnalysis) -> dict[str, Any]:
+    """Everything a result holds, as --json writes it: a `Result`'s `payload`, one run's
+    `run_payload`. (`Result.to_json()` is a shim to this, for the API users README shows.)"""
+    return run_payload(result) if isinstance(result, RunAnalysis) else payload(result)

@@ -18,12 +18,14 @@ from fsdp_trace.result import Result
 
 
 def write_json(result: Result, path: Path) -> None:
-    """Everything (`Result.to_json()`), as --json writes it: `json.dumps(..., indent=1)`'s
+    """Everything (`present.payload.to_json`), as --json writes it: `json.dumps(..., indent=1)`'s
     text, made by its C encoder (compact) and indented by msgspec (the same bytes; the
     indenting encoder is pure Python and ~10x slower)."""
     import msgspec
 
-    payload = result.to_json()
+    from fsdp_trace.present.payload import to_json
+
+    payload = to_json(result)
     try:
         text = msgspec.json.format(json.dumps(payload).encode(), indent=1)
     except msgspec.DecodeError:
