@@ -35,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # What README's "Scaling out with Dask" says to start `dask worker` with (set in the shell, they
-# take precedence over Dask's MALLOC_TRIM_THRESHOLD_=65536; fsdp_trace/analysis/cluster.py).
+# take precedence over Dask's MALLOC_TRIM_THRESHOLD_=65536; fsdp_trace/analysis/job/cluster.py).
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": "134217728", "MALLOC_MMAP_THRESHOLD_": "33554432"}
 
 

@@ -178,7 +178,7 @@ def size_text(n: float) -> str:
 
 def files_of(paths: list[Path]) -> dict[str, str]:
     """{rank: path} as HTA's trace_files (rank from the file name, else the position)."""
-    from fsdp_trace.analysis.loader import rank_from_name
+    from fsdp_trace.analysis.read.loader import rank_from_name
 
     out = {}
     for i, p in enumerate(paths):
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.traceinsight is not None:
         ti_env = {**env, "PYTHONPATH": f"{args.traceinsight}{os.pathsep}{REPO}"}
 
-    from fsdp_trace.analysis.loader import raw_size  # in this process only (not measured)
+    from fsdp_trace.analysis.read.loader import raw_size  # in this process only (not measured)
 
     rows, scaling = [], []
     for label, paths, with_hta in cases:

@@ -48,8 +48,9 @@ DETAILED = REPO / "benchmarks" / "traces" / "gpt-1.3b-b2-ac1.detailed.json.gz"
 # What `fsdp-trace analyze` imports before it reads a trace (the command's own imports, its
 # pipeline, the loader, the terminal rendering and the output checks).
 ANALYZE_IMPORTS = (
-    "fsdp_trace.cli, fsdp_trace.pipeline, fsdp_trace.analysis.loader, fsdp_trace.analysis.rank, "
-    "fsdp_trace.diagnose.gate, fsdp_trace.render.terminal, fsdp_trace.render.export"
+    "fsdp_trace.cli, fsdp_trace.pipeline, fsdp_trace.analysis.read.loader, "
+    "fsdp_trace.analysis.rank.analyze, fsdp_trace.diagnose.gate, fsdp_trace.render.terminal, "
+    "fsdp_trace.render.export"
 )
 TARGETS = ("floor", "hta", "imports", "perfetto")
 DEPS = "import numpy, pandas, msgspec"

@@ -41,7 +41,9 @@ def add(name, wall, main, helper=0.0):
     marks[name] = (w + wall, m + main, h + helper)
 t0, c0 = time.perf_counter(), cpu()
 import fsdp_trace.cli as cli
-from fsdp_trace.analysis import loader, perrank, rank, validate
+from fsdp_trace.analysis.job import perrank
+from fsdp_trace.analysis.rank import analyze as rank
+from fsdp_trace.analysis.read import loader, validate
 import fsdp_trace.pipeline as pipeline
 from fsdp_trace.render import terminal
 add("imports", time.perf_counter() - start, cpu())

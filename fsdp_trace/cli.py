@@ -329,7 +329,7 @@ def no_cache_if(no_cache: bool) -> Iterator[None]:
     if not no_cache:
         yield
         return
-    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.read import cache
 
     with cache.off("--no-cache"):
         yield
@@ -355,7 +355,7 @@ def analyze_modules() -> SimpleNamespace:
     """What `analyze` uses, imported (pandas, numpy, msgspec and the analysis behind them):
     the command's own imports, in one place so that benchmarks/speed_targets.py times these."""
     with collector_paused():
-        from fsdp_trace.analysis.rank import keeping_cpu_slices
+        from fsdp_trace.analysis.rank.analyze import keeping_cpu_slices
         from fsdp_trace.diagnose import gate
         from fsdp_trace.pipeline import analyze as run_analysis
         from fsdp_trace.render import export, terminal
@@ -371,7 +371,7 @@ def analyze_modules() -> SimpleNamespace:
 def input_files(paths: list[str]) -> list[Path]:
     """Every local file an analysis of `paths` reads (traces and run.json), for the output
     checks (a URL's objects are not files an output could replace)."""
-    from fsdp_trace.analysis.inputs import resolve
+    from fsdp_trace.analysis.read.inputs import resolve
     from fsdp_trace.runrecord import RUN_FILE
 
     found = resolve(paths)
@@ -396,14 +396,14 @@ def cluster_client(scheduler: str | None, jobs: int) -> AbstractContextManager[A
         return nullcontext(None)
     if jobs != 1:
         raise UserError(f"--jobs {jobs} and --scheduler: give one of them")
-    from fsdp_trace.analysis.cluster import connect
+    from fsdp_trace.analysis.job.cluster import connect
 
     return connect(scheduler)
 
 
 def refuse_urls(paths: list[str], options: dict[str, bool]) -> None:
     """Options that read every event of the traces here cannot take URL inputs."""
-    from fsdp_trace.analysis.remote import is_url
+    from fsdp_trace.analysis.read.remote import is_url
 
     url = next((p for p in paths if is_url(p)), None)
     given = [name for name, on in options.items() if on]
@@ -639,7 +639,7 @@ def beside_inputs(paths: list[str], name: str, per_file: str | None = None) -> P
     """The default place of an output named `name`: inside a folder given alone (a run
     directory, a folder of traces or of runs), beside a trace file given alone (as
     `STEM.<per_file>`), else beside the first of several inputs."""
-    from fsdp_trace.analysis.remote import is_url
+    from fsdp_trace.analysis.read.remote import is_url
 
     if is_url(paths[0]):  # nothing to write beside a URL: the current folder
         return Placement(Path(name), "the inputs are URLs: in the current folder")
@@ -1412,7 +1412,7 @@ app.add_typer(cache_app, name="cache")
 @cache_app.command("info", cls=PlainCommand)
 def cache_info() -> None:
     """Where the cache is, how large, and what it holds."""
-    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.read import cache
 
     with user_errors("cache info"):
         for line in cache.info().lines():
@@ -1422,7 +1422,7 @@ def cache_info() -> None:
 @cache_app.command("clear", cls=PlainCommand)
 def cache_clear() -> None:
     """Delete every cache entry (and leftover temporary files)."""
-    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.read import cache
 
     with user_errors("cache clear"):
         files, freed = cache.clear()

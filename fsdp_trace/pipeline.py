@@ -19,16 +19,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import grouping, perrank
-from fsdp_trace.analysis.breakdown import (
+from fsdp_trace.analysis.job import perrank
+from fsdp_trace.analysis.job.config import InferredConfig, infer
+from fsdp_trace.analysis.job.crossrank import CrossRank, match
+from fsdp_trace.analysis.job.perrank import Failure, TraceInput
+from fsdp_trace.analysis.rank.breakdown import (
     collective_transfer,
     exposed_intervals,
     exposed_split,
 )
-from fsdp_trace.analysis.config import InferredConfig, infer
-from fsdp_trace.analysis.crossrank import CrossRank, match
-from fsdp_trace.analysis.inputs import Inputs, RunInput, resolve
-from fsdp_trace.analysis.perrank import Failure, TraceInput
+from fsdp_trace.analysis.read import grouping
+from fsdp_trace.analysis.read.inputs import Inputs, RunInput, resolve
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose import diagnose
 from fsdp_trace.diagnose.finding import Diagnosis
@@ -67,7 +68,7 @@ def analyze(
     if client is not None and jobs != 1:
         raise UserError(f"--jobs {jobs} and a Dask cluster: give one of them")
     if hta:
-        from fsdp_trace.analysis.hta_check import NOT_INSTALLED, hta_tool
+        from fsdp_trace.analysis.job.hta_check import NOT_INSTALLED, hta_tool
 
         if hta_tool() is None:  # asked for: refused before any work, not a notice after it
             raise UserError(NOT_INSTALLED)
@@ -76,7 +77,7 @@ def analyze(
     unsorted = [TraceInput(p) for p in inputs.loose]
     work = [t for group in [*groups, unsorted] for t in group]
     if client is not None:
-        from fsdp_trace.analysis import cluster
+        from fsdp_trace.analysis.job import cluster
 
         keep = [keep_kernels and t.source != Source.DETAILED for t in work]
         outcomes = cluster.analyze_all(client, work, cache, keep)
@@ -317,7 +318,7 @@ def analyze_run(
     analysis.diagnosis = diagnose(analysis)
     analysis.own_notices += analysis.diagnosis.notices
     if hta:
-        from fsdp_trace.analysis.hta_check import cross_check
+        from fsdp_trace.analysis.job.hta_check import cross_check
 
         analysis.hta, hta_notices = cross_check(timing, cache=cache)
         analysis.own_notices += hta_notices
@@ -393,7 +394,7 @@ def _apply_expectations(rank: RankAnalysis, config: InferredConfig) -> None:
 def _apply_crossrank(rank: RankAnalysis, matched: pd.DataFrame | None) -> None:
     """Fill the collectives' transfer/wait columns and the steps' exposed breakdown columns
     (the compute ones come with the rank's analysis): from its collectives and exposed
-    intervals, never its kernels (fsdp_trace.analysis.breakdown)."""
+    intervals, never its kernels (fsdp_trace.analysis.rank.breakdown)."""
     exposed = exposed_intervals(rank) if rank.n_kernels else None
     c = rank.collectives
     if len(c):

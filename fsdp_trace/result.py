@@ -23,8 +23,8 @@ from fsdp_trace.analysis.results import (
 from fsdp_trace.vocab import Device, Source
 
 if TYPE_CHECKING:
-    from fsdp_trace.analysis.config import InferredConfig
-    from fsdp_trace.analysis.crossrank import CrossRank
+    from fsdp_trace.analysis.job.config import InferredConfig
+    from fsdp_trace.analysis.job.crossrank import CrossRank
     from fsdp_trace.diagnose.finding import Diagnosis
     from fsdp_trace.runrecord import RunRecord
 
@@ -84,7 +84,7 @@ class RunAnalysis:
     @property
     def breakdown(self) -> pd.DataFrame:
         """Where every µs of each rank's steps goes: one row per rank × step, parts adding up
-        to `step_us` (fsdp_trace.analysis.breakdown)."""
+        to `step_us` (fsdp_trace.analysis.rank.breakdown)."""
         steps = self.steps
         frame = steps.rename(columns={"model_compute_us": "compute_us_model"})
         out = frame[["rank", "source", "step", "step_us"]].copy()

@@ -276,7 +276,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
 
 def parse_run(text: bytes, path: str) -> RunRecord:
     """A run.json's bytes as a record (`path` names it in errors): a local file's, or one
-    read through a URL (`fsdp_trace.analysis.remote`)."""
+    read through a URL (`fsdp_trace.analysis.read.remote`)."""
     if len(text) > RUN_FILE_MAX_BYTES:
         raise UserError(
             f"{path}: over {RUN_FILE_MAX_BYTES >> 20} MB, not a run.json fsdp-trace wrote "

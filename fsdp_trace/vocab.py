@@ -87,7 +87,7 @@ class MeshKind(Word):
 
 
 class Parallelism(Word):
-    """The data-parallel wrapper a run's traces show (fsdp_trace.analysis.setup)."""
+    """The data-parallel wrapper a run's traces show (fsdp_trace.analysis.rank.setup)."""
 
     FSDP2 = "FSDP2"  # torch.distributed.fsdp.fully_shard
     FSDP1 = "FSDP1"  # the FullyShardedDataParallel class

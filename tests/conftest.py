@@ -145,7 +145,7 @@ def cpu_run(tmp_path_factory) -> Path:
 
 def counting_parses(monkeypatch) -> list[str]:
     """The traces parsed from now on (`perrank.load_trace` calls in this process), in order."""
-    from fsdp_trace.analysis import perrank
+    from fsdp_trace.analysis.job import perrank
 
     parsed: list[str] = []
     load = perrank.load_trace

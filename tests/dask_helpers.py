@@ -26,14 +26,14 @@ def _die(path: object, **options: object) -> None:
 
 def register_dying_reader() -> None:
     """Read `*.die.json` with `_die`, ahead of the Kineto reader (which takes any .json)."""
-    from fsdp_trace.analysis import readers
+    from fsdp_trace.analysis.read import readers
 
     if not any(r.name == "dies" for r in readers.READERS):
         readers.READERS.insert(0, readers.Reader("dies", (DIES,), _die))
 
 
 def unregister_dying_reader() -> None:
-    from fsdp_trace.analysis import readers
+    from fsdp_trace.analysis.read import readers
 
     readers.READERS[:] = [r for r in readers.READERS if r.name != "dies"]
 

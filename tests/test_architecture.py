@@ -165,11 +165,54 @@ def test_records_import_nothing_above_them():
     assert sorted(upward) == []
 
 
+def every_import() -> dict[str, set[str]]:
+    """Module- and function-level imports together, without those of the package's root
+    (`fsdp_trace`: `__version__`, and the facade's `analyze` loaded on first use)."""
+    top, inner = import_graphs()
+    root = "fsdp_trace"
+    graph = {m: (top[m] | inner[m]) - {root} for m in top if m != root}
+    for m, t in SHIMS:
+        graph[m].discard(t)
+    return graph
+
+
+def test_no_circle_even_through_imports_at_first_use():
+    """Function-level imports run downward too (a light entry point defers a heavy stage
+    below it; nothing below reaches back up at first use)."""
+    assert circles(every_import()) == []
+
+
+# analysis/'s stages, lowest first: each imports only those before it (and the records and
+# ground floor, which import none of them).
+STAGES = ("fsdp_trace.analysis.read", "fsdp_trace.analysis.rank", "fsdp_trace.analysis.job")
+# Below analysis/ stand only the records, the ground floor and run.json's reading.
+BELOW_ANALYSIS = (*RECORDS, *GROUND, "fsdp_trace.runrecord", "fsdp_trace.analysis")
+# Known and left: the number formats `job.config` and `job.crossrank` write evidence with
+# (present/fmt.py imports nothing; it belongs on the ground floor).
+ANALYSIS_UP = {"fsdp_trace.present.fmt", "fsdp_trace.present"}
+
+
+def test_every_import_of_analysis_runs_downward():
+    graph = every_import()
+    wrong = []
+    for m, targets in graph.items():
+        if not _inside(m, ("fsdp_trace.analysis",)):
+            continue
+        mine = [i for i, s in enumerate(STAGES) if _inside(m, (s,))]
+        for t in targets:
+            theirs = [i for i, s in enumerate(STAGES) if _inside(t, (s,))]
+            above = bool(mine and theirs and theirs[0] > mine[0])
+            outside = not theirs and not _inside(t, BELOW_ANALYSIS) and t not in ANALYSIS_UP
+            if above or outside:
+                wrong.append((m, t))
+    assert wrong == []
+
+
 if __name__ == "__main__":
     top, inner = import_graphs()
     for title, graph in (("module-level", top), ("module- and function-level", None)):
         if graph is None:
-            graph = {m: top[m] | inner[m] for m in top}
+            graph = every_import()
         found = circles(graph)
         print(f"{title}: {len(found)} circles")
         for part in found:

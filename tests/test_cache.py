@@ -21,9 +21,10 @@ import pandas as pd
 import pytest
 
 from fsdp_trace import analyze
-from fsdp_trace.analysis import cache, loader, perrank
-from fsdp_trace.analysis import trace as trace_mod
-from fsdp_trace.analysis.loader import load_trace
+from fsdp_trace.analysis.job import perrank
+from fsdp_trace.analysis.read import cache, loader
+from fsdp_trace.analysis.read import trace as trace_mod
+from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.analysis.results import RankAnalysis
 from tests.conftest import SAMPLES, run_cli
 from tests.synth import TraceBuilder

@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from fsdp_trace import analyze
-from fsdp_trace.analysis.crossrank import ARRIVAL_TIE_US, CLOCK_TOLERANCE_US, match
-from fsdp_trace.analysis.inputs import RunInput
+from fsdp_trace.analysis.job.crossrank import ARRIVAL_TIE_US, CLOCK_TOLERANCE_US, match
+from fsdp_trace.analysis.read.inputs import RunInput
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.pipeline import analyze_run
 from tests.conftest import SAMPLES

@@ -20,7 +20,7 @@ pytest.importorskip("distributed")
 pytest.importorskip("fsspec")
 
 import fsdp_trace
-from fsdp_trace.analysis import cluster, perrank
+from fsdp_trace.analysis.job import cluster, perrank
 from fsdp_trace.errors import UserError
 from fsdp_trace.vocab import Source
 from tests.conftest import REPO, SAMPLES, run_cli
@@ -255,7 +255,7 @@ def test_workers_of_another_fsdp_trace_version_are_refused(client, monkeypatch):
 def test_workers_of_other_analysis_code_are_refused(client, monkeypatch):
     """Workers of this version but another checkout (its analysis code's hash differs) are
     refused in one line: their results could differ from a local run's."""
-    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.read import cache
 
     monkeypatch.setattr(cache, "code_version", lambda kind: f"{kind}-edited-here")
     with pytest.raises(UserError, match=r"run other fsdp-trace \S+ code than this client"):
@@ -301,7 +301,7 @@ def test_dask_scheduler_and_workers_give_the_json_of_jobs_1_and_cache_on_the_wor
 def test_memory_urls_are_copied_analyzed_and_cached_by_what_fsspec_reports(monkeypatch):
     import fsspec
 
-    from fsdp_trace.analysis import loader
+    from fsdp_trace.analysis.read import loader
 
     fs = fsspec.filesystem("memory")
     for trace in GPT.glob("rank*.timing.json.gz"):
@@ -331,7 +331,7 @@ def test_memory_urls_are_copied_analyzed_and_cached_by_what_fsspec_reports(monke
 def test_a_url_whose_backend_reports_no_version_is_cached_by_its_content(monkeypatch):
     import fsspec
 
-    from fsdp_trace.analysis import loader, remote
+    from fsdp_trace.analysis.read import loader, remote
 
     monkeypatch.setattr(remote, "_VERSION_KEYS", ())
     fs = fsspec.filesystem("memory")

@@ -232,8 +232,8 @@ def test_analysis_never_imports_capture_and_has_no_cycles():
         if module.startswith("fsdp_trace.analysis"):
             assert not any(d.startswith("fsdp_trace.capture") for d in deps), module
     for a, b in (
-        ("fsdp_trace.analysis.cache", "fsdp_trace.analysis.loader"),
-        ("fsdp_trace.analysis.rank", "fsdp_trace.analysis.cpu_collectives"),
+        ("fsdp_trace.analysis.read.cache", "fsdp_trace.analysis.read.loader"),
+        ("fsdp_trace.analysis.rank.analyze", "fsdp_trace.analysis.rank.cpu_collectives"),
     ):
         both = (b in graph[a] or any(d.startswith(b + ".") for d in graph[a])) and (
             a in graph[b] or any(d.startswith(a + ".") for d in graph[b])
@@ -253,7 +253,7 @@ def test_the_suite_never_writes_into_the_users_cache():
     every process a test starts."""
     import os
 
-    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.read import cache
 
     assert str(cache.directory()).startswith(os.environ["FSDP_TRACE_CACHE_DIR"])
     assert not str(cache.directory()).startswith(os.path.expanduser("~user"))

@@ -633,7 +633,7 @@ def _write(path: Path, data: bytes) -> Path:
     ["kernel name", "unread key", "header", "near the end", "gzip"],
 )
 def test_invalid_utf8_anywhere_is_one_line(tmp_path, base, where):
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read.loader import load_trace
     from fsdp_trace.errors import UserError
 
     raw = _dump(base)
@@ -682,8 +682,8 @@ def _synthetic(tmp_path, name="rank0.json", **kernel_args) -> Path:
 )
 @pytest.mark.parametrize("value", [INT64_PLUS, -INT64_PLUS, 2**63])
 def test_integers_beyond_int64_are_absent_with_a_notice(tmp_path, key, column, value):
-    from fsdp_trace.analysis.loader import load_trace
-    from fsdp_trace.analysis.trace import MISSING
+    from fsdp_trace.analysis.read.loader import load_trace
+    from fsdp_trace.analysis.read.trace import MISSING
 
     path = _synthetic(tmp_path, **{key: value})
     trace = load_trace(path, cache=False)
@@ -695,7 +695,7 @@ def test_integers_beyond_int64_are_absent_with_a_notice(tmp_path, key, column, v
 
 
 def test_pid_and_tid_beyond_int64_stay_distinct_threads(tmp_path):
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read.loader import load_trace
 
     document = json.loads(_synthetic(tmp_path).read_bytes())
     for event in document["traceEvents"]:
@@ -709,7 +709,7 @@ def test_pid_and_tid_beyond_int64_stay_distinct_threads(tmp_path):
 
 
 def test_deep_nesting_in_args_is_one_line(tmp_path, base):
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read.loader import load_trace
     from fsdp_trace.errors import UserError
 
     path = _write(tmp_path / "t.json", _deep_args(100_000)(copy.deepcopy(base)))
@@ -736,7 +736,7 @@ def test_fifo_and_dev_null_are_refused_not_read(tmp_path):
     for path in (fifo, Path("/dev/null")):
         _cli_error(run_cli("analyze", str(path), "--no-report", timeout=20), "not a regular file")
         done = _in_subprocess(
-            "from fsdp_trace.analysis.loader import load_trace\n"
+            "from fsdp_trace.analysis.read.loader import load_trace\n"
             "from fsdp_trace.errors import UserError\n"
             f"try:\n    load_trace({str(path)!r}, cache=True)\n"
             "except UserError as exc:\n    print(exc.message)\n"
@@ -766,7 +766,7 @@ def test_fifos_in_a_run_directory_are_never_opened(tmp_path, base):
 def test_fifo_named_like_a_cache_entry_is_skipped(tmp_path, monkeypatch):
     """The cache never opens anything but a regular file of its own: a FIFO where an entry
     would be is left alone (no hang) and the trace is parsed."""
-    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.read import cache
 
     monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("FSDP_TRACE_CACHE", raising=False)
@@ -775,7 +775,7 @@ def test_fifo_named_like_a_cache_entry_is_skipped(tmp_path, monkeypatch):
     entry.file.parent.mkdir(parents=True)
     os.mkfifo(entry.file)
     done = _in_subprocess(
-        "from fsdp_trace.analysis.loader import load_trace\n"
+        "from fsdp_trace.analysis.read.loader import load_trace\n"
         f"print(len(load_trace({str(path)!r}).events))\n"
     )
     assert done.returncode == 0 and int(done.stdout) > 0, done.stderr
@@ -862,7 +862,7 @@ def test_bad_run_json_is_one_line(tmp_path, run_json, fragment):
 
 @pytest.mark.parametrize("rank", ["zero", [0], True, INT64_PLUS, -3, 0.5, None])
 def test_distributed_rank_that_is_not_a_rank_number(tmp_path, base, rank):
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read.loader import load_trace
 
     document = copy.deepcopy(base)
     document["distributedInfo"]["rank"] = rank
@@ -875,7 +875,7 @@ def test_distributed_rank_that_is_not_a_rank_number(tmp_path, base, rank):
 
 
 def test_bad_process_groups_are_dropped_with_a_notice(tmp_path, base):
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read.loader import load_trace
 
     document = copy.deepcopy(base)
     good = document["distributedInfo"]["pg_config"][0]
@@ -933,7 +933,7 @@ def test_perfetto_to_ns_refuses_what_int64_ns_cannot_hold():
 
 
 def _load(tmp_path, document, name="rank0.json"):
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read.loader import load_trace
 
     return load_trace(_write(tmp_path / name, _dump(document)), cache=False)
 
@@ -1025,7 +1025,7 @@ def test_every_event_duplicated_gives_the_same_numbers_and_a_notice(tmp_path, ba
 
 
 def test_a_second_trace_events_key_is_refused(tmp_path, base):
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read.loader import load_trace
     from fsdp_trace.errors import UserError
 
     path = _write(tmp_path / "t.json", _second_events_key(copy.deepcopy(base)))
@@ -1038,7 +1038,7 @@ def test_a_second_trace_events_key_is_refused(tmp_path, base):
 
 def test_validation_leaves_the_shipped_samples_alone():
     """No notice and no dropped event on real traces: the thresholds have room."""
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read.loader import load_trace
 
     for path in sorted(SAMPLES.glob("*/rank*.json.gz")):
         trace = load_trace(path)  # parsed here, or by another test (the run's cache)
@@ -1100,7 +1100,7 @@ NOBODY = 65534
 
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
-    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.read import cache
 
     folder = tmp_path / "cache"
     monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(folder))
@@ -1128,8 +1128,9 @@ def _two_traces(tmp_path) -> tuple[Path, Path]:
 def test_a_renamed_cache_entry_cannot_answer_for_another_trace(cache_dir, tmp_path):
     """Each entry holds its key: one copied over another trace's name is not read (before,
     the checksum matched and trace B got trace A's columns)."""
-    from fsdp_trace.analysis import cache, perrank
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.job import perrank
+    from fsdp_trace.analysis.read import cache
+    from fsdp_trace.analysis.read.loader import load_trace
 
     a, b = _two_traces(tmp_path)
     load_trace(a)
@@ -1148,7 +1149,7 @@ def test_a_renamed_cache_entry_cannot_answer_for_another_trace(cache_dir, tmp_pa
 
 
 def _parse_spy(monkeypatch) -> list:
-    from fsdp_trace.analysis import loader
+    from fsdp_trace.analysis.read import loader
 
     calls: list = []
     real = loader._parse
@@ -1163,8 +1164,8 @@ def _parse_spy(monkeypatch) -> list:
 
 @needs_root
 def test_cache_folder_of_another_user_is_refused(cache_dir, tmp_path, monkeypatch):
-    from fsdp_trace.analysis import cache
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read import cache
+    from fsdp_trace.analysis.read.loader import load_trace
 
     a, _ = _two_traces(tmp_path)
     cache_dir.mkdir(mode=0o700)
@@ -1188,8 +1189,8 @@ def test_cache_folder_of_another_user_is_refused(cache_dir, tmp_path, monkeypatc
 
 
 def test_cache_folder_writable_by_others_is_refused(cache_dir, tmp_path, monkeypatch):
-    from fsdp_trace.analysis import cache
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read import cache
+    from fsdp_trace.analysis.read.loader import load_trace
 
     a, _ = _two_traces(tmp_path)
     cache_dir.mkdir()
@@ -1205,8 +1206,8 @@ def test_cache_folder_writable_by_others_is_refused(cache_dir, tmp_path, monkeyp
 
 @needs_root
 def test_sticky_shared_cache_folder_reads_only_our_entries(cache_dir, tmp_path, monkeypatch):
-    from fsdp_trace.analysis import cache
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read import cache
+    from fsdp_trace.analysis.read.loader import load_trace
 
     a, _ = _two_traces(tmp_path)
     cache_dir.mkdir()
@@ -1401,7 +1402,7 @@ def test_a_run_whose_traces_were_left_out_named_itself_is_one_line(tmp_path):
 
 
 def test_the_records_fsdp_trace_writes_are_never_read_as_traces():
-    from fsdp_trace.analysis.inputs import OWN_RECORDS
+    from fsdp_trace.analysis.read.inputs import OWN_RECORDS
     from fsdp_trace.runrecord import RUN_FILE
     from fsdp_trace.sweep import SUMMARY_FILE
     from fsdp_trace.tune import TUNE_FILE
@@ -1881,7 +1882,7 @@ def test_a_zip_member_is_refused_before_it_is_copied(tmp_path, data, fragment):
     env = {"TMPDIR": str(tmpdir)}
     code = (
         "import contextlib, sys\n"
-        "from fsdp_trace.analysis import remote\n"
+        "from fsdp_trace.analysis.read import remote\n"
         "get = remote.local_copy\n"
         "@contextlib.contextmanager\n"
         "def spy(url):\n"

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from fsdp_trace import analyze
-from fsdp_trace.analysis import hta_check
-from fsdp_trace.analysis.hta_check import (
+from fsdp_trace.analysis.job import hta_check
+from fsdp_trace.analysis.job.hta_check import (
     HTA_PACKAGES,
     cross_check,
     hta_overlap,
     hta_tool,
     overlap_with_hta_rules,
 )
-from fsdp_trace.analysis.loader import load_trace
+from fsdp_trace.analysis.read.loader import load_trace
 from tests.conftest import REPO, SAMPLES, run_cli
 
 pytest.importorskip("hta")

@@ -32,7 +32,7 @@ OTHER_COMMANDS = (
     "fsdp_trace.capture",
     "fsdp_trace.render.report",
     "fsdp_trace.render.perfetto",
-    "fsdp_trace.analysis.cluster",
+    "fsdp_trace.analysis.job.cluster",
     "fsdp_trace.whatif",
     "fsdp_trace.sweep",
     "fsdp_trace.tune",

@@ -21,9 +21,10 @@ import pandas as pd
 import pytest
 
 from fsdp_trace import analyze
-from fsdp_trace.analysis import loader, perrank
-from fsdp_trace.analysis.loader import load_trace
-from fsdp_trace.analysis.rank import analyze_trace
+from fsdp_trace.analysis.job import perrank
+from fsdp_trace.analysis.rank.analyze import analyze_trace
+from fsdp_trace.analysis.read import loader
+from fsdp_trace.analysis.read.loader import load_trace
 from tests.conftest import REPO, SAMPLES
 from tests.synth import TraceBuilder
 

@@ -143,7 +143,7 @@ def test_unit_names_drop_wrapper_segments_and_keep_the_raw_path():
     assert units["model.layers.0"] == "model.layers.0._checkpoint_wrapped_module"
     payload = run.to_json()
     assert payload["config"]["units"][0]["raw"] == "model.layers.0._checkpoint_wrapped_module"
-    from fsdp_trace.analysis.context import display_name
+    from fsdp_trace.analysis.rank.context import display_name
 
     assert display_name("module._orig_mod.layers.3") == "layers.3"
     assert display_name("_fsdp_wrapped_module.layers.3, norm") == "layers.3, norm"
@@ -155,8 +155,8 @@ def test_another_format_is_one_registered_reader(tmp_path, monkeypatch):
     registration) makes `.json.bz2` files analyzable like any other."""
     import bz2
 
-    from fsdp_trace.analysis import readers
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read import readers
+    from fsdp_trace.analysis.read.loader import load_trace
 
     def bz2_reader(path, **options):
         plain = tmp_path / (Path(path).name.removesuffix(".bz2"))

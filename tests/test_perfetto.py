@@ -22,7 +22,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TracePacket
 
 from fsdp_trace import analyze
 from fsdp_trace.analysis import classify
-from fsdp_trace.analysis.loader import load_trace
+from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.errors import UserError
 from fsdp_trace.render import perfetto as pf
 from fsdp_trace.render.perfetto import write_perfetto

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 import fsdp_trace
-from fsdp_trace.analysis import perrank
-from fsdp_trace.analysis.breakdown import Spans, partition
-from fsdp_trace.analysis.overlap_tax import measure, moving, op_tax
+from fsdp_trace.analysis.job import perrank
+from fsdp_trace.analysis.rank.breakdown import Spans, partition
+from fsdp_trace.analysis.rank.overlap_tax import measure, moving, op_tax
 from fsdp_trace.analysis.results import RankAnalysis
 from tests.conftest import SAMPLES, counting_parses
 
@@ -218,7 +218,7 @@ COMPACT_RUNS = [GPT, FULL_AC, SAMPLES / "cpu-hsdp-2x2", SAMPLES / "diagnosis" / 
 def fresh_and_kept(run: Path) -> tuple[list[RankAnalysis], list[RankAnalysis], object]:
     """A run's timing traces analyzed afresh (as the analysis makes them) and as a run keeps
     them (`RankAnalysis.as_kept`), and its run.json."""
-    from fsdp_trace.analysis.inputs import resolve
+    from fsdp_trace.analysis.read.inputs import resolve
 
     (run_in,) = resolve(run).runs
     fresh = [
@@ -266,8 +266,8 @@ def test_inference_and_matching_read_kept_ranks_as_fresh_ones(run):
     """The configuration inferred and the cross-rank match (both reading every rank at once,
     on the client) are the same from the compact ranks a run keeps as from fresh ones; the
     inference concatenates only the columns it reads, its text as categoricals."""
-    from fsdp_trace.analysis import config
-    from fsdp_trace.analysis.crossrank import match
+    from fsdp_trace.analysis.job import config
+    from fsdp_trace.analysis.job.crossrank import match
 
     fresh, kept, record = fresh_and_kept(run)
     assert config.infer(kept, record) == config.infer(fresh, record)

@@ -475,7 +475,7 @@ def test_cross_rank_table_waiting_and_transfer_bandwidth(sample):
     assert [r[0] for r in rows] == ["rank 0", "rank 1"]
     for row, rank in zip(rows, (0, 1), strict=True):
         assert int(row[1].replace(",", "")) == len(pairs)
-        # Waiting (fsdp_trace.analysis.crossrank): per step, the union of [start, start +
+        # Waiting (fsdp_trace.analysis.job.crossrank): per step, the union of [start, start +
         # excess over the transfer] of the rank's kernels, clipped to the step; the median
         # over steps, in ms and as a share of that step.
         per_step = []

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 import fsdp_trace
 from fsdp_trace import cli
-from fsdp_trace.analysis import perrank, results
+from fsdp_trace.analysis import results
+from fsdp_trace.analysis.job import perrank
 from fsdp_trace.analysis.results import MAX_TIMELINE_RANKS
 from fsdp_trace.errors import UserError
 from tests.conftest import SAMPLES, counting_parses
@@ -236,7 +237,7 @@ def test_a_versionless_url_without_the_cache_keeps_its_kernels(monkeypatch):
     """Nothing would tell a re-read of it from another object: its kernels are not dropped."""
     import fsspec
 
-    from fsdp_trace.analysis import remote
+    from fsdp_trace.analysis.read import remote
 
     monkeypatch.setattr(remote, "_VERSION_KEYS", ())
     fs = fsspec.filesystem("memory")

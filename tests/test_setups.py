@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from fsdp_trace import analyze
-from fsdp_trace.analysis import overlap_tax
+from fsdp_trace.analysis.rank import overlap_tax
 from fsdp_trace.vocab import MeshKind, Parallelism
 from tests.conftest import SAMPLES
 

@@ -36,7 +36,7 @@ STEP_COLUMNS = [
     "recompute_pct",
     "n_comm_kernels",
     "n_compute_kernels",
-    # The step's breakdown (fsdp_trace.analysis.breakdown): its parts add up to step_us.
+    # The step's breakdown (fsdp_trace.analysis.rank.breakdown): its parts add up to step_us.
     # `model_compute_us` is `compute_us` without FSDP's own kernels and recompute.
     "model_compute_us",
     "fsdp_copy_us",
@@ -98,10 +98,10 @@ BLOCK_COLUMNS = [
 
 # Ranks the report's step timeline draws at most (fsdp_trace.render.report.timeline): a local
 # run of no more timing traces, analyzed without the cache, keeps its ranks' kernels
-# (fsdp_trace.analysis.perrank.analyze_all), which the timeline would otherwise parse again.
+# (fsdp_trace.analysis.job.perrank.analyze_all), which the timeline would otherwise parse again.
 MAX_TIMELINE_RANKS = 8
 
-# Per block op measured with NCCL beside it and alone (fsdp_trace.analysis.overlap_tax).
+# Per block op measured with NCCL beside it and alone (fsdp_trace.analysis.rank.overlap_tax).
 OP_TAX_COLUMNS = [
     "shape",
     "nth",
@@ -149,7 +149,7 @@ class Reread(NamedTuple):
     `source` (the cache key's), through the cache when `cache` (as the run was analyzed);
     what identifies the analyzed content: `entry`, the key of the cache entry of the
     analysis (read by that key: the analyzed kernels, whatever the trace holds now), and
-    `stamp`, the file's as analyzed (`fsdp_trace.analysis.perrank.stamp`: size and
+    `stamp`, the file's as analyzed (`fsdp_trace.analysis.job.perrank.stamp`: size and
     modification time, a URL's version), checked before the trace is parsed again."""
 
     source: str
@@ -206,11 +206,11 @@ class RankAnalysis:
     the per-rank result a run keeps does not (`as_kept`, `without_kernels`): what travels
     back from a worker and stays on the client is tables of steps, blocks, collectives and
     exposed intervals, never of events, held compact where exact (`_compact`). What the run
-    reads of the kernels is made with the analysis (`fsdp_trace.analysis.kernel_figures`);
+    reads of the kernels is made with the analysis (`fsdp_trace.analysis.rank.kernel_figures`);
     the views that draw or replay kernels read them again (`load_kernels`). One exception,
     where reading again would cost a parse and holding costs little: a local run of at most
     `MAX_TIMELINE_RANKS` timing traces analyzed without the cache keeps them
-    (`fsdp_trace.analysis.perrank.analyze_all`)."""
+    (`fsdp_trace.analysis.job.perrank.analyze_all`)."""
 
     rank: int | None
     path: str
@@ -227,7 +227,7 @@ class RankAnalysis:
     streams: dict[int, str] = field(default_factory=dict)  # stream id -> role
     notices: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
-    # Figures of the kernels (fsdp_trace.analysis.kernel_figures), made with the analysis so
+    # Figures of the kernels (fsdp_trace.analysis.rank.kernel_figures), made with the analysis so
     # that the run reads them without the kernels (the steps' model_compute_us and
     # fsdp_copy_us are made there too):
     n_kernels: int = 0  # kept GPU events
@@ -243,11 +243,11 @@ class RankAnalysis:
     # kernels make one rank's GPU slower than its peers'.
     kernel_time: dict[str, float] = field(default_factory=dict)
     reread: Reread | None = None  # where the kernels are read again when not held
-    # The set-up evidence of the trace (fsdp_trace.analysis.setup.Signals, as a dict).
+    # The set-up evidence of the trace (fsdp_trace.analysis.rank.setup.Signals, as a dict).
     setup: dict[str, Any] = field(default_factory=dict)
-    # What the host did while the GPU idled (fsdp_trace.analysis.hostside.HostTime, a dict).
+    # What the host did while the GPU idled (fsdp_trace.analysis.rank.hostside.HostTime, a dict).
     host: dict[str, Any] = field(default_factory=dict)
-    # The trace's CPU slices (fsdp_trace.analysis.rank.CpuSlices), set on the instance only
+    # The trace's CPU slices (fsdp_trace.analysis.rank.analyze.CpuSlices), set on the instance only
     # while `rank.keeping_cpu_slices()` is on: a class attribute, not a field, so the cache
     # never stores it.
     cpu_slices: ClassVar[Any] = None

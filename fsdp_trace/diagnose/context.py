@@ -12,9 +12,9 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis.config import InferredConfig
-from fsdp_trace.analysis.context import display_name
-from fsdp_trace.analysis.crossrank import CrossRank
+from fsdp_trace.analysis.job.config import InferredConfig
+from fsdp_trace.analysis.job.crossrank import CrossRank
+from fsdp_trace.analysis.rank.context import display_name
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import Device

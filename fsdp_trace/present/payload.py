@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace import __version__
-from fsdp_trace.analysis.config import InferredConfig, Item, Mesh
-from fsdp_trace.analysis.crossrank import CrossRank
-from fsdp_trace.analysis.setup import SetUp
+from fsdp_trace.analysis.job.config import InferredConfig, Item, Mesh
+from fsdp_trace.analysis.job.crossrank import CrossRank
+from fsdp_trace.analysis.rank.setup import SetUp
 from fsdp_trace.diagnose.finding import Finding
 from fsdp_trace.result import Result, RunAnalysis
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis.breakdown import PARTS
-from fsdp_trace.analysis.config import From, InferredConfig
+from fsdp_trace.analysis.job.config import From, InferredConfig
+from fsdp_trace.analysis.rank.breakdown import PARTS
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose.causes import cost_text
 from fsdp_trace.diagnose.finding import Finding, FindingKind

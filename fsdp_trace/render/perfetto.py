@@ -44,8 +44,8 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
 )
 
 from fsdp_trace.analysis import classify
-from fsdp_trace.analysis.loader import load_trace
-from fsdp_trace.analysis.rank import CpuSlices
+from fsdp_trace.analysis.rank.analyze import CpuSlices
+from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.atomic import atomic_open
 from fsdp_trace.errors import UserError

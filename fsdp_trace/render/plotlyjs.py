@@ -11,7 +11,7 @@ where plotly.js used to be inlined, so every script after it finds `Plotly` defi
 The page still opens offline, from disk, in any browser of the last years (it needs
 `TextDecoder` and typed arrays, nothing newer). `pack` also packs other page data (the
 report's figures). Packing plotly.js takes ~2 s: done once per process, and kept in the cache
-folder (`fsdp_trace.analysis.cache.directory()/plotlyjs/`, keyed by plotly.js' content) so that
+folder (`fsdp_trace.analysis.read.cache.directory()/plotlyjs/`, keyed by plotly.js' content) so that
 the next process reads it back: read only under the cache's trust rules (a regular file of
 one's own that no one else can write, whose checksum matches), never with caching off
 (FSDP_TRACE_CACHE=0, `--no-cache`), deleted by `fsdp-trace cache clear`.
@@ -97,7 +97,7 @@ def unpack(text: str, packed_length: int) -> bytes:
 def _pack_cached(data: bytes) -> tuple[str, int]:
     """`pack(data)`, through the cache folder (a damaged, untrusted or unreadable copy is
     packed anew); with caching off, packed here and nothing is read or written."""
-    from fsdp_trace.analysis import cache
+    from fsdp_trace.analysis.read import cache
 
     if not cache.enabled():
         return pack(data)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fsdp_trace.analysis.overlap_tax import tax_rate
+from fsdp_trace.analysis.rank.overlap_tax import tax_rate
 from fsdp_trace.errors import UserError
 from fsdp_trace.vocab import Parallelism
 from fsdp_trace.whatif.knobs import Context, Knobs, apply, parse

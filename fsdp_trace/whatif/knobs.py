@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis.config import InferredConfig
+from fsdp_trace.analysis.job.config import InferredConfig
 from fsdp_trace.errors import UserError
 from fsdp_trace.knobs import select_ac_blocks
 from fsdp_trace.runrecord import RunRecord

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis.breakdown import Spans, partition
+from fsdp_trace.analysis.rank.breakdown import Spans, partition
 from fsdp_trace.errors import UserError
 from fsdp_trace.vocab import Collective
 from fsdp_trace.whatif.program import Program, SegmentKind, compute_waits, op_waits, waits
@@ -140,7 +140,7 @@ def replay(
     the cross-rank view, so their host times share one clock. `host_scale`: the host's
     launch times scaled (1: as traced; below 1: a faster host, as without the profiler).
     `tax`: compute beside a running NCCL kernel takes 1 + tax times as long (measured:
-    fsdp_trace.analysis.overlap_tax)."""
+    fsdp_trace.analysis.rank.overlap_tax)."""
     offsets = offsets or {}
     # One clock: the trace's (µs), each rank corrected by its offset. Launch latency is the
     # hardware's: the least launch-to-start any rank shows (a rank whose host runs ahead

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis.kernel_figures import backward_end
+from fsdp_trace.analysis.rank.kernel_figures import backward_end
 from fsdp_trace.diagnose import busbw as reference
 from fsdp_trace.diagnose.context import Context, ms, pct, per_step
 from fsdp_trace.diagnose.finding import Change, Finding

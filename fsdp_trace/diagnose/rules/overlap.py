@@ -5,7 +5,7 @@ or CTAs) were measured to slow healthy steps, so it never leads a verdict."""
 
 from __future__ import annotations
 
-from fsdp_trace.analysis.overlap_tax import op_tax
+from fsdp_trace.analysis.rank.overlap_tax import op_tax
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding, FindingKind
 from fsdp_trace.diagnose.registry import rule

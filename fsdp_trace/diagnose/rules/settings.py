@@ -2,7 +2,7 @@
 implies, gradient accumulation that re-gathers and re-reduces every micro-batch, a root
 unit that reshards after forward, activation checkpointing that costs more than it hides,
 and CUDA_DEVICE_MAX_CONNECTIONS=1. The configuration each rule holds the run to is the
-inferred one (`fsdp_trace.analysis.config`), run.json winning where it exists."""
+inferred one (`fsdp_trace.analysis.job.config`), run.json winning where it exists."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rules about the set-up itself (fsdp_trace.analysis.setup): FSDP2 with the root as its only
+"""Rules about the set-up itself (fsdp_trace.analysis.rank.setup): FSDP2 with the root as its only
 unit, CPU offload, float8 without torch.compile, DDP's gradient all-reduce, HSDP's all-reduce
 across replicas, and FSDP1. Each names the set-up, costs what it measurably adds to the step,
 and says what to change in the user's own code (fsdp-trace's capture never makes these)."""

@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis import classify
-from fsdp_trace.analysis.trace import MISSING
+from fsdp_trace.analysis.read.trace import MISSING
 from fsdp_trace.errors import UserError
 
 TIME_LIMIT_US = float(2**53)  # ±285 years in µs

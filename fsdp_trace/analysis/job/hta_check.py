@@ -31,9 +31,9 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis import classify
-from fsdp_trace.analysis.context import name_mask
-from fsdp_trace.analysis.loader import Trace, load_trace
-from fsdp_trace.analysis.rank import Coverage, overlap_pct
+from fsdp_trace.analysis.rank.analyze import Coverage, overlap_pct
+from fsdp_trace.analysis.rank.context import name_mask
+from fsdp_trace.analysis.read.loader import Trace, load_trace
 from fsdp_trace.analysis.results import RankAnalysis
 
 # The distributions that provide the module `hta`, the successor first.

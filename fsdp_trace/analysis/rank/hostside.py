@@ -15,7 +15,7 @@ import pandas as pd
 
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis.context import CpuContext, name_mask
+from fsdp_trace.analysis.rank.context import CpuContext, name_mask
 from fsdp_trace.analysis.results import HostTime
 
 SYNC_NAMES = re.compile(

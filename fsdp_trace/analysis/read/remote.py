@@ -127,11 +127,11 @@ def _io_error(url: str, exc: Exception, doing: str = "cannot read") -> UserError
 
 def find(url: str, depth: int) -> tuple[list[Url], list[Url]]:
     """Run folders (holding run.json) and loose trace files at or below `url`, as the local
-    walk finds them (`fsdp_trace.analysis.inputs`): a folder with run.json is a run, a folder
+    walk finds them (`fsdp_trace.analysis.read.inputs`): a folder with run.json is a run, a folder
     with traces is not searched further, and at most `depth` folders down."""
-    from fsdp_trace.analysis import readers
-    from fsdp_trace.analysis.inputs import OWN_RECORDS
-    from fsdp_trace.analysis.trace import rank_from_name
+    from fsdp_trace.analysis.read import readers
+    from fsdp_trace.analysis.read.readers import OWN_RECORDS
+    from fsdp_trace.analysis.read.trace import rank_from_name
     from fsdp_trace.runrecord import RUN_FILE
 
     fs, root = filesystem(url)
@@ -226,7 +226,7 @@ def listed_files(folder: Url) -> dict[str, int]:
 def fingerprint(url: str) -> str | None:
     """What the filesystem says identifies this version of the object (URL, size, version),
     hashed; None when it reports no version (then the downloaded content keys the cache)."""
-    from fsdp_trace.analysis.cache import _checksum_hasher
+    from fsdp_trace.analysis.read.cache import _checksum_hasher
 
     fs, path = filesystem(url)
     try:
@@ -266,7 +266,7 @@ def _check_before_copy(fs: Any, path: str, url: str) -> None:
     """What can be told before the object is copied here, refused before it is: an archive
     member that expands past the ratio no trace has (a zip bomb: its sizes are in the
     archive's directory), and a first byte no trace starts with."""
-    from fsdp_trace.analysis.loader import GZIP_MAX_RATIO, GZIP_RATIO_FLOOR
+    from fsdp_trace.analysis.read.loader import GZIP_MAX_RATIO, GZIP_RATIO_FLOOR
 
     try:
         info = fs.info(path)
@@ -295,62 +295,3 @@ def _check_before_copy(fs: Any, path: str, url: str) -> None:
 def as_url(text: str, local: Path, url: str) -> str:
     """`text` (an error or notice about the local copy) naming the URL instead."""
     return text.replace(str(local), url)
-
-
-@dataclasses.dataclass
-class UrlLookup:
-    """One URL trace's analysis looked up in the cache (keyed on its `fingerprint`): the hit,
-    or what computing it needs. The counterpart of `perrank._Lookup` for local files; picklable
-    (pool processes and Dask workers compute it)."""
-
-    url: str
-    source: str
-    cache: bool
-    params: dict[str, Any]
-    entry: Any = None  # cache.AnalysisEntry
-    hit: Any = None  # RankAnalysis
-    stamp: str | None = None  # the object's `fingerprint` as looked up (None: no version)
-
-    @classmethod
-    def of(cls, url: str, source: str, cache: bool) -> UrlLookup:
-        from fsdp_trace.analysis import cache as cache_mod
-        from fsdp_trace.analysis.trace import rank_from_name
-
-        name = Path(Url(url).name)
-        params = {"source": str(source), "rank_from_name": rank_from_name(name)}
-        lookup = cls(url, source, cache and cache_mod.enabled(), params)
-        lookup.stamp = key = fingerprint(url)  # also what kernels read again check
-        if lookup.cache and key is not None:
-            lookup.entry = cache_mod.AnalysisEntry.for_file(name, params, key)
-            if lookup.entry is not None:
-                lookup.hit = lookup.entry.load(url)
-        return lookup
-
-    def compute(self, progress: bool | None = None, parallel: bool | None = None):
-        """Copy the object here, load and analyze it, store the result when caching."""
-        from fsdp_trace.analysis import cache as cache_mod
-        from fsdp_trace.analysis.loader import load_trace
-        from fsdp_trace.analysis.rank import analyze_trace
-
-        entry = self.entry
-        with local_copy(self.url) as local:
-            try:
-                if entry is None and self.cache:  # no version reported: key on the content
-                    content = cache_mod.content_hash(local)
-                    entry = cache_mod.AnalysisEntry.for_file(local, self.params, content)
-                    self.entry = entry  # what its kernels are read again from (as_kept)
-                    hit = entry.load(self.url) if entry is not None else None
-                    if hit is not None:
-                        return hit
-                trace = load_trace(local, cache=False, progress=progress, parallel=parallel)
-            except UserError as exc:
-                raise UserError(as_url(exc.message, local, self.url)) from None
-            except OSError as exc:
-                raise _io_error(self.url, exc) from None
-            trace.path = self.url
-            trace.notices = [as_url(n, local, self.url) for n in trace.notices]
-            result = analyze_trace(trace, self.source)
-            del trace
-        if entry is not None:
-            entry.store(result)
-        return result

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis.trace import MISSING
+from fsdp_trace.analysis.read.trace import MISSING
 from fsdp_trace.vocab import ROOT, Collective, Phase
 
 FSDP_LABEL = re.compile(r"^FSDP::(?P<kind>\w+?)(?: \((?P<fqn>.*?)\))?(?: \[pg=\d+\])?$")
@@ -406,7 +406,7 @@ class CpuContext:
         """What the FSDP2 hooks did per profiled step: one row per step × label kind × unit
         with its count and first start (µs), plus kind `recompute`: forward ops re-run inside
         the unit's backward (activation checkpointing). The run's configuration is inferred
-        from this table (`fsdp_trace.analysis.config`)."""
+        from this table (`fsdp_trace.analysis.job.config`)."""
         table = self.label_table
         wanted = table["kind"].isin(FACT_KINDS).to_numpy()
         ops = self.recompute_ops
@@ -427,7 +427,7 @@ class CpuContext:
         if cpu_steps.empty:
             rows["step"] = 0
         else:
-            from fsdp_trace.analysis.steps import step_of_time
+            from fsdp_trace.analysis.rank.steps import step_of_time
 
             rows["step"] = step_of_time(cpu_steps, rows["ts"].to_numpy())
             rows = rows[rows["step"] >= 0]

@@ -1,8 +1,8 @@
-"""The per-rank map (`fsdp_trace.analysis.perrank`) as tasks on a Dask cluster: the executor
+"""The per-rank map (`fsdp_trace.analysis.job.perrank`) as tasks on a Dask cluster: the executor
 beside the local process pool, for runs with more ranks than one machine analyzes in time.
 
 Each task reads one trace where its worker runs (a path on a shared filesystem, or a URL:
-`fsdp_trace.analysis.remote`), through the worker's own cache, and sends back only that rank's
+`fsdp_trace.analysis.read.remote`), through the worker's own cache, and sends back only that rank's
 `RankAnalysis` without its kernels (`RankAnalysis.without_kernels`: per-step, per-block and
 per-collective tables and the figures the run reads of the kernels, never a per-event table,
 unless asked for the views that read every rank's: whatif, --perfetto);
@@ -31,9 +31,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdp_trace.analysis.perrank import Failure, TraceInput, as_kept, lookup_for
+from fsdp_trace.analysis.job.perrank import Failure, TraceInput, as_kept, lookup_for
+from fsdp_trace.analysis.read.trace import rank_from_name
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.analysis.trace import rank_from_name
 from fsdp_trace.errors import UserError
 
 _LOCAL = re.compile(r"local:(\S+)")
@@ -183,7 +183,7 @@ def _version() -> tuple[str, str | None]:
     """This process's fsdp-trace version and the hash of its analysis code (run on each
     worker): another checkout of one version differs in the second."""
     from fsdp_trace import __version__
-    from fsdp_trace.analysis.cache import code_version
+    from fsdp_trace.analysis.read.cache import code_version
 
     return __version__, code_version("analysis")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import steps as steps_mod
-from fsdp_trace.analysis.context import ThreadKeys, name_mask
+from fsdp_trace.analysis.rank import steps as steps_mod
+from fsdp_trace.analysis.rank.context import ThreadKeys, name_mask
 from fsdp_trace.vocab import ROOT, Phase
 
 PREFIX = "FullyShardedDataParallel."

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import overlap_tax
-from fsdp_trace.analysis.breakdown import kernel_parts
+from fsdp_trace.analysis.rank import overlap_tax
+from fsdp_trace.analysis.rank.breakdown import kernel_parts
 from fsdp_trace.analysis.results import OP_TAX_COLUMNS, RankAnalysis
 from fsdp_trace.vocab import Kind, Phase
 

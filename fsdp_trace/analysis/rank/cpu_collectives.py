@@ -13,9 +13,9 @@ import pandas as pd
 
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis import steps as steps_mod
-from fsdp_trace.analysis.blocks import block_table, empty_frame, phase_table
-from fsdp_trace.analysis.context import (
+from fsdp_trace.analysis.rank import steps as steps_mod
+from fsdp_trace.analysis.rank.blocks import block_table, empty_frame, phase_table
+from fsdp_trace.analysis.rank.context import (
     ALL_GATHER,
     BACKWARD_LABELS,
     C10D_COLLECTIVES,
@@ -26,9 +26,9 @@ from fsdp_trace.analysis.context import (
     CpuContext,
     name_mask,
 )
+from fsdp_trace.analysis.rank.setup import label_signals
+from fsdp_trace.analysis.read.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
-from fsdp_trace.analysis.setup import label_signals
-from fsdp_trace.analysis.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Phase
 
 

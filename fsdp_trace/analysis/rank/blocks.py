@@ -1,7 +1,7 @@
 """Per-unit tables shared by GPU and CPU (gloo) traces: collectives per block × phase ×
 collective per step, and compute per step × phase. What the reshard setting implies
 (`expected_per_step`, `excess`) is filled in later, from the run's configuration
-(`fsdp_trace.analysis.config`), because it depends on every rank and on run.json."""
+(`fsdp_trace.analysis.job.config`), because it depends on every rank and on run.json."""
 
 from __future__ import annotations
 

@@ -9,12 +9,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsdp_trace.analysis import readers, remote
-from fsdp_trace.analysis.perrank import TraceInput
-from fsdp_trace.analysis.trace import rank_from_name
+from fsdp_trace.analysis.read import readers, remote
+from fsdp_trace.analysis.read.readers import OWN_RECORDS, SUMMARY
+from fsdp_trace.analysis.read.trace import rank_from_name
 from fsdp_trace.errors import UserError
 from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
 from fsdp_trace.vocab import Source
+
+
+@dataclass(frozen=True)
+class TraceInput:
+    """One trace file to analyze (a local path, or a URL: `fsdp_trace.analysis.read.remote`), and
+    what kind of trace it is."""
+
+    path: Path | remote.Url
+    source: str = Source.TRACE
 
 
 @dataclass
@@ -26,12 +35,6 @@ class RunInput:
     run: RunRecord | None = None
     run_dir: Path | remote.Url | None = None
     sources: list[str] = field(default_factory=list)  # the user's paths behind it
-
-
-# fsdp-trace's own records, never traces: run.json, a sweep point's analysis.json
-# (sweep.SUMMARY_FILE), tune's table (tune.TUNE_FILE).
-SUMMARY = "analysis.json"
-OWN_RECORDS = frozenset({RUN_FILE, SUMMARY, "tune.json"})
 
 
 def is_trace_file(path: Path) -> bool:
@@ -142,7 +145,7 @@ SEARCH_DEPTH = 3
 @dataclass
 class Inputs:
     """What the paths hold: capture runs (with run.json), and trace files to group by their
-    content (`fsdp_trace.analysis.grouping`)."""
+    content (`fsdp_trace.analysis.read.grouping`)."""
 
     runs: list[RunInput]
     loose: list[Path | remote.Url]

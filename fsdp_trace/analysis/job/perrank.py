@@ -9,34 +9,27 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from fsdp_trace.analysis import cache as cache_mod
-from fsdp_trace.analysis.loader import raw_size, wants_progress
-from fsdp_trace.analysis.rank import analyze_trace
-from fsdp_trace.analysis.readers import load as load_trace  # through the reader registry
-from fsdp_trace.analysis.remote import is_url
+from fsdp_trace.analysis.rank.analyze import analyze_trace
+from fsdp_trace.analysis.read import cache as cache_mod
+from fsdp_trace.analysis.read import loader, remote
+from fsdp_trace.analysis.read.inputs import TraceInput
+from fsdp_trace.analysis.read.loader import raw_size, wants_progress
+from fsdp_trace.analysis.read.readers import load as load_trace  # through the reader registry
+from fsdp_trace.analysis.read.remote import is_url
+from fsdp_trace.analysis.read.trace import rank_from_name
 from fsdp_trace.analysis.results import (
     MAX_TIMELINE_RANKS,
     RankAnalysis,
     Reread,
     set_kernel_reader,
 )
-from fsdp_trace.analysis.trace import rank_from_name
 from fsdp_trace.errors import UserError
 from fsdp_trace.vocab import Source
 
 if TYPE_CHECKING:
-    from fsdp_trace.analysis.remote import Url
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceInput:
-    """One trace file to analyze (a local path, or a URL: `fsdp_trace.analysis.remote`), and
-    what kind of trace it is."""
-
-    path: Path | Url
-    source: str = Source.TRACE
+    from fsdp_trace.analysis.read.remote import Url
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,14 +59,14 @@ def analyze_file(
     """Load and analyze one trace file (used per rank, also by parallel workers).
 
     `cache`: reuse the analysis (else the parsed columns) of an unchanged file, and store
-    them (see `fsdp_trace.analysis.cache`); `progress`: a loading bar on stderr (None: for
+    them (see `fsdp_trace.analysis.read.cache`); `progress`: a loading bar on stderr (None: for
     large files when stderr is a terminal); `parallel`: decode a large file with two
     processes (None: when it is large).
 
     Only one trace's parsed events live here, and only until its analysis is done: the
     result holds copies of the few columns it keeps, never the events; its kernels too (a
     run keeps `without_kernels`, but for `keeps_kernels`, and reads them again through
-    here). A URL is read through fsspec (`fsdp_trace.analysis.remote`)."""
+    here). A URL is read through fsspec (`fsdp_trace.analysis.read.remote`)."""
     lookup = lookup_for(TraceInput(path if is_url(path) else Path(path), source), cache)
     if lookup.hit is not None:
         return lookup.hit
@@ -127,7 +120,7 @@ def stamp(path: str | Path | Url) -> str | None:
     modification time (ns); for a URL, its `remote.fingerprint` (size and version). None:
     missing (or a URL whose filesystem reports no version)."""
     if is_url(path):
-        from fsdp_trace.analysis.remote import fingerprint
+        from fsdp_trace.analysis.read.remote import fingerprint
 
         try:
             return fingerprint(str(path))
@@ -143,8 +136,6 @@ def stamp(path: str | Path | Url) -> str | None:
 def lookup_for(trace: TraceInput, cache: bool):  # -> _Lookup | remote.UrlLookup
     """The cache lookup of one trace, local file or URL (fsspec imported only for a URL)."""
     if is_url(trace.path):
-        from fsdp_trace.analysis.remote import UrlLookup
-
         return UrlLookup.of(str(trace.path), trace.source, cache)
     return _Lookup.of(Path(trace.path), trace.source, cache)
 
@@ -271,7 +262,7 @@ def _raw(path: Path | Url) -> int:
     """Bytes of JSON to decode (for a URL: its size as listed, gzip estimated)."""
     if not is_url(path):
         return raw_size(path)  # type: ignore[arg-type]
-    from fsdp_trace.analysis.loader import GZIP_RATIO_GUESS
+    from fsdp_trace.analysis.read.loader import GZIP_RATIO_GUESS
 
     size = max(0, path.size)  # type: ignore[union-attr]
     return size * GZIP_RATIO_GUESS if str(path).endswith(".gz") else size
@@ -349,3 +340,55 @@ class _KernelReader:
 
 
 set_kernel_reader(_KernelReader())
+
+
+@dataclasses.dataclass
+class UrlLookup:
+    """One URL trace's analysis looked up in the cache (keyed on its `fingerprint`): the hit,
+    or what computing it needs. The counterpart of `_Lookup` for local files; picklable
+    (pool processes and Dask workers compute it)."""
+
+    url: str
+    source: str
+    cache: bool
+    params: dict[str, Any]
+    entry: Any = None  # cache.AnalysisEntry
+    hit: Any = None  # RankAnalysis
+    stamp: str | None = None  # the object's `fingerprint` as looked up (None: no version)
+
+    @classmethod
+    def of(cls, url: str, source: str, cache: bool) -> UrlLookup:
+        name = Path(remote.Url(url).name)
+        params = {"source": str(source), "rank_from_name": rank_from_name(name)}
+        lookup = cls(url, source, cache and cache_mod.enabled(), params)
+        lookup.stamp = key = remote.fingerprint(url)  # also what kernels read again check
+        if lookup.cache and key is not None:
+            lookup.entry = cache_mod.AnalysisEntry.for_file(name, params, key)
+            if lookup.entry is not None:
+                lookup.hit = lookup.entry.load(url)
+        return lookup
+
+    def compute(self, progress: bool | None = None, parallel: bool | None = None):
+        """Copy the object here, load and analyze it, store the result when caching."""
+        entry = self.entry
+        with remote.local_copy(self.url) as local:
+            try:
+                if entry is None and self.cache:  # no version reported: key on the content
+                    content = cache_mod.content_hash(local)
+                    entry = cache_mod.AnalysisEntry.for_file(local, self.params, content)
+                    self.entry = entry  # what its kernels are read again from (as_kept)
+                    hit = entry.load(self.url) if entry is not None else None
+                    if hit is not None:
+                        return hit
+                trace = loader.load_trace(local, cache=False, progress=progress, parallel=parallel)
+            except UserError as exc:
+                raise UserError(remote.as_url(exc.message, local, self.url)) from None
+            except OSError as exc:
+                raise remote._io_error(self.url, exc) from None
+            trace.path = self.url
+            trace.notices = [remote.as_url(n, local, self.url) for n in trace.notices]
+            result = analyze_trace(trace, self.source)
+            del trace
+        if entry is not None:
+            entry.store(result)
+        return result

@@ -29,11 +29,11 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from fsdp_trace.analysis import context
-from fsdp_trace.analysis import setup as setup_mod
-from fsdp_trace.analysis.context import display_name
+from fsdp_trace.analysis.rank import context
+from fsdp_trace.analysis.rank import setup as setup_mod
+from fsdp_trace.analysis.rank.context import display_name
+from fsdp_trace.analysis.read.trace import pg_sizes
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.analysis.trace import pg_sizes
 from fsdp_trace.present.fmt import plural
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import (
@@ -102,7 +102,7 @@ class Mesh:
 class InferredConfig:
     """What the run's FSDP configuration was, item by item with its source."""
 
-    setup: Item  # value: fsdp_trace.analysis.setup.SetUp (wrapper, offload, float8)
+    setup: Item  # value: fsdp_trace.analysis.rank.setup.SetUp (wrapper, offload, float8)
     world_size: Item
     mesh: Item  # value: Mesh
     units: list[Unit]  # forward order, the root last

@@ -16,7 +16,7 @@ processes: a forked helper takes
 batches are merged in file order into exactly the columns one process would build (any batch
 that does not decode sends the file down the one-process path, which reports the real error).
 
-Parsed columns are cached by file content (`fsdp_trace.analysis.cache`): a second load of the
+Parsed columns are cached by file content (`fsdp_trace.analysis.read.cache`): a second load of the
 same bytes reads them back instead of parsing.
 
 Bad input is refused in one line (UserError), never with a traceback, a hang or unbounded
@@ -27,7 +27,7 @@ while looking for the `traceEvents` array or the end of an event, so a gzip bomb
 that window costs, and no file is ever decoded whole unless it fits in it; nesting too deep
 for the decoder, two `traceEvents` keys, and values of the wrong type are refused with their
 place in the file. Integers beyond int64 are read as absent (pid/tid: ids like strings'),
-with a counted notice. The decoded events then go through `fsdp_trace.analysis.validate`
+with a counted notice. The decoded events then go through `fsdp_trace.analysis.read.validate`
 (impossible times, duplicates, shared correlation ids, `distributedInfo` fields), whose
 notices the `Trace` carries.
 """
@@ -57,8 +57,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import validate
-from fsdp_trace.analysis.trace import FORMAT_VERSION, MISSING, Trace, rank_from_name
+from fsdp_trace.analysis.read import validate
+from fsdp_trace.analysis.read.trace import FORMAT_VERSION, MISSING, Trace, rank_from_name
 from fsdp_trace.errors import UserError
 from fsdp_trace.runrecord import NotRegularFile, open_regular
 
@@ -1368,12 +1368,12 @@ def load_trace(
     """Parse one Kineto trace. Bad input raises UserError with a one-line message.
 
     `cache`: reuse (and store) the parsed columns keyed by the file's content, under
-    $FSDP_TRACE_CACHE_DIR or ~/.cache/fsdp-trace (see `fsdp_trace.analysis.cache`).
+    $FSDP_TRACE_CACHE_DIR or ~/.cache/fsdp-trace (see `fsdp_trace.analysis.read.cache`).
     `progress`: a progress bar on stderr; None shows it for large files on a terminal.
     `parallel`: decode with a second process; None does for large files on 2+ cores.
     `content`: the file's `cache.content_hash`, when the caller has it (saves hashing again).
     """
-    from fsdp_trace.analysis import cache as cache_mod
+    from fsdp_trace.analysis.read import cache as cache_mod
 
     path = Path(path)
     _check_path(path)

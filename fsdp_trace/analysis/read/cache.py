@@ -61,7 +61,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import trace as trace_mod
+from fsdp_trace.analysis.read import trace as trace_mod
 from fsdp_trace.errors import UserError
 from fsdp_trace.runrecord import open_regular
 
@@ -220,13 +220,14 @@ def code_version(kind: str) -> str | None:
 
 def _sources(kind: str) -> list[Path]:
     """The source files whose code shapes an entry of `kind`."""
-    package = Path(__file__).resolve().parent
+    read = Path(__file__).resolve().parent  # fsdp_trace/analysis/read
+    analysis = read.parent
     # Shared by the loader and the analysis: the vocabulary, run.json reading, the errors.
-    shared = [package.parent / name for name in ("vocab.py", "runrecord.py", "errors.py")]
+    shared = [analysis.parent / name for name in ("vocab.py", "runrecord.py", "errors.py")]
     if kind == "trace":
         names = ("loader.py", "trace.py", "validate.py", "cache.py")
-        return [package / name for name in names] + shared
-    return sorted(package.glob("*.py")) + shared  # the loader, the analysis, the results
+        return [read / name for name in names] + [analysis / "classify.py", *shared]
+    return sorted(analysis.rglob("*.py")) + shared  # the loader, the analysis, the results
 
 
 class _Unsupported(TypeError):

@@ -10,14 +10,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis import classify, context, fsdp1, hostside, kernel_figures, setup
+from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis import steps as steps_mod
-from fsdp_trace.analysis.blocks import block_table, empty_frame, phase_table
-from fsdp_trace.analysis.context import CpuContext
-from fsdp_trace.analysis.cpu_collectives import analyze_cpu_trace
+from fsdp_trace.analysis.rank import context, fsdp1, hostside, kernel_figures, setup
+from fsdp_trace.analysis.rank import steps as steps_mod
+from fsdp_trace.analysis.rank.blocks import block_table, empty_frame, phase_table
+from fsdp_trace.analysis.rank.context import CpuContext
+from fsdp_trace.analysis.rank.cpu_collectives import analyze_cpu_trace
+from fsdp_trace.analysis.read.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
-from fsdp_trace.analysis.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Kind, Phase, Source
 
 

@@ -1,5 +1,5 @@
 """Trace readers, as a registry: each reader turns one file of its format into a `Trace`
-(fsdp_trace/analysis/trace.py) with the columns below; everything after it is format-free.
+(fsdp_trace/analysis/read/trace.py) with the columns below; everything after it is format-free.
 Another format is one module with a `Reader` and one `register(...)` call.
 
 The columns a reader must produce, one row per complete event (`Trace.events`):
@@ -30,8 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsdp_trace.analysis.trace import Trace
+from fsdp_trace.analysis.read.trace import Trace
 from fsdp_trace.errors import UserError
+from fsdp_trace.runrecord import RUN_FILE
+
+# fsdp-trace's own records, never traces: run.json, a sweep point's analysis.json
+# (sweep.SUMMARY_FILE), tune's table (tune.TUNE_FILE).
+SUMMARY = "analysis.json"
+OWN_RECORDS = frozenset({RUN_FILE, SUMMARY, "tune.json"})
 
 
 @dataclass(frozen=True)
@@ -67,12 +73,12 @@ def reader_for(path: Path) -> Reader:
 
 def load(path: str | Path, **options) -> Trace:
     """The trace at `path`, through the reader of its format (options: cache, progress,
-    parallel, content — see `fsdp_trace.analysis.loader.load_trace`)."""
+    parallel, content — see `fsdp_trace.analysis.read.loader.load_trace`)."""
     return reader_for(Path(path)).load(path, **options)
 
 
 def _kineto(path: str | Path, **options) -> Trace:
-    from fsdp_trace.analysis.loader import load_trace
+    from fsdp_trace.analysis.read.loader import load_trace
 
     return load_trace(path, **options)
 

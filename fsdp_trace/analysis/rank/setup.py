@@ -16,8 +16,8 @@ import pandas as pd
 
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis import steps as steps_mod
-from fsdp_trace.analysis.context import CpuContext, ThreadUnion, name_mask
+from fsdp_trace.analysis.rank import steps as steps_mod
+from fsdp_trace.analysis.rank.context import CpuContext, ThreadUnion, name_mask
 from fsdp_trace.analysis.results import Signals
 from fsdp_trace.vocab import Parallelism, Phase
 
