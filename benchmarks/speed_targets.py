@@ -10,7 +10,7 @@
    `TraceAnalysis(...)` + `get_comm_comp_overlap()` (holistictraceanalysis 0.5.0, and
    traceinsight 0.6.1 put first on PYTHONPATH) on the real 40.5 MB detailed trace
    (benchmarks/traces/gpt-1.3b-b2-ac1.detailed.json.gz, gunzipped); target ≥ 10×.
-3. imports: `python -c "import fsdp_trace.cli as c; c.analyze_modules()"` (what analyze
+3. imports: `python -c "import fsdp_trace.cli as c; c.common.analyze_modules()"` (what analyze
    imports, as the command does) and `python -m fsdp_trace --help`
    against `python -c pass`; targets ≤ 0.3 s and ≤ 0.2 s above that floor.
 4. perfetto: the analysis with `--perfetto OUT` against the same analysis alone; ≤ 1.5×.
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== imports ({load_text()})", file=sys.stderr)
         before = load_text()
         floor = Side("python -c pass", ["-c", "pass"], env, [])
-        code = ["-c", "import fsdp_trace.cli as c; c.analyze_modules()"]
+        code = ["-c", "import fsdp_trace.cli as c; c.common.analyze_modules()"]
         imports = Side("python -c 'import fsdp_trace.cli; …analyze_modules()'", code, env, [])
         modules = ["-c", f"import {ANALYZE_IMPORTS}"]
         plain = Side("python -c 'import <analyze's modules>'", modules, env, [])
@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             "## 3. Imports",
             "",
             f"{before} before, {load_text()} after. What `fsdp-trace analyze` imports before "
-            "it reads a trace: `fsdp_trace.cli`, then `cli.analyze_modules()`, the command's "
-            "own import step (its modules imported with the cyclic collector paused); beside "
-            f"it, a plain `import` of those modules: `{ANALYZE_IMPORTS}`.",
+            "it reads a trace: `fsdp_trace.cli`, then `cli.common.analyze_modules()`, the "
+            "command's own import step (its modules imported with the cyclic collector paused); "
+            f"beside it, a plain `import` of those modules: `{ANALYZE_IMPORTS}`.",
             "",
             *table([floor, imports, plain, helps, deps]),
             "",

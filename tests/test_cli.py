@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from fsdp_trace import cli, sweep
@@ -28,6 +29,7 @@ from fsdp_trace.capture.config import (
     switch_options,
 )
 from fsdp_trace.capture.launcher import Rendezvous
+from fsdp_trace.errors import UserError
 from fsdp_trace.present.compare import CPU_EFFICIENCY
 from fsdp_trace.present.compare import compare_table as compare_view_table
 from tests.conftest import SAMPLES, run_cli
@@ -178,7 +180,7 @@ def test_plot_without_plotly_writes_the_csv_and_says_so(tmp_path, monkeypatch, c
     point = tmp_path / "ac0.00-2gpu"
     shutil.copytree(SAMPLES / "sweep-gpt-1.3b-b14" / "r1" / "ac0.00-2gpu", point)
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly fails
-    cli.write_efficiency([point], tmp_path / "efficiency.html", with_traces=False)
+    cli.capture.write_efficiency([point], tmp_path / "efficiency.html", with_traces=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ac0.00-2gpu", "efficiency.csv"]
     err = capsys.readouterr().err
     assert f"fsdp-trace: wrote {tmp_path}/efficiency.csv" in err
@@ -373,8 +375,8 @@ def test_command_summaries_fit_one_line_at_80_columns():
 
 
 def test_capture_options_come_from_the_config_dataclasses():
-    group = cli.typer.main.get_command(cli.app)
-    command = group.get_command(cli.typer.Context(group), "capture")  # built when asked for
+    group = typer.main.get_command(cli.app)
+    command = group.get_command(typer.Context(group), "capture")  # built when asked for
     options = {p.name: p for p in command.params}
     for cls in (CaptureConfig, Rendezvous):
         docs = field_docs(cls)
@@ -404,7 +406,7 @@ def test_sweep_passes_capture_options_through(monkeypatch, tmp_path):
 
     def run_sweep(base, points, nproc, out, rendezvous, baseline, on_point=None):
         seen.update(base=base, points=points, nproc=nproc)
-        raise cli.UserError("stop here")
+        raise UserError("stop here")
 
     monkeypatch.setattr(sweep, "run_sweep", run_sweep)
     args = ["sweep", "--ac-coverage", "0,1", "--out", str(tmp_path / "s"), "--model", "gpt-small"]

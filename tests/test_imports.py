@@ -99,7 +99,7 @@ def test_analyze_imports_only_what_it_uses(tmp_path):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_collector_pause_of_the_imports_leaves_the_collector_as_it_found_it(enabled):
-    from fsdp_trace.cli import collector_paused
+    from fsdp_trace.cli.common import collector_paused
 
     was = gc.isenabled()
     (gc.enable if enabled else gc.disable)()

@@ -97,7 +97,7 @@ def test_compare_keeps_every_run_name(width, tmp_path):
 def test_capture_help_never_cuts_an_option_name(width):
     from fsdp_trace import cli
 
-    command = cli.capture_command()
+    command = cli.capture.capture_command()
     names = [o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")]
     assert "--reshard-after-forward" in names and "--no-shard-embeddings" in names
     text = shown("capture", "--help", width=width)

@@ -1,0 +1,86 @@
+"""The `fsdp-trace` command line: the table of its commands, one module per group (`analyze`:
+analyze, compare; `capture`: capture, sweep, tune, plot; `whatif`; `view`: view, cache) on the
+frame `app` lays out. Heavy libraries are imported inside each command, so that `capture`
+needs only torch + typer + rich and `analyze` never imports torch; capture's options are built
+only for capture (DeferredCommand). Annotations are evaluated where they are written (no
+`from __future__ import annotations`): typer would otherwise evaluate every parameter's
+annotation text again at each start (~5 ms)."""
+
+import contextlib
+import os
+import sys
+
+from fsdp_trace.cli import analyze, capture, view, whatif
+from fsdp_trace.cli.app import DEFERRED, DeferredCommand, PlainCommand, app
+from fsdp_trace.errors import UserError
+
+# The commands, in the order the help lists them. `capture` is a stand-in, built when asked
+# for (DeferredCommand).
+EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+app.command("capture", cls=DeferredCommand, help=capture.capture.__doc__)(capture._stand_in)
+DEFERRED["capture"] = capture.capture_command
+app.command(cls=PlainCommand)(analyze.analyze)
+app.command(cls=PlainCommand)(whatif.whatif)
+app.command(cls=PlainCommand, context_settings=EXTRA_ARGS)(capture.sweep)
+app.command(cls=PlainCommand, context_settings=EXTRA_ARGS)(capture.tune)
+app.command(cls=PlainCommand)(capture.plot)
+app.command(cls=PlainCommand)(analyze.compare)
+app.command(cls=PlainCommand)(view.view)
+app.add_typer(view.cache_app, name="cache")
+
+
+class _Stdout:
+    """Standard output as the commands write it: a reader that went away (`| head -1`) stops
+    the printing, not the command (its files are still written, and it exits as it would);
+    a stdout that cannot be written (`> /dev/full`) is a one-line error; text the terminal's
+    encoding cannot show is replaced, never a UnicodeEncodeError. Everything else is the
+    stream's own."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    def _closed_under_us(self) -> None:
+        """Later writes, and the interpreter's last flush, go nowhere."""
+        self._gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+    def _do(self, action, *args):
+        if self._gone:
+            return None
+        try:
+            return action(*args)
+        except BrokenPipeError:
+            self._closed_under_us()
+        except OSError as exc:
+            self._closed_under_us()
+            raise UserError(
+                f"cannot write to standard output ({exc.strerror or exc}): the output stops "
+                "here, nothing else written"
+            ) from None
+        return None
+
+    def write(self, text: str) -> int:
+        self._do(self._stream.write, text)
+        self._do(self._stream.flush)
+        return len(text)
+
+    def flush(self) -> None:
+        self._do(self._stream.flush)
+
+
+def main() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
+            stream.reconfigure(errors="backslashreplace" if stream is sys.stderr else "replace")
+    if sys.stdout is not None:
+        sys.stdout = _Stdout(sys.stdout)
+    app()

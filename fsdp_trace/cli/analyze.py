@@ -1,0 +1,329 @@
+"""`analyze` (traces → terminal, JSON, CSV, report, Perfetto; the --fail-on gate) and
+`compare` (runs side by side)."""
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fsdp_trace.cli.app import user_errors
+from fsdp_trace.cli.common import (
+    OUT_DIR_HELP,
+    SCHEDULER_HELP,
+    analyze_modules,
+    announce,
+    beside_inputs,
+    cluster_client,
+    default_place_problem,
+    in_out_dir,
+    input_files,
+    no_cache_if,
+    place,
+    refuse_urls,
+    run_inputs,
+    verb,
+)
+from fsdp_trace.errors import UserError
+from fsdp_trace.present.fmt import plural
+from fsdp_trace.printable import printable
+
+
+def analyze(
+    paths: Annotated[
+        list[str],
+        typer.Argument(
+            help="Trace files (.json/.json.gz), capture run directories, or directories of "
+            "per-rank traces.",
+            show_default=False,
+            metavar="PATHS",
+        ),
+    ],
+    json_out: Annotated[
+        str | None,
+        typer.Option("--json", help="Write every number as JSON to this file.", metavar="FILE"),
+    ] = None,
+    csv_out: Annotated[
+        str | None,
+        typer.Option(
+            "--csv",
+            help="Write steps.csv, breakdown.csv, blocks.csv, collectives.csv to this folder.",
+            metavar="DIR",
+        ),
+    ] = None,
+    report: Annotated[
+        str | None,
+        typer.Option(
+            help="The self-contained HTML report (opens offline). Default: RUN/report.html for "
+            "a run directory, NAME.report.html beside a trace file.",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ] = None,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Do not write the report.")] = (
+        False
+    ),
+    perfetto: Annotated[
+        str | None,
+        typer.Option(
+            help="Write an annotated Perfetto trace (.pftrace) to this file.", metavar="FILE"
+        ),
+    ] = None,
+    out_dir: Annotated[str | None, typer.Option(help=OUT_DIR_HELP, metavar="DIR")] = None,
+    hta: Annotated[
+        bool,
+        typer.Option(
+            help="Cross-check with HTA's get_comm_comp_overlap (traceinsight or "
+            "holistictraceanalysis)."
+        ),
+    ] = False,
+    detailed: Annotated[
+        bool,
+        typer.Option(help="Also analyze a run's detailed traces (profiler distortion)."),
+    ] = True,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            help="Traces analyzed at once, one per process (each holds one trace's events); "
+            "results identical to --jobs 1.",
+            metavar="N",
+        ),
+    ] = 1,
+    scheduler: Annotated[
+        str | None, typer.Option(help=SCHEDULER_HELP, metavar="ADDRESS", show_default=False)
+    ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache",
+            help="Neither read nor write the cache (parsed traces, analyses, packed plotly.js).",
+        ),
+    ] = False,
+    top: Annotated[
+        int, typer.Option(help="Rows of the per-block table in the terminal.", metavar="N")
+    ] = 15,
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="CI gate, repeatable: exit 1 when a condition holds, e.g. 'exposed_pct>5' "
+            "or 'findings>0'.",
+            metavar="CONDITION",
+        ),
+    ] = None,
+) -> None:
+    """Find exposed FSDP2 communication in traces, and its cause.
+
+    Every AllGather / ReduceScatter is attributed to its FSDP2 block and phase, each rank's
+    step is cut into where its time goes, and the cause to act on first is named.
+    """
+    with user_errors("analyze"), no_cache_if(no_cache):
+        used = analyze_modules()
+        keeping_cpu_slices, run_analysis = used.keeping_cpu_slices, used.run_analysis
+        gate, export, terminal = used.gate, used.export, used.terminal
+
+        if top < 0:
+            raise UserError(f"--top {top}: give a number of rows, 0 or more")
+        conditions = [gate.parse(text) for text in fail_on or []]
+        if jobs < 1:
+            raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
+        refuse_urls(paths, {"--perfetto": perfetto is not None, "--hta": hta})
+        inputs = input_files(paths)  # a bad input fails first, in one line
+        folder = Path(out_dir) if out_dir else None
+        placement = None
+        if no_report:
+            report_path = None
+        elif report is not None:
+            report_path = in_out_dir(report, folder)
+        elif folder is not None:
+            report_path = folder / "report.html"
+        else:
+            placement = beside_inputs(paths, "report.html", per_file="report.html")
+            report_path = placement.path
+        outputs = {
+            "--json": in_out_dir(json_out, folder),
+            "--report": report_path,
+            "--perfetto": in_out_dir(perfetto, folder),
+        }
+        csv_dir = in_out_dir(csv_out, folder)
+        # Every output path is checked before the analysis runs and anything is written: it
+        # must be writable, and never one of the inputs.
+        try:
+            export.check_outputs(outputs, {"--csv": csv_dir}, inputs=inputs)
+        except UserError as exc:
+            raise default_place_problem(exc, "--report", placement) from None
+        # --perfetto: each analysis keeps its CPU slices and kernels (the writer reads every
+        # rank's), so the writer never parses again.
+        perfetto_out = outputs["--perfetto"] is not None
+        with cluster_client(scheduler, jobs) as client, keeping_cpu_slices(perfetto_out):
+            result = run_analysis(
+                paths,
+                jobs=jobs,
+                detailed=detailed,
+                cache=not no_cache,
+                hta=hta,
+                client=client,
+                keep_kernels=perfetto_out,
+            )
+        # The gate can refuse a condition (a run metric without run.json): before any output.
+        violated = gate.violations(conditions, result.runs)
+        terminal.render(result, top=top)
+        notes = {}
+        runs = plural(len(result.runs), "run")
+        if placement is not None and placement.note:  # several inputs
+            notes[placement.path] = (
+                f"one report for {plural(len(paths), 'input')} ({runs}), {placement.note}; "
+                "choose with --report or --out-dir"
+            )
+        elif placement is not None and len(result.runs) > 1:  # a folder of several runs
+            notes[placement.path] = (
+                f"one report for {runs}, in {placement.path.parent}; "
+                "choose with --report or --out-dir"
+            )
+        written = _write_outputs(result, outputs, csv_dir, cache=not no_cache, notes=notes)
+    announce(written)
+    for line in violated:
+        print(f"fsdp-trace analyze: fail-on: {printable(line)}", file=sys.stderr)
+    if violated:
+        raise typer.Exit(1)
+
+
+def _write_outputs(
+    result,
+    outputs: dict[str, Path | None],
+    csv_dir: Path | None,
+    cache: bool = True,
+    notes: dict[Path, str] | None = None,
+) -> list[str]:
+    """Write every requested output, all or nothing: each is staged beside its target and
+    moved into place only once all are written. Returns what to announce, one line per
+    output: "wrote PATH", or "replaced PATH" where one was there before."""
+    from fsdp_trace.render import export
+
+    notes = notes or {}
+    written: list[str] = []
+
+    def said(path: Path, what: str = "") -> str:
+        extra = "; ".join(x for x in (what, notes.get(path, "")) if x)
+        return f"{verb(path)} {path}" + (f" ({extra})" if extra else "")
+
+    current = ""
+    try:
+        with export.StagedOutputs() as staged:
+            if outputs["--json"] is not None:
+                current = f"--json {outputs['--json']}"
+                export.write_json(result, staged.file(outputs["--json"]))
+                written.append(said(outputs["--json"]))
+            if csv_dir is not None:
+                current = f"--csv {csv_dir}"
+                export.write_csv_files(result, staged.folder(csv_dir))
+                names = [f"{n}.csv" for n in export.CSV_NAMES]
+                again = any((csv_dir / n).exists() for n in names)
+                written.append(
+                    f"{'replaced' if again else 'wrote'} {csv_dir}/ ({', '.join(names)})"
+                )
+            if outputs["--report"] is not None:
+                from fsdp_trace.render.report import write_report
+
+                current = f"--report {outputs['--report']}"
+                write_report(result, staged.file(outputs["--report"]))
+                written.append(said(outputs["--report"]))
+            if outputs["--perfetto"] is not None:
+                from fsdp_trace.render.perfetto import write_perfetto
+
+                path = outputs["--perfetto"]
+                current = f"--perfetto {path}"
+                counts = write_perfetto(result, staged.file(path), cache=cache)
+                written.append(
+                    said(
+                        path,
+                        f"{sum(counts['slices'].values()):,} slices, "
+                        f"{plural(counts['flows'], 'flow')}",
+                    )
+                    + f"; open it with `fsdp-trace view {path}`"
+                )
+            staged.commit()
+    except OSError as exc:  # e.g. the disk filled up: nothing was moved into place
+        raise UserError(
+            f"{current}: cannot write ({exc.strerror or exc}); nothing written"
+        ) from None
+    return written
+
+
+def compare(
+    runs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Capture run directories (or folders holding them), in the order to compare.",
+            show_default=False,
+            metavar="RUNS",
+        ),
+    ],
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A name for each run's row, repeatable: one per run, in order (default: the "
+            "run directory's name).",
+            metavar="NAME",
+        ),
+    ] = None,
+    html: Annotated[
+        str | None,
+        typer.Option(
+            help="The comparison as self-contained HTML ('' for none). Default: compare.html "
+            "beside the first run.",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ] = None,
+    out_dir: Annotated[str | None, typer.Option(help=OUT_DIR_HELP, metavar="DIR")] = None,
+    traces: Annotated[
+        bool,
+        typer.Option(
+            help="Read the timing traces (else each run's analysis.json) for exposed "
+            "communication %."
+        ),
+    ] = True,
+) -> None:
+    """Compare runs side by side: what each change bought.
+
+    The table users write by hand: 1 GPU, N GPUs, then each tuning step, with tokens/s/GPU,
+    scaling efficiency, exposed %, memory and what changed from the previous run (FSDP2
+    knobs and the NCCL / CUDA environment).
+    """
+    from fsdp_trace import sweep as sweeping
+    from fsdp_trace.render import export, terminal
+
+    with user_errors("compare"):
+        found = sweeping.find_runs(runs)
+        if label and len(label) != len(found):
+            raise UserError(
+                f"--label given {plural(len(label), 'time')} for {plural(len(found), 'run')}: "
+                "give one per run, in the order of the runs"
+            )
+        target, placement = (None, None)
+        if html != "":
+            target, placement = place(runs, html, "compare.html", out_dir)
+            try:
+                export.check_outputs({"--html": target}, {}, inputs=run_inputs(found))
+            except UserError as exc:
+                raise default_place_problem(exc, "--html", placement) from None
+            try:
+                from fsdp_trace.render.compare import write_compare_html
+            except ImportError:
+                raise UserError(
+                    "--html needs plotly: pip install plotly, or pass --html ''"
+                ) from None
+        # the notices go under the table (compare_view), not to stderr
+        table = sweeping.compare_table(found, with_traces=traces, notify=None, labels=label)
+        terminal.compare_view(table)
+        if target is not None:
+            line = f"{verb(target)} {target}"
+            try:
+                with export.StagedOutputs() as staged:
+                    write_compare_html(table, staged.file(target))
+                    staged.commit()
+            except OSError as exc:
+                raise UserError(
+                    f"--html {target}: cannot write ({exc.strerror or exc}); nothing written"
+                ) from None
+            announce([line])
