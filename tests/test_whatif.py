@@ -303,7 +303,15 @@ def test_predictions_on_real_pairs_are_within_five_percent():
 def test_knobs_no_pair_has_checked_say_so():
     run = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu", detailed=False).only
     assert any("not yet checked" in n for n in predict(run, Knobs(reduce_dtype="bf16")).notes)
-    assert not predict(run, Knobs(ac_coverage=1.0)).notes
+    # What the 2x H200 pairs missed is said where it applies: more AC on a multi-GPU run,
+    # resharding turned back on, a deeper forward prefetch; not on one GPU, nor for less AC.
+    (missed,) = predict(run, Knobs(ac_coverage=1.0)).notes
+    assert "over-predicted" in missed
+    one_gpu = fsdp_trace.analyze(SAMPLES / W / "gpt-small-b16-ac0", detailed=False).only
+    assert not predict(one_gpu, Knobs(ac_coverage=1.0)).notes
+    full = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu-fullac", detailed=False).only
+    assert not predict(full, Knobs(ac_coverage=0.0)).notes
+    assert "13 % shorter" in predict(run, Knobs(prefetch_forward=2)).notes[-1]
 
 
 def test_a_change_the_replay_cannot_make_is_refused_and_a_no_op_is_said():
