@@ -3,6 +3,8 @@ run.json (and analysis.json) files, never by hand:
 
     python scripts/gpu_tables.py          # rewrite them
     python scripts/gpu_tables.py --check  # exit 1 when a document is stale
+    python scripts/gpu_tables.py --predictions DIR  # record the what-if predict stage's
+                                          # outputs (DIR), then rewrite them
 
 - README.md `sweep`: the AC-coverage sweep `sample_traces/sweep-gpt-1.3b-b14` (three repeats),
   per coverage: median scaling efficiency with the repeats' min–max, tokens/s/GPU, MFU, exposed
@@ -327,7 +329,27 @@ def render() -> dict[Path, str]:
     }
 
 
+def record_predictions(folder: Path) -> None:
+    """sample_traces/whatif-2gpu/predictions.jsonl from the `predict` stage's folder
+    (benchmarks/gpu_issue15.sh: pairs.txt and each pair's `fsdp-trace whatif --json` N.json;
+    a pair whose whatif refused has N.log's last line)."""
+    lines = []
+    for line in (folder / "pairs.txt").read_text().split():
+        number, base, change, other = line.split("|")
+        pair = {"pair": int(number), "base": base, "change": change, "other": other}
+        done = folder / f"{number}.json"
+        if done.exists():
+            pair["whatif"] = json.loads(done.read_text())
+        else:
+            said = (folder / f"{number}.log").read_text().strip().splitlines()[-1]
+            pair["refused"] = said.split("error: ", 1)[-1]
+        lines.append(json.dumps(pair, sort_keys=True))
+    (WHATIF_2GPU / "predictions.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--predictions"]:  # --predictions DIR: record the predict stage's
+        record_predictions(Path(sys.argv[2]))
     new = render()
     if "--check" in sys.argv[1:]:
         stale = [os.path.relpath(p, ROOT) for p, text in new.items() if text != p.read_text()]

@@ -4,6 +4,8 @@ faithful to real traces when nothing changes, and its knob parsing."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -200,6 +202,35 @@ def test_each_micro_batch_recomputes_its_own_forward(tmp_path):
     for i in recompute.index:
         after = segs.loc[i + 1]
         assert (after["unit"], after["phase"]) == (segs.at[i, "unit"], "backward")
+
+
+def test_a_gather_put_back_costs_the_host_its_forward_copy_out():
+    """Resharding turned back on: each backward gather brought back launches its copy-out as
+    the forward launched it, so every later launch moves by that forward copy-out's host time
+    (its launch to the next segment's, in the measured forward). Once left out: a 2x H200 pair
+    measured +16 % where the replay said no change."""
+    run = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu", detailed=False).only
+    progs, _ = programs(run)
+    ctx = Context(run.config, run.run, list(run.config.blocks))
+    off = apply(progs[0], Knobs(reshard_after_forward=False), ctx)
+    back = apply(off, Knobs(reshard_after_forward=True), ctx)
+    segs, ops = off.segments, off.ops
+    host = segs["host_us"].to_numpy()
+
+    def backward_copies(p) -> Counter:
+        s = p.segments
+        return Counter(s.loc[(s["kind"] == "fsdp") & (s["phase"] == "backward"), "unit"])
+
+    added = backward_copies(back) - backward_copies(off)
+    assert added and set(added.values()) == {1}
+    forward_gathers = ops[(ops["collective"] == "AllGather") & (ops["phase"] == "forward")]
+    expected = 0.0
+    for unit in added:
+        copy_out = int(forward_gathers.loc[forward_gathers["unit"] == unit, "consumer"].iloc[0])
+        assert segs.at[copy_out, "kind"] == "fsdp"
+        expected += host[copy_out + 1] - host[copy_out]
+    shift = back.segments["host_us"].max() - off.segments["host_us"].max()
+    assert shift == pytest.approx(expected) and expected > 0
 
 
 def test_cpu_traces_are_refused_in_one_line():
