@@ -342,7 +342,7 @@ def test_knobs_no_pair_has_checked_say_so():
     assert not predict(one_gpu, Knobs(ac_coverage=1.0)).notes
     full = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu-fullac", detailed=False).only
     assert not predict(full, Knobs(ac_coverage=0.0)).notes
-    assert "13 % shorter" in predict(run, Knobs(prefetch_forward=2)).notes[-1]
+    assert "measured −13 %" in predict(run, Knobs(prefetch_forward=2)).notes[-1]
 
 
 def test_a_change_the_replay_cannot_make_is_refused_and_a_no_op_is_said():

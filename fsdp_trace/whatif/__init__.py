@@ -368,23 +368,24 @@ MISSED_BY_PAIRS = (
     (
         "prefetch_forward",
         lambda value, now, world: True,
-        "prefetch_forward: a real pair (2× H200, gpt-1.3b batch 2) measured the step 13 % "
-        "shorter with prefetch_forward=2 where the replay predicted no change: treat the "
-        "figure as a direction",
+        "prefetch_forward: on a real pair where the host paces the step (2× H200, gpt-1.3b "
+        "batch 2) one run measured −13 % where the replay predicts no change (GPU-bound at "
+        "batch 8: within 1 %): treat the figure as a direction",
     ),
     (
         "reshard_after_forward",
         lambda value, now, world: value is True and now is False,
-        "reshard_after_forward=true: a real pair (2× H200, gpt-1.3b batch 2, the host pacing "
-        "the step) measured +16 % where the replay predicts +6.5 %: it replays the host time "
-        "of the copy-outs it adds, not the rest of FSDP's pre-backward work on the host",
+        "reshard_after_forward=true: on a real pair where the host paces the step (2× H200, "
+        "gpt-1.3b batch 2) the step grew 16 % where the replay predicts 6.5 % (GPU-bound at "
+        "batch 8: within 2 %): the replay adds the host time of the copy-outs, not the rest of "
+        "FSDP's pre-backward work on the host",
     ),
     (
         "ac_coverage",
         lambda value, now, world: world > 1 and value > (now or 0.0),
         "ac_coverage: on a real pair where the host paces a 2-GPU step (2× H200, gpt-1.3b "
-        "batch 2) the replay over-predicted more checkpointing by 9–14 % (1 GPU and 2× H100 "
-        "gpt-small: within 5 %)",
+        "batch 2) the replay over-predicted more checkpointing by 9–14 % (GPU-bound at batch "
+        "8: +5.7 %; 1 GPU and 2× H100 gpt-small: within 5 %)",
     ),
 )
 
