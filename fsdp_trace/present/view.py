@@ -684,7 +684,7 @@ def finding_view(f: Finding, minor: bool = False) -> FindingView:
         if f.upper_bound:
             cost = "up to " + cost
         if f.saving is not None:
-            cost += f"; measured {fmt.ms(f.measured_us, ' ms')} per step"
+            cost += f"; the cause as measured: {fmt.ms(f.measured_us, ' ms')} per step"
         elif f.cost_note:
             cost += f"; {f.cost_note}"
     where = "; ".join(
