@@ -439,3 +439,25 @@ def test_unit_moves_with_several_micro_batches_are_refused_not_garbage():
     names = {k.describe() for k, _ in candidates(run, standard=True)}
     assert "reshard_after_forward=false" not in names and "prefetch_forward=1" not in names
     assert predict(run, Knobs(ac_coverage=1.0)).predicted_step_us > 0
+
+
+def test_whatif_json_has_no_negative_part(tmp_path):
+    """A replay longer than the measured step is its own figure (replay_longer_us, taken off),
+    as the terminal's row says, never a negative 'not replayed' part; the measured step is the
+    parts, plus what was not replayed, minus that excess."""
+    import json
+
+    from tests.conftest import run_cli
+
+    out = tmp_path / "w.json"
+    done = run_cli(
+        "whatif", str(SAMPLES / "gpt-small-2gpu"), "--set", "ac_coverage=1", "--json", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    d = json.loads(out.read_text())
+    assert d["model"]["replay_longer_us"] > 0 and d["model"]["not_replayed_us"] == 0
+    tables = [d["measured"]["replayed_breakdown"], d["predicted"]["breakdown"]]
+    tables += [r[side]["breakdown"] for r in d["ranks"] for side in ("replayed", "predicted")]
+    for parts in tables:
+        assert all(v >= 0 for v in parts.values()), parts
+        assert parts["replay_longer_us"] == d["model"]["replay_longer_us"]
