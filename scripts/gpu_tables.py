@@ -19,7 +19,8 @@ run.json (and analysis.json) files, never by hand:
   pair's recorded prediction (predictions.jsonl, `fsdp-trace whatif --json`) against the other
   run's measured 10th-percentile step (its run.json), and the pair no knob models
   (NCCL_MAX_NCHANNELS) measured only;
-- README.md `tune-2gpu`: the table of sample_traces/tune-2gpu/tune.md.
+- README.md `tune-2gpu` and `tune-2gpu-b8`: the tables of sample_traces/tune-2gpu/tune.md and
+  sample_traces/tune-2gpu-b8/tune.md.
 
 Each part sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->`; tests/test_readme.py runs
 --check.
@@ -305,9 +306,9 @@ def whatif_2gpu_table() -> str:
     return "\n".join(rows)
 
 
-def tune_2gpu_table() -> str:
-    """The rows of tune-2gpu's tune.md table, as `fsdp-trace tune` wrote them."""
-    lines = (TUNE_2GPU / "tune.md").read_text().splitlines()
+def tune_table(folder: Path) -> str:
+    """The rows of a tune folder's tune.md table, as `fsdp-trace tune` wrote them."""
+    lines = (folder / "tune.md").read_text().splitlines()
     return "\n".join(line for line in lines if line.startswith("|"))
 
 
@@ -323,7 +324,8 @@ def render() -> dict[Path, str]:
     readme = replace(README.read_text(), "sweep", sweep_table())
     readme = replace(readme, "h100-b4", h100_b4(), inline=True)
     readme = replace(readme, "whatif-2gpu", whatif_2gpu_table())
-    readme = replace(readme, "tune-2gpu", tune_2gpu_table())
+    readme = replace(readme, "tune-2gpu", tune_table(TUNE_2GPU))
+    readme = replace(readme, "tune-2gpu-b8", tune_table(TUNE_2GPU.with_name("tune-2gpu-b8")))
     return {
         README: readme,
         SCALING_MD: replace(SCALING_MD.read_text(), "h100x2", scaling_section()),

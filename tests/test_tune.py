@@ -460,10 +460,11 @@ def test_render_only_rewrites_the_sample_as_committed(tmp_path):
     assert [line for line in one_gpu.splitlines() if line.startswith("|")] == table
 
 
-def test_render_only_rewrites_the_two_gpu_tune_as_it_ran(tmp_path):
-    """The 2x H200 tune's tune.md, written by the loop on the GPU machine, is what
-    --render-only writes again from its tune.json and run folders."""
-    sample = SAMPLES / "tune-2gpu"
+@pytest.mark.parametrize("name", ["tune-2gpu", "tune-2gpu-b8"])
+def test_render_only_rewrites_the_two_gpu_tune_as_it_ran(tmp_path, name):
+    """The 2-GPU tunes' tune.md (2x H200 at batch 1, 2x H100 at batch 8), written by the loop
+    on the GPU machine, is what --render-only writes again from tune.json and the runs."""
+    sample = SAMPLES / name
     folder = tmp_path / "tune"
     shutil.copytree(sample, folder)
     done = run_cli("tune", "--out", str(folder), "--render-only")
