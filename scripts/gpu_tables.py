@@ -3,6 +3,8 @@ run.json (and analysis.json) files, never by hand:
 
     python scripts/gpu_tables.py          # rewrite them
     python scripts/gpu_tables.py --check  # exit 1 when a document is stale
+    python scripts/gpu_tables.py --predictions DIR  # record the what-if predict stage's
+                                          # outputs (DIR), then rewrite them
 
 - README.md `sweep`: the AC-coverage sweep `sample_traces/sweep-gpt-1.3b-b14` (three repeats),
   per coverage: median scaling efficiency with the repeats' min–max, tokens/s/GPU, MFU, exposed
@@ -12,7 +14,13 @@ run.json (and analysis.json) files, never by hand:
 - benchmarks/results/capture_scaling.md `h100x2`: the eager scaling runs of
   benchmarks/results/capture/h100x2/ (batch 4 and 1, three repeats, each 2-GPU run against the
   1-GPU run of its repeat), the machine and each run's command;
-- sample_traces/README.md `sweep-commands`: the sweep's commands, from its run.json files.
+- sample_traces/README.md `sweep-commands`: the sweep's commands, from its run.json files;
+- README.md `whatif-2gpu`: the what-if pairs of sample_traces/whatif-2gpu (2× H200): each
+  pair's recorded prediction (predictions.jsonl, `fsdp-trace whatif --json`) against the other
+  run's measured 10th-percentile step (its run.json), and the pair no knob models
+  (NCCL_MAX_NCHANNELS) measured only;
+- README.md `tune-2gpu` and `tune-2gpu-b8`: the tables of sample_traces/tune-2gpu/tune.md and
+  sample_traces/tune-2gpu-b8/tune.md.
 
 Each part sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->`; tests/test_readme.py runs
 --check.
@@ -38,6 +46,8 @@ SCALING_MD = ROOT / "benchmarks" / "results" / "capture_scaling.md"
 SAMPLES_MD = ROOT / "sample_traces" / "README.md"
 SWEEP = ROOT / "sample_traces" / "sweep-gpt-1.3b-b14"
 SCALING = ROOT / "benchmarks" / "results" / "capture" / "h100x2"
+WHATIF_2GPU = ROOT / "sample_traces" / "whatif-2gpu"
+TUNE_2GPU = ROOT / "sample_traces" / "tune-2gpu"
 SCALING_NAME = re.compile(r"(?P<model>.+)-b(?P<batch>\d+)-r(?P<repeat>\d+)-(?P<gpus>\d)gpu")
 
 
@@ -237,6 +247,71 @@ def sweep_commands() -> str:
     )
 
 
+def p10_ms(run: str) -> tuple[float, float]:
+    """A pair run's 10th-percentile un-profiled step and its noise (2 × 1.25 σ/√n), in ms."""
+    stats = json.loads((WHATIF_2GPU / run / "run.json").read_text())["figures"]["step_time_ms"]
+    return stats["p10"], 2 * 1.25 * stats["stdev"] / stats["n"] ** 0.5
+
+
+def whatif_2gpu_table() -> str:
+    """Predicted against measured on the 2× H200 pairs, and what the errors add up to."""
+    rows = [
+        "| run | change | measured ms | predicted ms | the other run, measured | error | "
+        "direction | within ± |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    errors, covered = [], []
+    lines = (WHATIF_2GPU / "predictions.jsonl").read_text().splitlines()
+    for pair in map(json.loads, lines):
+        base, change, other = pair["base"], pair["change"], pair["other"]
+        if "whatif" not in pair:
+            rows.append(f"| `{base}` | {change} | — | refused: {pair['refused']} | | | | |")
+            continue
+        w = pair["whatif"]
+        before = w["measured"]["step_us"] / 1e3
+        pred = w["predicted"]["step_us"] / 1e3
+        unc = w["predicted"]["uncertainty_us"] / 1e3
+        after, noise_after = p10_ms(other)
+        _, noise_before = p10_ms(base)
+        error = pred / after - 1
+        errors.append(abs(error))
+        covered.append(abs(pred - after) <= unc)
+        if abs(after - before) <= noise_before + noise_after:
+            direction = "within noise"
+        else:
+            direction = "right" if (pred - before) * (after - before) > 0 else "**wrong**"
+        rows.append(
+            f"| `{base}` | {change} | {before:.1f} | {pred:.1f} ± {unc:.1f} | {after:.1f} | "
+            f"{100 * error:+.1f} % | {direction} | {'yes' if covered[-1] else '**no**'} |"
+        )
+    for base in ("b2", "b8"):
+        before, noise_base = p10_ms(base)
+        for suffix, what in (
+            ("nch8", "NCCL_MAX_NCHANNELS=8 (no what-if knob)"),
+            ("repeat", "nothing (the same command again)"),
+        ):
+            after, noise = p10_ms(f"{base}-{suffix}")
+            beyond = abs(after - before) > noise_base + noise
+            rows.append(
+                f"| `{base}` | {what} | {before:.1f} | — | {after:.1f} | "
+                f"{100 * (after / before - 1):+.1f} % measured | "
+                f"{'beyond noise' if beyond else 'within noise'} | |"
+            )
+    rows.append("")
+    rows.append(
+        f"2× H200 pairs: median error {100 * statistics.median(errors):.1f} %, largest "
+        f"{100 * max(errors):.1f} %; the measured step lies within predicted ± uncertainty on "
+        f"{sum(covered)} of {len(covered)}."
+    )
+    return "\n".join(rows)
+
+
+def tune_table(folder: Path) -> str:
+    """The rows of a tune folder's tune.md table, as `fsdp-trace tune` wrote them."""
+    lines = (folder / "tune.md").read_text().splitlines()
+    return "\n".join(line for line in lines if line.startswith("|"))
+
+
 def replace(text: str, name: str, body: str, inline: bool = False) -> str:
     gap = "" if inline else "\n"
     pattern = re.compile(rf"(<!-- {name}:begin -->{gap})(.*?)({gap}<!-- {name}:end -->)", re.DOTALL)
@@ -248,6 +323,9 @@ def replace(text: str, name: str, body: str, inline: bool = False) -> str:
 def render() -> dict[Path, str]:
     readme = replace(README.read_text(), "sweep", sweep_table())
     readme = replace(readme, "h100-b4", h100_b4(), inline=True)
+    readme = replace(readme, "whatif-2gpu", whatif_2gpu_table())
+    readme = replace(readme, "tune-2gpu", tune_table(TUNE_2GPU))
+    readme = replace(readme, "tune-2gpu-b8", tune_table(TUNE_2GPU.with_name("tune-2gpu-b8")))
     return {
         README: readme,
         SCALING_MD: replace(SCALING_MD.read_text(), "h100x2", scaling_section()),
@@ -255,7 +333,27 @@ def render() -> dict[Path, str]:
     }
 
 
+def record_predictions(folder: Path) -> None:
+    """sample_traces/whatif-2gpu/predictions.jsonl from the `predict` stage's folder
+    (benchmarks/gpu_issue15.sh: pairs.txt and each pair's `fsdp-trace whatif --json` N.json;
+    a pair whose whatif refused has N.log's last line)."""
+    lines = []
+    for line in (folder / "pairs.txt").read_text().split():
+        number, base, change, other = line.split("|")
+        pair = {"pair": int(number), "base": base, "change": change, "other": other}
+        done = folder / f"{number}.json"
+        if done.exists():
+            pair["whatif"] = json.loads(done.read_text())
+        else:
+            said = (folder / f"{number}.log").read_text().strip().splitlines()[-1]
+            pair["refused"] = said.split("error: ", 1)[-1]
+        lines.append(json.dumps(pair, sort_keys=True))
+    (WHATIF_2GPU / "predictions.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--predictions"]:  # --predictions DIR: record the predict stage's
+        record_predictions(Path(sys.argv[2]))
     new = render()
     if "--check" in sys.argv[1:]:
         stale = [os.path.relpath(p, ROOT) for p, text in new.items() if text != p.read_text()]

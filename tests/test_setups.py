@@ -68,6 +68,13 @@ def test_the_set_up_is_recognized_and_said(path, parallelism, offload, float8):
         assert r.config.mesh.value.kind == MeshKind.DDP
         assert r.config.mesh.value.describe() == "DDP over 2 ranks"
         assert "units" not in lines and "reshard after forward" not in lines
+    # FSDP2's defaults are FSDP2's: another set-up's unread items are said to be assumed
+    said = " ".join(source for _, source in lines.values())
+    assert ("FSDP2 default" in said) <= (parallelism == Parallelism.FSDP2)
+    if parallelism == Parallelism.FSDP1:
+        placed = (r.collectives["block"] != "unattributed").mean() > 0.5
+        assert lines["units"][1].startswith("trace" if placed else "not read")
+        assert any(("attributed by the order" in n) == placed for n in r.config.notices)
 
 
 def test_the_evidence_is_the_raw_traces():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -434,7 +435,6 @@ def test_render_only_rewrites_the_sample_as_committed(tmp_path):
     """The sample's tune.md is what --render-only writes from its runs, even from a tune.json
     of format 1 (gains over the median step, no efficiency fields): the figures are
     recomputed from the run folders. The README shows its table."""
-    import shutil
 
     sample = SAMPLES / "tune-1gpu"
     folder = tmp_path / "tune"
@@ -456,7 +456,20 @@ def test_render_only_rewrites_the_sample_as_committed(tmp_path):
     table = [line for line in text.splitlines() if line.startswith("|")]
     readme = (SAMPLES.parent / "README.md").read_text()
     section = readme.split("## Tune: which knob bought each point")[1].split("\n## ")[0]
-    assert [line for line in section.splitlines() if line.startswith("|")] == table
+    one_gpu = section.split("<!-- tune-2gpu:begin -->")[0]  # then the 2-GPU tune's table
+    assert [line for line in one_gpu.splitlines() if line.startswith("|")] == table
+
+
+@pytest.mark.parametrize("name", ["tune-2gpu", "tune-2gpu-b8"])
+def test_render_only_rewrites_the_two_gpu_tune_as_it_ran(tmp_path, name):
+    """The 2-GPU tunes' tune.md (2x H200 at batch 1, 2x H100 at batch 8), written by the loop
+    on the GPU machine, is what --render-only writes again from tune.json and the runs."""
+    sample = SAMPLES / name
+    folder = tmp_path / "tune"
+    shutil.copytree(sample, folder)
+    done = run_cli("tune", "--out", str(folder), "--render-only")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (folder / "tune.md").read_text() == (sample / "tune.md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ faithful to real traces when nothing changes, and its knob parsing."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -202,6 +204,35 @@ def test_each_micro_batch_recomputes_its_own_forward(tmp_path):
         assert (after["unit"], after["phase"]) == (segs.at[i, "unit"], "backward")
 
 
+def test_a_gather_put_back_costs_the_host_its_forward_copy_out():
+    """Resharding turned back on: each backward gather brought back launches its copy-out as
+    the forward launched it, so every later launch moves by that forward copy-out's host time
+    (its launch to the next segment's, in the measured forward). Once left out: a 2x H200 pair
+    measured +16 % where the replay said no change."""
+    run = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu", detailed=False).only
+    progs, _ = programs(run)
+    ctx = Context(run.config, run.run, list(run.config.blocks))
+    off = apply(progs[0], Knobs(reshard_after_forward=False), ctx)
+    back = apply(off, Knobs(reshard_after_forward=True), ctx)
+    segs, ops = off.segments, off.ops
+    host = segs["host_us"].to_numpy()
+
+    def backward_copies(p) -> Counter:
+        s = p.segments
+        return Counter(s.loc[(s["kind"] == "fsdp") & (s["phase"] == "backward"), "unit"])
+
+    added = backward_copies(back) - backward_copies(off)
+    assert added and set(added.values()) == {1}
+    forward_gathers = ops[(ops["collective"] == "AllGather") & (ops["phase"] == "forward")]
+    expected = 0.0
+    for unit in added:
+        copy_out = int(forward_gathers.loc[forward_gathers["unit"] == unit, "consumer"].iloc[0])
+        assert segs.at[copy_out, "kind"] == "fsdp"
+        expected += host[copy_out + 1] - host[copy_out]
+    shift = back.segments["host_us"].max() - off.segments["host_us"].max()
+    assert shift == pytest.approx(expected) and expected > 0
+
+
 def test_cpu_traces_are_refused_in_one_line():
     run = fsdp_trace.analyze(SAMPLES / "cpu-gloo-2proc", detailed=False).only
     with pytest.raises(UserError, match="no GPU kernels"):
@@ -303,7 +334,15 @@ def test_predictions_on_real_pairs_are_within_five_percent():
 def test_knobs_no_pair_has_checked_say_so():
     run = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu", detailed=False).only
     assert any("not yet checked" in n for n in predict(run, Knobs(reduce_dtype="bf16")).notes)
-    assert not predict(run, Knobs(ac_coverage=1.0)).notes
+    # What the 2x H200 pairs missed is said where it applies: more AC on a multi-GPU run,
+    # resharding turned back on, a deeper forward prefetch; not on one GPU, nor for less AC.
+    (missed,) = predict(run, Knobs(ac_coverage=1.0)).notes
+    assert "over-predicted" in missed
+    one_gpu = fsdp_trace.analyze(SAMPLES / W / "gpt-small-b16-ac0", detailed=False).only
+    assert not predict(one_gpu, Knobs(ac_coverage=1.0)).notes
+    full = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu-fullac", detailed=False).only
+    assert not predict(full, Knobs(ac_coverage=0.0)).notes
+    assert "measured −13 %" in predict(run, Knobs(prefetch_forward=2)).notes[-1]
 
 
 def test_a_change_the_replay_cannot_make_is_refused_and_a_no_op_is_said():
@@ -400,3 +439,25 @@ def test_unit_moves_with_several_micro_batches_are_refused_not_garbage():
     names = {k.describe() for k, _ in candidates(run, standard=True)}
     assert "reshard_after_forward=false" not in names and "prefetch_forward=1" not in names
     assert predict(run, Knobs(ac_coverage=1.0)).predicted_step_us > 0
+
+
+def test_whatif_json_has_no_negative_part(tmp_path):
+    """A replay longer than the measured step is its own figure (replay_longer_us, taken off),
+    as the terminal's row says, never a negative 'not replayed' part; the measured step is the
+    parts, plus what was not replayed, minus that excess."""
+    import json
+
+    from tests.conftest import run_cli
+
+    out = tmp_path / "w.json"
+    done = run_cli(
+        "whatif", str(SAMPLES / "gpt-small-2gpu"), "--set", "ac_coverage=1", "--json", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    d = json.loads(out.read_text())
+    assert d["model"]["replay_longer_us"] > 0 and d["model"]["not_replayed_us"] == 0
+    tables = [d["measured"]["replayed_breakdown"], d["predicted"]["breakdown"]]
+    tables += [r[side]["breakdown"] for r in d["ranks"] for side in ("replayed", "predicted")]
+    for parts in tables:
+        assert all(v >= 0 for v in parts.values()), parts
+        assert parts["replay_longer_us"] == d["model"]["replay_longer_us"]

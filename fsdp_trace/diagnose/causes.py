@@ -155,6 +155,14 @@ def order(findings: list[Finding]) -> Diagnosis:
 def cost_text(f: Finding) -> str:
     """ "its change (`--set k=v`) saves 2.50 ms per step (6.2 %, predicted ± 2.93 ms)" or the
     measured time "13.18 ms per step (25.0 % of the step)"."""
+    if f.saving is not None and f.saving.tokens_scale != 1.0:
+        s = f.saving
+        spread = 100.0 * s.uncertainty_us / s.predicted_step_us if s.predicted_step_us else 0.0
+        return (
+            f"{s.knobs} ({s.tokens_scale:g}× the tokens per step) buys "
+            f"{s.throughput_gain_pct:+.1f} % tokens/s per GPU (predicted, ± {spread:.1f} %): "
+            f"{ms(f.cost_us)} less step time per step's tokens ({f.cost_pct:.1f} %)"
+        )
     if f.saving is not None:
         return (
             f"{f.saving.knobs} saves {ms(f.cost_us)} per step ({f.cost_pct:.1f} %; predicted, "

@@ -38,6 +38,9 @@ class Saving:
     predicted_step_us: float  # for the measured step's tokens (a batch change: per its tokens)
     uncertainty_us: float  # of the predicted step, for the measured step's tokens
     step_basis: str  # what the measured step is ("the 10th percentile of 20 un-profiled …")
+    # The change's tokens per step over the measured step's (a batch change: 2 for twice the
+    # batch); the saving is then in step time per the measured step's tokens.
+    tokens_scale: float = 1.0
 
     @property
     def saving_us(self) -> float:
@@ -46,6 +49,11 @@ class Saving:
     @property
     def within_noise(self) -> bool:
         return abs(self.saving_us) <= self.uncertainty_us
+
+    @property
+    def throughput_gain_pct(self) -> float:
+        """Tokens/s per GPU, predicted over measured, minus 1 (%)."""
+        return 100.0 * (self.measured_step_us / self.predicted_step_us - 1.0)
 
 
 @dataclass

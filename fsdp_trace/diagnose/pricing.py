@@ -3,7 +3,9 @@ replay models is priced by replaying the measured step with that knob (the best 
 its change names), the same figures `fsdp-trace whatif RUN --set KNOB` prints; its measured
 time stays beside it. A cause no knob models keeps its measured time, said as such: not a
 prediction. Causes are then ranked by that cost, and one whose saving is within the run's
-noise is minor.
+noise is minor. A cause measured below 1 % of the step is not priced: it stays minor. A batch
+change is priced per the measured step's tokens (the same tokens take that much less time)
+and said as the tokens/s it buys.
 
 Replaying reads every rank's kernels: done where the run holds them or reads them without a
 parse (its cache entries), up to `MAX_PRICED_RANKS` ranks; beyond, costs stay measured and a
@@ -12,7 +14,7 @@ notice says so (`fsdp-trace whatif RUN` prices them)."""
 from __future__ import annotations
 
 from fsdp_trace.analysis.results import MAX_TIMELINE_RANKS
-from fsdp_trace.diagnose.finding import Finding, FindingKind, Saving
+from fsdp_trace.diagnose.finding import MINOR, Finding, FindingKind, Saving
 from fsdp_trace.errors import UserError
 from fsdp_trace.vocab import Basis
 
@@ -27,6 +29,9 @@ def price(analysis, findings: list[Finding]) -> list[str]:
     causes = [f for f in findings if f.kind == FindingKind.CAUSE and f.costed]
     for f in causes:
         f.measured_us = f.cost_us
+    # Only a cause the trace shows costing the step is priced: a change that would buy more
+    # (a larger batch amortizes everything) must not turn a 0.2 % symptom into a cause.
+    causes = [f for f in causes if f.cost_us >= MINOR * f.step_us]
     if not causes:
         return []
     from fsdp_trace import whatif
@@ -73,6 +78,7 @@ def price(analysis, findings: list[Finding]) -> list[str]:
             predicted_step_us=best.predicted_step_us / scale,
             uncertainty_us=best.uncertainty_us / scale,
             step_basis=base.basis,
+            tokens_scale=scale,
         )
         f.cost_us = max(0.0, f.saving.saving_us)
         f.step_us = f.saving.measured_step_us

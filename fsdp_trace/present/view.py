@@ -133,8 +133,13 @@ def diagnosis_heading(run: RunAnalysis) -> str:
     so that the count matches the numbers below it."""
     d = run.diagnosis
     causes = [f for f in d.findings if f.kind == FindingKind.CAUSE]
-    notes = len(d.findings) - len(causes)
-    about = f"; {fmt.plural(notes, 'note')} on the measurement itself" if notes else ""
+    measurement = sum(f.kind == FindingKind.MEASUREMENT for f in d.findings)
+    setup = sum(f.kind == FindingKind.NOTE for f in d.findings)
+    about = "".join(
+        f"; {fmt.plural(n, 'note')} {what}"
+        for n, what in ((measurement, "on the measurement itself"), (setup, "on the set-up"))
+        if n
+    )
     if not run.gpu:
         if not causes:
             return f"CPU (gloo) trace: no structural finding{about} (timing is not measured on CPU)"
@@ -331,6 +336,23 @@ def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
     mesh = config.mesh.value
     ckpt = config.checkpointed.value or []
     setup = config.setup.value
+    fsdp2 = config.parallelism == Parallelism.FSDP2
+
+    def source(text: str) -> str:
+        """FSDP2's default is what an FSDP2 run does when its trace does not say; in another
+        set-up it is only assumed."""
+        return text if fsdp2 or text != From.DEFAULT else "assumed: the trace does not show it"
+
+    if config.labels:
+        unit_source = From.TRACE
+    elif config.parallelism == Parallelism.FSDP1:
+        unit_source = (
+            f"{From.TRACE}: FSDP1's hooks, in order"
+            if units
+            else "not read: FSDP1's labels name no module and no collective was attributed"
+        )
+    else:
+        unit_source = source(From.DEFAULT)
     lines = [
         ("set-up", setup.describe(), f"{config.setup.source}: {config.setup.evidence}"),
         *(
@@ -343,14 +365,16 @@ def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
         ("world size", fmt.count(config.world_size.value), config.world_size.source),
         (
             "units",
-            f"{len(units)}: {len(blocks)} blocks" + (f" + {'; '.join(others)}" if others else ""),
-            From.TRACE if config.labels else From.DEFAULT,
+            f"{len(units)}: {len(blocks)} blocks" + (f" + {'; '.join(others)}" if others else "")
+            if units or fsdp2
+            else fmt.DASH,
+            unit_source,
         ),
         ("reshard after forward", reshard_text(), sources(units)),
         (
             "micro-batches per step",
             fmt.count(config.micro_batches.value),
-            config.micro_batches.source,
+            source(config.micro_batches.source),
         ),
         (
             "activation checkpointing",
@@ -361,7 +385,14 @@ def config_lines(config: InferredConfig) -> list[tuple[str, str, str]]:
             "prefetch",
             f"forward {_prefetch(config.forward_prefetch.value, True)}, backward "
             f"{_prefetch(config.backward_prefetch.value, False)}",
-            ", ".join(sorted({config.forward_prefetch.source, config.backward_prefetch.source})),
+            ", ".join(
+                sorted(
+                    {
+                        source(config.forward_prefetch.source),
+                        source(config.backward_prefetch.source),
+                    }
+                )
+            ),
         ),
         ("torch.compile", "yes" if config.compiled.value else "no", config.compiled.source),
         ("reduce dtype", str(config.reduce_dtype.value or fmt.DASH), config.reduce_dtype.source),
@@ -684,7 +715,7 @@ def finding_view(f: Finding, minor: bool = False) -> FindingView:
         if f.upper_bound:
             cost = "up to " + cost
         if f.saving is not None:
-            cost += f"; measured {fmt.ms(f.measured_us, ' ms')} per step"
+            cost += f"; the cause as measured: {fmt.ms(f.measured_us, ' ms')} per step"
         elif f.cost_note:
             cost += f"; {f.cost_note}"
     where = "; ".join(

@@ -294,7 +294,10 @@ def measured_points(run, peers) -> dict[str, float]:
 def _parts(parts: dict[str, float], residual: float) -> dict[str, float]:
     out = {k: float(v) for k, v in parts.items() if k != "step_us"}
     out["exposed_us"] = exposed(parts)
-    out["not_replayed_us"] = residual
+    # as the terminal and the report show it: host overhead the replay does not reproduce
+    # (added), or a replay longer than the measured step (subtracted), never a negative part
+    out["not_replayed_us"] = max(0.0, residual)
+    out["replay_longer_us"] = max(0.0, -residual)
     return out
 
 
@@ -344,7 +347,8 @@ def payload(p: Prediction, run_name: str) -> dict[str, Any]:
             else {str(k): v for k, v in b.host_scale.items()},
             "host_basis": b.host_basis,
             "overlap_tax": b.tax,
-            "not_replayed_us": p.residual_us,
+            "not_replayed_us": max(0.0, p.residual_us),
+            "replay_longer_us": max(0.0, -p.residual_us),
             "model_error": MODEL_ERROR,
         },
         "notes": list(p.notes),

@@ -294,7 +294,8 @@ def _cards(items) -> RichTable:
 def _finding(f: FindingView, console: Console, indent: str = "") -> None:
     number = f"{f.number:>2}. " if f.number else "- "
     cost = f" — {escape(f.cost)}" if f.cost else ""
-    console.print(f"{indent}[bold red]{number}{escape(f.title)}[/]{cost} [dim]({f.basis})[/]")
+    basis = f" [dim]({f.basis})[/]" if f.basis and f.basis not in f.cost else ""
+    console.print(f"{indent}[bold red]{number}{escape(f.title)}[/]{cost}{basis}")
     pad = indent + "    "
     console.print(f"{pad}[bold]cause:[/] {escape(f.cause)}")
     if f.where:
@@ -320,7 +321,9 @@ def render_findings(view: RunView, console: Console) -> None:
     for f in view.findings:
         _finding(f, console)
     if view.minor:
-        console.print("[bold]Minor[/] (each below 1 % of the step)")
+        console.print(
+            "[bold]Minor[/] (each below 1 % of the step, or its saving within the run's noise)"
+        )
         for f in view.minor:
             console.print(f"  - {escape(f.title)} — {escape(f.cost)}: {escape(f.evidence)}")
 

@@ -27,7 +27,7 @@ from fsdp_trace.whatif.replay import Timeline, replay
 # The model's own error, as a share of the predicted step: no less than the 75th percentile of
 # |predicted ÷ measured − 1| over the real validation pairs (README "What if"; the test
 # `test_predictions_on_real_pairs_are_within_five_percent` fails when the pairs outgrow it).
-MODEL_ERROR = 0.05
+MODEL_ERROR = 0.06
 # The statistic of the un-profiled steps a prediction starts from (see Baseline).
 ANCHOR = "p10"
 HOST_SCALE_ITERATIONS = 12  # bisection steps for the host scale (1/4096 of the range)
@@ -298,7 +298,7 @@ def _predict(run, knobs: Knobs, progs, offsets, base: Baseline) -> Prediction:
         uncertainty_us=uncertainty,
         tokens_scale=scale,
         peak_memory_gib=memory,
-        notes=[*modelled_notes(knobs, run), *_unvalidated(knobs)],
+        notes=[*modelled_notes(knobs, run), *_unvalidated(knobs, run)],
     )
 
 
@@ -359,17 +359,52 @@ def modelled_notes(knobs: Knobs, run) -> list[str]:
 
 # Knobs the replay models whose predictions no real pair of captures (README 'What if') nor
 # the co-simulation (tests/fsdp_sim.py) has checked yet: said with every such prediction.
-UNVALIDATED = ("prefetch_forward", "prefetch_backward", "reduce_dtype", "accum_no_sync")
+UNVALIDATED = ("prefetch_backward", "reduce_dtype", "accum_no_sync")
+
+# Changes real pairs measured beyond the prediction's uncertainty (README 'What if', the
+# 2x H200 pairs of sample_traces/whatif-2gpu): (knob, applies to (value, the run's value,
+# world size), what the pair showed), said with every such prediction.
+MISSED_BY_PAIRS = (
+    (
+        "prefetch_forward",
+        lambda value, now, world: True,
+        "prefetch_forward: on a real pair where the host paces the step (2× H200, gpt-1.3b "
+        "batch 2) one run measured −13 % where the replay predicts no change (GPU-bound at "
+        "batch 8: within 1 %): treat the figure as a direction",
+    ),
+    (
+        "reshard_after_forward",
+        lambda value, now, world: value is True and now is False,
+        "reshard_after_forward=true: on a real pair where the host paces the step (2× H200, "
+        "gpt-1.3b batch 2) the step grew 16 % where the replay predicts 6.5 % (GPU-bound at "
+        "batch 8: within 2 %): the replay adds the host time of the copy-outs, not the rest of "
+        "FSDP's pre-backward work on the host",
+    ),
+    (
+        "ac_coverage",
+        lambda value, now, world: world > 1 and value > (now or 0.0),
+        "ac_coverage: on a real pair where the host paces a 2-GPU step (2× H200, gpt-1.3b "
+        "batch 2) the replay over-predicted more checkpointing by 9–14 % (GPU-bound at batch "
+        "8: +5.7 %; 1 GPU and 2× H100 gpt-small: within 5 %)",
+    ),
+)
 
 
-def _unvalidated(knobs: Knobs) -> list[str]:
-    names = [name for name in UNVALIDATED if name in knobs.changed()]
-    if not names:
-        return []
-    return [
-        f"{', '.join(names)}: modelled, not yet checked against real captures (README "
-        "'What if'): treat the figure as a direction"
-    ]
+def _unvalidated(knobs: Knobs, run) -> list[str]:
+    changed = knobs.changed()
+    names = [name for name in UNVALIDATED if name in changed]
+    notes = []
+    if names:
+        notes.append(
+            f"{', '.join(names)}: modelled, not yet checked against real captures (README "
+            "'What if'): treat the figure as a direction"
+        )
+    now = current(run)
+    world = run.config.world_size.value or 1
+    for name, applies, text in MISSED_BY_PAIRS:
+        if name in changed and applies(changed[name], now.get(name), world):
+            notes.append(text)
+    return notes
 
 
 STANDARD = "a standard FSDP2 knob"  # what names a candidate no finding named

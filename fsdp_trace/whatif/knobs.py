@@ -395,8 +395,14 @@ def _reshard(p: Program, unit: str, want: bool, ctx: Context) -> Program:
     if fwd_consumer >= 0 and segs["kind"].to_numpy()[fwd_consumer] == SegmentKind.FSDP:
         copy = segs.iloc[[fwd_consumer]].copy()  # its copy-out, before the unit's backward
         copy["phase"], copy["orig"] = Phase.BACKWARD.value, -1
-        copy["host_us"] = float(segs["host_us"].to_numpy()[at])
         copy["start_us"] = copy["end_us"] = np.nan
+        # launched as the forward launched it: later launches move by that host time (the
+        # inverse of removing a backward gather, which takes it off)
+        cost = _host_cost(segs, np.array([fwd_consumer]))
+        p.segments = segs
+        _shift_host(p, float(segs["host_us"].to_numpy()[at]), cost)
+        segs = p.segments
+        copy["host_us"] = float(segs["host_us"].to_numpy()[at]) - cost
         segs = pd.concat([segs.iloc[:at], copy, segs.iloc[at:]], ignore_index=True)
     op["consumer"] = -1  # set below: the new copy-out, or the unit's first backward segment
     p.ops = pd.concat([ops, op], ignore_index=True).sort_values("host_us", kind="stable")

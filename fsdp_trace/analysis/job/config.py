@@ -615,6 +615,12 @@ def _attribution_notices(labels: bool, coll: pd.DataFrame, setup: setup_mod.SetU
             "during backward; there are no FSDP units, gathers or reduce-scatters, so the "
             "per-block figures do not apply"
         ]
+    if setup.parallelism == Parallelism.FSDP1 and unattributed > 0.5:
+        return [
+            "FSDP1 (the FullyShardedDataParallel class): its labels name no module and its "
+            "collectives here could not be placed by the order of its hooks (on a CPU trace "
+            "they are the host's own records): they are `unattributed`"
+        ]
     if setup.parallelism == Parallelism.FSDP1:
         return [
             "FSDP1 (the FullyShardedDataParallel class): its labels name no module, so its "

@@ -23,6 +23,7 @@ from fsdp_trace.vocab import (
     ROOT,
     Basis,
     Collective,
+    MeshKind,
     Phase,
 )
 
@@ -241,11 +242,14 @@ def reduction_tail(ctx: Context) -> Finding | None:
         knobs.append("reduce in bf16: half the bytes")
         cli.append("--reduce-dtype bf16")
     hsdp = ""
-    if all_reduce > 0:
-        hsdp = (
-            f"; {ms(all_reduce)} of it is HSDP's all-reduce across the "
-            f"{ctx.config.mesh.value.replicate} replicas"
-        )
+    mesh = ctx.config.mesh.value
+    kind = mesh.kind if mesh is not None else MeshKind.UNKNOWN
+    if all_reduce > 0 and kind == MeshKind.HSDP:
+        hsdp = f"; {ms(all_reduce)} of it is HSDP's all-reduce across the {mesh.replicate} replicas"
+    elif all_reduce > 0 and kind == MeshKind.DDP:
+        hsdp = f"; {ms(all_reduce)} of it is DDP's gradient all-reduce"
+    elif all_reduce > 0:  # FSDP's own gradients are reduce-scattered: another all-reduce
+        hsdp = f"; {ms(all_reduce)} of it is all-reduces (not FSDP's gradient reduction)"
     text = (
         "; ".join(knobs)
         if knobs

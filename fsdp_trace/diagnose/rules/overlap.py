@@ -49,9 +49,11 @@ def overlap_tax(ctx: Context) -> Finding | None:
     advice = (
         "nothing to change for it alone: it is the price of hiding communication, paid beside "
         "NCCL kernels that move data. Giving NCCL fewer SMs was measured to slow a healthy "
-        "step (NCCL_MAX_NCHANNELS=8: +2.6 %, =4: +8 %, gpt-1.3b-class on 2× H100): the "
-        "transfers lengthen more than compute gains; `fsdp-trace tune` tries the NCCL limits "
-        "like any knob and keeps one only beyond the run's noise"
+        "step (NCCL_MAX_NCHANNELS=8: +2.6 %, =4: +8 %, gpt-1.3b-class on 2× H100; =8: "
+        "+1.2 %, within noise, gpt-1.3b batch 8 on 2× H200): the transfers lengthen more than "
+        "compute gains; to try a limit on your run, capture it with and without the variable "
+        "in the environment and compare (`fsdp-trace compare`): keep it only beyond the run's "
+        "noise"
     )
     if prefetch > 1:
         advice += f"; prefetching {prefetch} units ahead keeps more NCCL work beside compute"
@@ -64,7 +66,8 @@ def overlap_tax(ctx: Context) -> Finding | None:
         f"NCCL kernels moving data than the same ops with no NCCL kernel beside them "
         f"(time-weighted; {ms(beside)} per step of such compute), adding {ms(added)} per step "
         f"({pct(share)} of the step; shown from {pct(TAX_COST)}). Largest: {examples}. "
-        "Compute beside NCCL kernels that wait for a late peer is not counted",
+        "Compute beside the part of an NCCL kernel beyond the shortest of its kind on this rank "
+        "(waiting for a peer) is not counted",
         why="NCCL kernels take SMs and memory bandwidth from the GEMMs they overlap (about "
         "19 % on average in arXiv 2507.03114): hidden communication is not free, but not "
         "hiding it costs more",

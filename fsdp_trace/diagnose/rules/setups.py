@@ -371,14 +371,21 @@ def fsdp1(ctx: Context) -> Finding | None:
         return None
     step = ctx.median_step_us()
     labels = int(np.median([r.signals.fsdp1_labels for r in ctx.analysis.ranks] or [0]))
+    units = [u.name for u in ctx.config.units]
+    placed = (
+        f"its units told apart by the order of FSDP1's hooks ({len(units)}: root, unit 1 … "
+        f"unit {len(units) - 1}), not by module"
+        if len(units) > 1
+        else "its collectives could not be placed in units: exposure and overlap are for the "
+        "whole step, not per block"
+    )
     return Finding(
         "fsdp1",
         "FSDP1: the FullyShardedDataParallel class",
         cause="the model is wrapped in FSDP1 (FullyShardedDataParallel), which PyTorch has "
         "replaced with FSDP2 (fully_shard)",
         evidence=f"{labels} FullyShardedDataParallel.* labels per trace and no FSDP:: labels; "
-        "FSDP1's labels name no module, so exposure and overlap are measured for the whole "
-        "step, not per block",
+        f"FSDP1's labels name no module: {placed}",
         why="FSDP2 shards each parameter (no flat-parameter copies), frees memory "
         "deterministically instead of rate-limiting the CPU, overlaps the same way with less "
         "host work per unit, and its labels let every gather be attributed to its block",

@@ -189,7 +189,8 @@ def findings(view: RunView) -> str:
         out += '<ol class="findings">' + "".join(finding(f) for f in view.findings) + "</ol>"
     if view.minor:
         out += (
-            '<div class="minor"><b>Minor</b> (each below 1 % of the step)<ul>'
+            '<div class="minor"><b>Minor</b> (each below 1 % of the step, or its saving within '
+            "the run&#39;s noise)<ul>"
             + "".join(
                 f'<li data-rule="{esc(f.rule)}">{esc(f.title)} — {esc(f.cost)}: '
                 f"{esc(f.evidence)}</li>"
