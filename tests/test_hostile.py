@@ -921,7 +921,7 @@ def test_perfetto_to_ns_refuses_what_int64_ns_cannot_hold():
     import numpy as np
 
     from fsdp_trace.errors import UserError
-    from fsdp_trace.render.perfetto import to_ns
+    from fsdp_trace.render.perfetto.wire import to_ns
 
     assert to_ns(np.array([1.5, 2e15])).tolist() == [1500, 2 * 10**18]
     for bad in (1e300, -1.0, float("nan"), float("inf"), 9.3e15):

@@ -24,8 +24,9 @@ from fsdp_trace import analyze
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.errors import UserError
-from fsdp_trace.render import perfetto as pf
+from fsdp_trace.render.perfetto import ranks as pf
 from fsdp_trace.render.perfetto import write_perfetto
+from fsdp_trace.render.perfetto.wire import to_ns
 from fsdp_trace.view import UI_ORIGIN, TraceServer, port_warning, serve, ui_url
 from tests.conftest import free_port
 from tests.synth import AUTOGRAD, TraceBuilder
@@ -208,10 +209,10 @@ def test_sample_counts_match_the_analysis(sample, sample_written):
         assert len(gpu) == len(rank.kernels)
         # Exact ns timestamps, in analysis order.
         assert sorted(s.ts for s in collectives[title]) == sorted(
-            pf.to_ns(rank.collectives["start_us"].to_numpy()).tolist()
+            to_ns(rank.collectives["start_us"].to_numpy()).tolist()
         )
         assert sorted(s.end for s in exposed[title]) == sorted(
-            pf.to_ns(rank.exposed["end_us"].to_numpy()).tolist()
+            to_ns(rank.exposed["end_us"].to_numpy()).tolist()
         )
         # One counter value per step: the step's exposed µs, at the step's start.
         (counter,) = [
@@ -220,7 +221,7 @@ def test_sample_counts_match_the_analysis(sample, sample_written):
             if d.name == pf.COUNTER_TRACK and decoded.process_of(u) == title
         ]
         values = decoded.counters[counter]
-        assert [ts for ts, _ in values] == pf.to_ns(rank.steps["start_us"].to_numpy()).tolist()
+        assert [ts for ts, _ in values] == to_ns(rank.steps["start_us"].to_numpy()).tolist()
         assert [v for _, v in values] == pytest.approx(rank.steps["exposed_us"].tolist())
         # Streams carry their role; CPU threads keep their Kineto names.
         names = decoded.track_names(title)
@@ -252,9 +253,7 @@ def test_sample_collective_slices_are_annotated(sample, sample_written):
     rank = sample.ranks[0]
     row = rank.collectives[rank.collectives["collective"] == "AllGather"].iloc[3]
     (s,) = [
-        s
-        for s in decoded.by_process(pf.CAT_COLLECTIVE)["rank 0"]
-        if s.ts == pf.to_ns(row["start_us"])
+        s for s in decoded.by_process(pf.CAT_COLLECTIVE)["rank 0"] if s.ts == to_ns(row["start_us"])
     ]
     check_collective_name(s.name, row)
     assert s.args["block"] == row["block"] and s.args["phase"] == row["phase"]
@@ -267,7 +266,7 @@ def test_sample_collective_slices_are_annotated(sample, sample_written):
     rs = [s for s in decoded.by_process(pf.CAT_COLLECTIVE)["rank 0"] if s.name.startswith("RS ")]
     assert len(rs) == (rank.collectives["collective"] == "ReduceScatter").sum()
     # Every collective slice's name carries its figures, the hidden ones included.
-    by_start = {int(pf.to_ns(r["start_us"])): r for r in rank.collectives.to_dict("records")}
+    by_start = {int(to_ns(r["start_us"])): r for r in rank.collectives.to_dict("records")}
     slices = decoded.by_process(pf.CAT_COLLECTIVE)["rank 0"]
     for s in slices:
         check_collective_name(s.name, by_start[s.ts])
@@ -330,7 +329,7 @@ def test_sample_flows_link_all_gathers_to_their_compute(sample, sample_written):
             & k["phase"].isin(phases)
             & (k["ts"] * 1000 >= src.ts - 0.5)
         ]
-        assert pf.to_ns(later["ts"].min()) == dst.ts
+        assert to_ns(later["ts"].min()) == dst.ts
 
 
 def test_activation_checkpointing_links_backward_all_gathers_to_recompute(tmp_path):
