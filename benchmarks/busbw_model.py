@@ -1,5 +1,5 @@
 """GPT-shaped models of one width each, for measuring bus bandwidth per message size with the
-project's own capture (benchmarks/gpu_issue16.sh, stage busbw): 4 blocks of width d, so each
+project's own capture (benchmarks/gpu_runs_4gpu.sh, stage busbw): 4 blocks of width d, so each
 block's all-gather moves its 12·d² bf16 parameters (about 24·d² bytes: d 128 → 0.4 MB,
 d 1024 → 25 MB, d 4096 → 403 MB) and its reduce-scatter (fp32) twice that; a vocabulary of
 1024 keeps the root unit small. A factory per width, `busbw_model:d<WIDTH>`:

@@ -6,7 +6,7 @@ bandwidth panel plots the same points). See fsdp_trace/diagnose/busbw.py for the
     # the shipped table: the 2x H200 samples, copied as provisional for 4 GPUs
     python benchmarks/busbw_table.py sample_traces/gpt-small-2gpu ... --provisional-for 4 \\
         --out fsdp_trace/diagnose/data/busbw.csv
-    # after a GPU session (benchmarks/gpu_issue16.sh busbw): its runs replace the curves they
+    # after a GPU session (benchmarks/gpu_runs_4gpu.sh busbw): its runs replace the curves they
     # measure, the other rows of the table are kept
     python benchmarks/busbw_table.py sample_traces/busbw-4gpu/* \\
         --merge fsdp_trace/diagnose/data/busbw.csv --out fsdp_trace/diagnose/data/busbw.csv

@@ -187,7 +187,7 @@ def scaling_section() -> str:
         )
     lines += [
         "",
-        "Each run's command, from its run.json (`benchmarks/gpu_issue15.sh scaling 4`, then "
+        "Each run's command, from its run.json (`benchmarks/gpu_runs_2gpu.sh scaling 4`, then "
         "`scaling 1`; the files are "
         "`benchmarks/results/capture/h100x2/MODEL-bB-rN-Ngpu.run.json`):",
         "",
@@ -335,7 +335,7 @@ def render() -> dict[Path, str]:
 
 def record_predictions(folder: Path) -> None:
     """sample_traces/whatif-2gpu/predictions.jsonl from the `predict` stage's folder
-    (benchmarks/gpu_issue15.sh: pairs.txt and each pair's `fsdp-trace whatif --json` N.json;
+    (benchmarks/gpu_runs_2gpu.sh: pairs.txt and each pair's `fsdp-trace whatif --json` N.json;
     a pair whose whatif refused has N.log's last line)."""
     lines = []
     for line in (folder / "pairs.txt").read_text().split():

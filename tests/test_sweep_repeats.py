@@ -1,4 +1,4 @@
-"""A sweep captured several times (benchmarks/gpu_issue15.sh runs `fsdp-trace sweep` once per
+"""A sweep captured several times (benchmarks/gpu_runs_2gpu.sh runs `fsdp-trace sweep` once per
 repeat, each into its own folder; the committed gpt-1.3b batch-14 sweep has three): each
 multi-GPU run's efficiency is against the 1-GPU run of its own folder, and the plot shows every
 point's median with the spread of its repeats."""

@@ -1,6 +1,6 @@
 """`fsdp-trace whatif --set`: every value the replay models is accepted from the command line
 as the Python API takes it (`ac_coverage=0` undoes activation checkpointing: the README's
-validation pairs predict it, and benchmarks/gpu_issue15.sh predict runs it)."""
+validation pairs predict it, and benchmarks/gpu_runs_2gpu.sh predict runs it)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16: real 4x H200 runs (device tool kind `nvidia-h200-x4`): gpt-1.3b as 1-D FSDP over
+# Real 4x H200 runs (device tool kind `nvidia-h200-x4`): gpt-1.3b as 1-D FSDP over
 # 4 GPUs and as HSDP 2 replicas x 2 shards, with their 1-GPU baseline, as shipped samples; and
 # bus bandwidth per message size for AllGather / ReduceScatter / AllReduce on 2 and 4 GPUs,
 # measured with the tool's own transfer-time busbw, which becomes the reference curve of the
@@ -10,15 +10,15 @@
 #
 # Carry the package as committed, with the busbw model factory and the table script:
 #   rm -rf .gpu/fsdp_trace && mkdir -p .gpu && git archive HEAD fsdp_trace | tar -x -C .gpu
-#   cp benchmarks/gpu_issue16.sh benchmarks/busbw_model.py benchmarks/busbw_table.py .gpu/
+#   cp benchmarks/gpu_runs_4gpu.sh benchmarks/busbw_model.py benchmarks/busbw_table.py .gpu/
 #   (.gpu/wheels: msgspec xxhash plotly narwhals packaging, cp312, installed by every stage)
 #   device tool `run`, kind nvidia-h200-x4, carry [".gpu"], one command per stage:
-#     cd .gpu && bash gpu_issue16.sh STAGE [ARGS]
+#     cd .gpu && bash gpu_runs_4gpu.sh STAGE [ARGS]
 # Runs go under /tmp/captures/issue16/; each stage tars its folder into $OUT (<= 15 MiB a file,
 # split as NAME.tgz.partNN above that: `cat NAME.tgz.part* | tar xz`).
 #
 # Stages (estimates from the shipped H200 runs' step times and ~25-40 s of start-up per
-# capture; the whole issue fits one 30-minute session):
+# capture; all stages fit one 30-minute session):
 #   runs       gpt-1.3b b4: 1-GPU baseline, 1-D FSDP over 4 GPUs and HSDP 2x2, both with
 #              --baseline; timing and detailed traces per rank (~3 min; ~35 MB of traces: a
 #              gpt-1.3b detailed trace is ~3 MB gzipped, a 3-step timing trace ~1.4 MB)
@@ -72,7 +72,7 @@
 # have no GPU kernels, so there is no transfer time and no busbw: `CPU=1 ... table` says so for
 # the CPU runs and then remakes the shipped table from the 2x H200 samples it names, to show
 # the script end to end. From the repository root:
-#   for s in runs check "busbw 2" "busbw 4" table; do CPU=1 bash benchmarks/gpu_issue16.sh $s; done
+#   for s in runs check "busbw 2" "busbw 4" table; do CPU=1 bash benchmarks/gpu_runs_4gpu.sh $s; done
 set -u
 STAGE=${1:-help}
 [ $# -gt 0 ] && shift

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: real 2x H200 runs (device tool kind `nvidia-h200-x2`, NVLink between the GPUs):
+# Real 2x H200 runs (device tool kind `nvidia-h200-x2`, NVLink between the GPUs):
 # the AC-coverage sweep repeated 3 times, a capture per diagnosis rule with its problem and a
 # healthy counterpart, `fsdp-trace tune` from eager defaults, what-if validation pairs (one
 # knob at a time), eager scaling efficiency. Only the project's own commands
@@ -9,15 +9,15 @@
 # Carry the package as committed (the GPU image has torch 2.11, typer, rich, pandas, numpy, not
 # msgspec/xxhash/plotly: the wheels in .gpu/wheels, cp312, are installed by every stage):
 #   rm -rf .gpu/fsdp_trace && mkdir -p .gpu && git archive HEAD fsdp_trace | tar -x -C .gpu
-#   cp benchmarks/gpu_issue15.sh .gpu/        # .gpu/wheels: msgspec xxhash plotly narwhals packaging
+#   cp benchmarks/gpu_runs_2gpu.sh .gpu/        # .gpu/wheels: msgspec xxhash plotly narwhals packaging
 #   device tool `run`, kind nvidia-h200-x2, carry [".gpu"], one command per stage:
-#     cd .gpu && bash gpu_issue15.sh STAGE [ARGS]
+#     cd .gpu && bash gpu_runs_2gpu.sh STAGE [ARGS]
 # Each stage stays under 9 minutes (estimates below, from the shipped H200 runs' step times
 # and ~25-40 s of start-up per capture; each capture also has its own `timeout`), writes its
 # runs under /tmp/captures/issue15/ and tars them into $OUT (<= 15 MiB a file, split as
 # NAME.tgz.partNN above that: `cat NAME.tgz.part* | tar xz`).
 #
-# Stages, in the order to run them (device time: issue 15 needs about two 30-minute sessions):
+# Stages, in the order to run them (device time: all of them need about two 30-minute sessions):
 #   sweep 1 a | sweep 1 b | sweep 2 a | sweep 2 b | sweep 3 a | sweep 3 b
 #        `fsdp-trace sweep` of gpt-1.3b at batch ${SWEEP_BATCH:-24} (AC 0 peaks at about
 #        18.3 + 3.67*b GiB on one GPU and 8.4 + 4.17*b on two, fitted to the shipped b1/b4 runs:
@@ -36,7 +36,7 @@
 #   predict [DIR]  fsdp-trace whatif on every pair: predicted vs measured (10th
 #                percentiles), the README table's rows (~1 min)
 #   (the stages with [DIR] also run on the CPU machine over the extracted or committed folders,
-#   e.g. `CPU=1 bash benchmarks/gpu_issue15.sh predict sample_traces/whatif-2gpu`)
+#   e.g. `CPU=1 bash benchmarks/gpu_runs_2gpu.sh predict sample_traces/whatif-2gpu`)
 #   scaling 4 | scaling 1   eager gpt-1.3b at batch 4 (then 1): 1-GPU baseline + 2 GPUs
 #                with --baseline, 3 times, 20 timed steps, ~4 min each
 #
@@ -109,7 +109,7 @@
 # gpt-small-2gpu / gpt-small-2gpu-fullac instead. From the repository root:
 #   for s in "sweep 1 a" "sweep 1 b" "sweep 2 a" "sweep 2 b" "sweep 3 a" "sweep 3 b" sweep-plot \
 #     rules-small rules-big rules-check tune pairs predict "scaling 4" "scaling 1"; do
-#     CPU=1 bash benchmarks/gpu_issue15.sh $s; done
+#     CPU=1 bash benchmarks/gpu_runs_2gpu.sh $s; done
 set -u
 STAGE=${1:-help}
 [ $# -gt 0 ] && shift
