@@ -34,7 +34,7 @@ from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose import diagnose
 from fsdp_trace.diagnose.finding import Diagnosis
 from fsdp_trace.errors import UserError
-from fsdp_trace.present.fmt import agree, plural
+from fsdp_trace.fmt import agree, plural
 from fsdp_trace.result import Result, RunAnalysis
 from fsdp_trace.vocab import Source
 

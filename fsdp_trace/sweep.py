@@ -16,7 +16,7 @@ import pandas as pd
 
 from fsdp_trace import atomic
 from fsdp_trace.errors import UserError
-from fsdp_trace.present.fmt import plural
+from fsdp_trace.fmt import plural
 from fsdp_trace.printable import printable
 from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
 from fsdp_trace.vocab import Source

@@ -243,7 +243,7 @@ def test_analysis_never_imports_capture_and_has_no_cycles():
 
 def test_capture_side_stays_importable_without_analysis_libraries():
     """capture's summary and the run record use the standard library only."""
-    for name in ("runrecord.py", "present/headline.py", "present/fmt.py", "capture/summary.py"):
+    for name in ("runrecord.py", "present/headline.py", "fmt.py", "capture/summary.py"):
         heavy = {m.split(".")[0] for m in _imports(REPO / "fsdp_trace" / name)}
         assert not heavy & {"pandas", "numpy", "plotly", "msgspec", "perfetto"}, name
 

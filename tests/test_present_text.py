@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from fsdp_trace.present import fmt, headline
+from fsdp_trace import fmt
+from fsdp_trace.present import headline
 from fsdp_trace.runrecord import RunRecord
 from tests.conftest import SAMPLES
 

@@ -34,7 +34,7 @@ from fsdp_trace.capture.outputs import (
     remove_incomplete_outputs,
 )
 from fsdp_trace.errors import UserError
-from fsdp_trace.present.fmt import agree, plural
+from fsdp_trace.fmt import agree, plural
 
 # The signals torchrun's agent turns into SignalException (its default list).
 AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")

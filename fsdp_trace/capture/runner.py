@@ -49,7 +49,7 @@ from fsdp_trace.capture.outputs import (  # re-exported: the CLI imports them fr
 )
 from fsdp_trace.capture.summary import print_summary
 from fsdp_trace.errors import UserError
-from fsdp_trace.present.fmt import plural
+from fsdp_trace.fmt import plural
 from fsdp_trace.runrecord import read_run
 
 __all__ = [

@@ -25,7 +25,7 @@ from fsdp_trace.cli.common import (
     verb,
 )
 from fsdp_trace.errors import UserError
-from fsdp_trace.present.fmt import plural
+from fsdp_trace.fmt import plural
 from fsdp_trace.printable import printable
 
 

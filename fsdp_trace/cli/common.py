@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from fsdp_trace.errors import UserError
-from fsdp_trace.present.fmt import plural
+from fsdp_trace.fmt import plural
 from fsdp_trace.printable import printable
 
 

@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from fsdp_trace.cli.app import PlainCommand, PlainGroup, user_errors
-from fsdp_trace.present.fmt import plural
+from fsdp_trace.fmt import plural
 from fsdp_trace.printable import printable
 
 

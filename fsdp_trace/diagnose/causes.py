@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from fsdp_trace.diagnose.context import ms
 from fsdp_trace.diagnose.finding import Diagnosis, Finding, FindingKind
-from fsdp_trace.present.fmt import plural, ranks_text
+from fsdp_trace.fmt import plural, ranks_text
 
 _EXPOSED_COMMUNICATION = (
     "communication-bound",

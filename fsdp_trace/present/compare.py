@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdp_trace.present import fmt
+from fsdp_trace import fmt
 from fsdp_trace.present.view import Table
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdp_trace.present import fmt
+from fsdp_trace import fmt
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import MeshKind
 

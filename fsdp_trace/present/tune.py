@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsdp_trace.present import fmt
+from fsdp_trace import fmt
+from fsdp_trace.fmt import plural
 from fsdp_trace.present.compare import CPU_EFFICIENCY, on_cpu
-from fsdp_trace.present.fmt import plural
 from fsdp_trace.present.view import Table
 from fsdp_trace.tune import ON_CPU, ONE_GPU, Role, Trial, TuneResult, describe
 

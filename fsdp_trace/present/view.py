@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fsdp_trace import fmt
 from fsdp_trace.analysis.job.config import From, InferredConfig
 from fsdp_trace.analysis.rank.breakdown import PARTS
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose.causes import cost_text
 from fsdp_trace.diagnose.finding import Finding, FindingKind
-from fsdp_trace.present import fmt, headline
+from fsdp_trace.present import headline
 from fsdp_trace.result import Result, RunAnalysis
 from fsdp_trace.vocab import Device, Parallelism, Source
 

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from fsdp_trace.present import fmt
+from fsdp_trace import fmt
 from fsdp_trace.present.view import EXPOSED_PARTS, PART_LABELS, STACK_ORDER, Table
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.whatif import MODEL_ERROR, Baseline, Knobs, Prediction, RankPrediction

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsdp_trace import atomic
-from fsdp_trace.present import fmt
+from fsdp_trace import atomic, fmt
 from fsdp_trace.present.compare import compare_table, numeric
 from fsdp_trace.present.view import Table
 from fsdp_trace.render.report import markup

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from fsdp_trace import atomic
-from fsdp_trace.present.fmt import plural
+from fsdp_trace.fmt import plural
 from fsdp_trace.sweep import short_name
 
 PANELS = (

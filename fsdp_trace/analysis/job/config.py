@@ -34,7 +34,7 @@ from fsdp_trace.analysis.rank import setup as setup_mod
 from fsdp_trace.analysis.rank.context import display_name
 from fsdp_trace.analysis.read.trace import pg_sizes
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.present.fmt import plural
+from fsdp_trace.fmt import plural
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import (
     NON_BLOCK_UNITS,

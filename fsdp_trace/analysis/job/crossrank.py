@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fsdp_trace import fmt
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.present import fmt
 from fsdp_trace.vocab import Device
 
 # Matched collectives end within a few µs of each other on one host (NCCL's own completion

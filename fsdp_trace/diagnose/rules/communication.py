@@ -16,7 +16,7 @@ from fsdp_trace.diagnose import busbw as reference
 from fsdp_trace.diagnose.context import Context, ms, pct, per_step
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
-from fsdp_trace.present.fmt import agree, plural
+from fsdp_trace.fmt import agree, plural
 from fsdp_trace.vocab import (
     GRADIENT_REDUCTIONS,
     NON_BLOCK_UNITS,

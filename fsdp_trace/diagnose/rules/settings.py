@@ -12,7 +12,7 @@ import pandas as pd
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
-from fsdp_trace.present.fmt import agree, plural
+from fsdp_trace.fmt import agree, plural
 from fsdp_trace.vocab import ROOT, Basis, Collective, Phase
 
 PAIR = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)

@@ -12,7 +12,7 @@ from fsdp_trace.analysis.classify import DTYPE_BYTES
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding, FindingKind
 from fsdp_trace.diagnose.registry import rule
-from fsdp_trace.present.fmt import plural
+from fsdp_trace.fmt import plural
 from fsdp_trace.vocab import ROOT, Basis, Collective, MeshKind, Parallelism, Phase
 
 # Bytes per parameter FSDP2 holds on the GPU without offload, per shard: the fp32 parameter,

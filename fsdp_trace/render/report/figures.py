@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.present import fmt
+from fsdp_trace import fmt
 from fsdp_trace.present.view import PART_LABELS, STACK_ORDER, RunView, rank_label
 from fsdp_trace.render.report import timeline as tl
 from fsdp_trace.render.report.style import BLOCK_CATEGORIES, COLORS, PART_COLORS

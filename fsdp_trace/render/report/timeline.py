@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fsdp_trace import fmt
+
 # MAX_TIMELINE_RANKS is defined with the results: a local run's analysis reads it too.
 from fsdp_trace.analysis.results import MAX_TIMELINE_RANKS, RankAnalysis
-from fsdp_trace.present import fmt
 from fsdp_trace.render.report.style import PHASE_COLORS
 from fsdp_trace.result import RunAnalysis
 from fsdp_trace.vocab import Device
