@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -18,8 +18,15 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
 
 from fsdp_trace.errors import UserError
 
-if TYPE_CHECKING:
-    from fsdp_trace.render.perfetto.file import _Writer
+
+class _Interning(Protocol):
+    """What `_Arg` needs of the file's writer (`file._Writer`): its interned strings."""
+
+    _strings: dict[str, int]
+
+    @staticmethod
+    def _intern(table: dict[str, int], value: str) -> int: ...
+
 
 SEQUENCE_ID = 1  # trusted_packet_sequence_id: one writer, one sequence
 INTERNED_PER_PACKET = 10_000  # interned strings per packet (keeps each packet small)
@@ -225,7 +232,7 @@ class _Arg:
     ABSENT, STRING, INT, DOUBLE, BOOL = range(5)
 
     def __init__(
-        self, writer: _Writer, values: pd.Series | np.ndarray | list, integral: bool = False
+        self, writer: _Interning, values: pd.Series | np.ndarray | list, integral: bool = False
     ) -> None:
         """`integral`: an integer-valued float is written as an integer (byte counts)."""
         if isinstance(values, pd.Series):
@@ -276,7 +283,7 @@ class _Arg:
             self.double = self.value.astype(np.float64)
             self.value = np.zeros(n, dtype=np.int64)
 
-    def _one(self, writer: _Writer, strings: dict[str, int], value: Any) -> tuple[int, Any]:
+    def _one(self, writer: _Interning, strings: dict[str, int], value: Any) -> tuple[int, Any]:
         """(kind, number) of one value: its Python type decides."""
         if value is None or value != value:  # None, NaN
             return self.ABSENT, 0
