@@ -7,14 +7,14 @@ the parse floor and, optionally, another checkout, in one run.
         --runs 3 --out benchmarks/results/per_rank.md
 
 For each folder of ranks, three commands run in turn (A B C A B C ..., each a fresh process):
-`python -m fsdp_trace analyze DIR --no-cache --no-report --jobs 1` from this checkout, the same
-from `--before` (another checkout's root, put first on PYTHONPATH), and the parse floor,
+`fsdp-trace analyze DIR --no-cache --no-report --jobs 1` from this checkout, the same from
+`--before` (another checkout's root, put first on sys.path), and the parse floor,
 `python benchmarks/parse_floor.py DIR/rank*.json` (the typed streaming msgspec decode of every
 file, one after the other, nothing else). Per round: each command's wall time, its time per
 rank, and its ratio to the floor's (and this checkout's to `--before`'s). With two folders, the
-cost of one more rank is the slope between them, (t(many) - t(few)) / (many - few): start-up,
-imports and the run-level steps that do not grow with ranks drop out, and 1,000 ranks are
-extrapolated from it.
+cost of one more rank is the slope of CPU time (user + system: steadier than wall time on a
+shared machine) between them, (t(many) - t(few)) / (many - few): start-up, imports and the
+run-level steps that do not grow with ranks drop out, and 1,000 ranks are extrapolated from it.
 """
 
 from __future__ import annotations
@@ -29,18 +29,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from speed_targets import Side, load_text, pairs, spread, table  # noqa: E402
+from speed_targets import Side, cpu_ratios, load_text, pairs, spread, table  # noqa: E402
+
+
+def command(root: Path, args: list[str]) -> list[str]:
+    """`fsdp-trace ARGS` run from the checkout at `root`, whatever the working directory
+    (`python -m` would import the package found there first, not PYTHONPATH's)."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(root)!r}); sys.argv[0] = 'fsdp-trace'; "
+        "from fsdp_trace.cli import main; main()"
+    )
+    return ["-c", code, *args]
 
 
 def sides(folder: Path, before: Path | None) -> list[Side]:
     ranks = sorted(str(p) for p in folder.glob("rank*.json"))
-    analyze = ["-m", "fsdp_trace", "analyze", str(folder), "--no-cache", "--no-report"]
-    analyze += ["--jobs", "1"]
+    analyze = ["analyze", str(folder), "--no-cache", "--no-report", "--jobs", "1"]
     base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env = {**base, "FSDP_TRACE_QUIET": "1", "FSDP_TRACE_CACHE": "0"}
-    out = [Side("this checkout", analyze, {**env, "PYTHONPATH": str(REPO)}, [])]
+    out = [Side("this checkout", command(REPO, analyze), env, [])]
     if before is not None:
-        out.append(Side("before", analyze, {**env, "PYTHONPATH": str(before)}, []))
+        out.append(Side("before", command(before, analyze), env, []))
     floor = [str(REPO / "benchmarks" / "parse_floor.py"), *ranks]
     out.append(Side("parse floor", floor, base, []))
     return out
@@ -81,27 +90,30 @@ def main() -> int:
         floor = measured[-1]
         for side in measured[:-1]:
             per_rank = [r.wall_s / ranks * 1e3 for r in side.runs]
+            cpu_rank = [r.cpu_s / ranks * 1e3 for r in side.runs]
             lines.append(
-                f"- {side.label}: {spread(per_rank, '{:.1f}')} ms per rank (wall / ranks); "
-                f"/ parse floor: {spread(per_round(side, floor))}×"
+                f"- {side.label}: {spread(per_rank, '{:.1f}')} ms per rank (wall / ranks), "
+                f"{spread(cpu_rank, '{:.1f}')} ms of CPU; / parse floor: wall "
+                f"{spread(per_round(side, floor))}×, CPU {spread(cpu_ratios(side, floor))}×"
             )
         if args.before is not None:
             lines.append(
-                f"- this checkout / before: {spread(per_round(measured[0], measured[1]))}×"
+                f"- this checkout / before: wall {spread(per_round(measured[0], measured[1]))}×,"
+                f" CPU {spread(cpu_ratios(measured[0], measured[1]))}×"
             )
         floor_ms = [r.wall_s / ranks * 1e3 for r in floor.runs]
         lines += [f"- parse floor: {spread(floor_ms, '{:.1f}')} ms per rank", ""]
         for side in measured:
             medians.setdefault(side.label, {})[ranks] = statistics.median(
-                r.wall_s for r in side.runs
+                r.cpu_s for r in side.runs
             )
     counts = sorted({n for m in medians.values() for n in m})
     if len(counts) >= 2:
         few, many = counts[0], counts[-1]
         lines += [
-            f"## One more rank: the slope between {few} and {many} ranks (medians)",
+            f"## One more rank: the slope between {few} and {many} ranks (median CPU s)",
             "",
-            "| command | ms per added rank | 1,000 ranks (extrapolated) |",
+            "| command | CPU ms per added rank | 1,000 ranks (extrapolated, CPU s) |",
             "|---|---:|---:|",
         ]
         for label, m in medians.items():

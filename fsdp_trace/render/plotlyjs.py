@@ -99,7 +99,8 @@ def unpack(text: str, packed_length: int) -> bytes:
 
 def _pack_cached(data: bytes) -> tuple[str, int]:
     """`pack(data)`, through the cache folder (a damaged, untrusted or unreadable copy is
-    packed anew); with caching off, packed here and nothing is read or written."""
+    packed anew), `--no-cache` (`cache.off()`) included: it depends on no input; with
+    FSDP_TRACE_CACHE=0 (or a refused folder), packed here and nothing is read or written."""
     from fsdp_trace.analysis import cache
 
     if not cache.enabled(assets=True):
