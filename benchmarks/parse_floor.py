@@ -1,6 +1,7 @@
 """The parse floor: a typed, streaming msgspec decode of a trace, and nothing else.
 
     python benchmarks/parse_floor.py /tmp/big/rank0.json
+    python benchmarks/parse_floor.py /tmp/tiny300/rank*.json   # several files, one by one
 
 It is the yardstick for `fsdp-trace analyze` on one large file (benchmarks/results/speed.md):
 what it costs only to read the file and decode the fields the analysis needs into msgspec
@@ -127,5 +128,5 @@ def decode(path: str) -> int:
 
 if __name__ == "__main__":
     start = time.perf_counter()
-    n = decode(sys.argv[1])
+    n = sum(decode(path) for path in sys.argv[1:])  # several files: one after the other
     print(f"{n} events decoded in {time.perf_counter() - start:.2f} s", file=sys.stderr)

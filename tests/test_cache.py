@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import time
@@ -598,42 +599,94 @@ def plant_packed_plotly(folder) -> str:
 
     from fsdp_trace.render import plotlyjs
 
-    key = hashlib.sha256(get_plotlyjs().encode("utf-8")).hexdigest()[:32]
+    source = hashlib.sha256(get_plotlyjs().encode("utf-8")).hexdigest()
     stand_in = b"/* planted */ window.Plotly = {newPlot: function () {}};"
     text, packed_length = plotlyjs.pack(stand_in)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    path = folder / cache.PACKED_PLOTLYJS / f"{cache.PACKED_PREFIX}{plotlyjs.PACK_FORMAT}-{key}.txt"
+    name = f"{cache.PACKED_PREFIX}{plotlyjs.PACK_FORMAT}-{source[:32]}.txt"
+    path = folder / cache.PACKED_PLOTLYJS / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{packed_length} {digest}\n{text}", encoding="utf-8")
+    path.write_text(f"{packed_length} {digest} {source}\n{text}", encoding="utf-8")
     path.chmod(0o600)
     return text
 
 
-def test_no_cache_never_reads_the_packed_plotly_js(tmp_path):
-    """`analyze --no-cache` inlines plotly.js packed on the spot, whatever the cache folder
-    holds, and writes nothing there; without it, the folder's copy is the one used."""
+def _page_without_time(path) -> str:
+    """A report's text with its generation time taken out."""
+    return re.sub(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(:\d\d)?", "TIME", path.read_text("utf-8"))
+
+
+def test_no_cache_packs_plotly_js_once(tmp_path):
+    """`analyze --no-cache` keeps the packed plotly.js (it depends on no input) and writes no
+    entry: a second `--no-cache` report reads it back instead of packing ~2 s again, and its
+    page is the same bytes; with FSDP_TRACE_CACHE=0 nothing at all is written."""
     from plotly.offline import get_plotlyjs
 
     from fsdp_trace.render import plotlyjs
 
     folder = tmp_path / "cache"
-    planted = plant_packed_plotly(folder)
-    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
     trace = str(_small_traces(tmp_path, 1)[0])
     env = {"FSDP_TRACE_CACHE_DIR": str(folder), "FSDP_TRACE_CACHE": "1"}
-    page = tmp_path / "r.html"
-    done = run_cli("analyze", trace, "--no-cache", "--report", str(page), env=env)
+    pages = [tmp_path / "r1.html", tmp_path / "r2.html", tmp_path / "r3.html"]
+    done = run_cli("analyze", trace, "--no-cache", "--report", str(pages[0]), env=env)
     assert done.returncode == 0, done.stderr
-    text = page.read_text(encoding="utf-8")
+    (stored,) = (folder / cache.PACKED_PLOTLYJS).iterdir()
+    assert entries(folder) == []  # no parsed trace, no analysis
+    text = pages[0].read_text(encoding="utf-8")
     assert plotlyjs.unpack_element(text, plotlyjs.PLOTLY_ID) == get_plotlyjs().encode("utf-8")
-    assert planted not in text
-    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
-    done = run_cli("analyze", trace, "--report", str(page), env=env)
+    written = stored.stat().st_mtime_ns
+    done = run_cli("analyze", trace, "--no-cache", "--report", str(pages[1]), env=env)
     assert done.returncode == 0, done.stderr
-    assert planted in page.read_text(encoding="utf-8")  # read from the cache: the checks can fail
+    assert stored.stat().st_mtime_ns == written  # read back, not packed and written again
+    assert _page_without_time(pages[1]) == _page_without_time(pages[0])
+    off = {"FSDP_TRACE_CACHE_DIR": str(tmp_path / "off"), "FSDP_TRACE_CACHE": "0"}
+    done = run_cli("analyze", trace, "--no-cache", "--report", str(pages[2]), env=off)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "off").exists()
+    assert _page_without_time(pages[2]) == _page_without_time(pages[0])  # packed the same
 
 
-def test_a_packed_plotly_js_others_can_write_is_never_read(cache_dir):
+def test_the_packed_plotly_js_is_packed_once_under_no_cache(cache_dir, monkeypatch):
+    """Counted: under `--no-cache` (`cache.off()`) the second page packs nothing; a folder that
+    cannot be written only means packing anew, with the same result."""
+    from fsdp_trace.render import plotlyjs
+
+    data = b"plotly.js stand-in " * 1000
+    packs = []
+    real = plotlyjs.pack
+    monkeypatch.setattr(plotlyjs, "pack", lambda d: packs.append(len(d)) or real(d))
+    with cache.off():
+        first = plotlyjs._pack_cached(data)
+        assert plotlyjs._pack_cached(data) == first
+    assert packs == [len(data)]
+    cache.clear()
+    folder = cache_dir / cache.PACKED_PLOTLYJS
+    folder.rmdir()
+    folder.write_bytes(b"")  # a file where the folder goes: nothing can be written there
+    with cache.off():
+        assert plotlyjs._pack_cached(data) == first
+        assert plotlyjs._pack_cached(data) == first
+    assert len(packs) == 3 and folder.read_bytes() == b""
+
+
+def test_a_packed_plotly_js_is_read_only_when_it_names_its_source(cache_dir):
+    """A stored packed plotly.js is used only where its header names the full digest of the
+    plotly.js being packed (the file name holds only a prefix of it)."""
+    from plotly.offline import get_plotlyjs
+
+    from fsdp_trace.render import plotlyjs
+
+    planted = plant_packed_plotly(cache_dir)
+    source = get_plotlyjs().encode("utf-8")
+    assert plotlyjs._pack_cached(source)[0] == planted
+    (stored,) = (cache_dir / cache.PACKED_PLOTLYJS).iterdir()
+    length_digest, rest = stored.read_text("utf-8").split("\n", 1)
+    wrong = length_digest.rsplit(" ", 1)[0] + " " + "0" * 64
+    stored.write_text(f"{wrong}\n{rest}", encoding="utf-8")
+    assert plotlyjs._pack_cached(source)[0] != planted  # packed anew
+
+
+def test_a_packed_plotly_js_others_can_write_is_never_read(cache_dir, monkeypatch):
     from fsdp_trace.render import plotlyjs
 
     data = b"plotly.js stand-in " * 1000
@@ -642,15 +695,16 @@ def test_a_packed_plotly_js_others_can_write_is_never_read(cache_dir):
     assert stored.stat().st_mode & 0o777 == 0o600
     planted = plotlyjs.pack(b"planted")
     digest = hashlib.sha256(planted[0].encode("utf-8")).hexdigest()
-    stored.write_text(f"{planted[1]} {digest}\n{planted[0]}", encoding="utf-8")
+    source = hashlib.sha256(data).hexdigest()
+    stored.write_text(f"{planted[1]} {digest} {source}\n{planted[0]}", encoding="utf-8")
     assert plotlyjs._pack_cached(data) == planted  # ours and private: read
     stored.chmod(0o620)  # writable by the group: anyone in it could have written it
     assert plotlyjs._pack_cached(data) == first
     assert stored.stat().st_mode & 0o777 == 0o600  # packed anew and rewritten
-    with cache.off():
-        stored.unlink()
-        assert plotlyjs._pack_cached(data) == first
-        assert not stored.exists()  # nothing written either
+    monkeypatch.setenv("FSDP_TRACE_CACHE", "0")
+    stored.unlink()
+    assert plotlyjs._pack_cached(data) == first
+    assert not stored.exists()  # nothing written either
 
 
 def test_cache_clear_deletes_the_packed_plotly_js(cache_dir, trace_file):

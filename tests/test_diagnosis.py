@@ -154,7 +154,8 @@ def test_the_host_bound_rank_explains_its_peers_waiting():
     can lose to the threshold: host-bound only under the profiler, a note, with the
     straggler (rank 1's waiting, the same host seen from its peer) folded under it; the run
     is healthy. On diagnosis/straggler (a host sleeping 15 ms a step) it stays a cause,
-    costed at the idle the un-profiled step keeps."""
+    costed at the host time rank 1 takes beyond rank 0's (tests/test_hostside.py checks it
+    against the ProfilerStep spans), within the idle the un-profiled step keeps."""
     result = run("gpt-small-2gpu")
     first = result.findings[0]
     assert first.rule == "host-bound" and first.ranks == [0] and first.kind == "measurement"
@@ -172,8 +173,9 @@ def test_the_host_bound_rank_explains_its_peers_waiting():
     idle = sleeping.rank_breakdown(sleeping.ranks[1])["idle_us"]
     stats = sleeping.run.figures.step_time_ms.median * 1e3
     extra = float(np.median([r.steps["step_us"].median() for r in sleeping.ranks])) - stats
-    assert cause.cost_us == pytest.approx(idle - min(extra, idle))
-    assert "spends 13." in cause.evidence and "more than rank 0's on Python" in cause.evidence
+    hosts = {int(r.rank): r.host_time.host_us for r in sleeping.ranks}
+    assert cause.cost_us == pytest.approx(min(hosts[1] - hosts[0], idle - min(extra, idle)))
+    assert "spends 13." in cause.evidence and "than its peers' (median) on Python" in cause.evidence
 
 
 def test_a_slow_gpu_is_a_straggler_of_its_own(tmp_path):
@@ -469,7 +471,7 @@ def test_advice_never_names_a_knob_the_run_already_set(tmp_path):
     plain = get("foreign-2gpu/fsdp2", "host-bound")  # not compiled: its host's largest use
     largest = plain.metrics["largest"]
     assert largest == max(plain.metrics["host"], key=plain.metrics["host"].get)
-    assert plain.change.text == host.HOST_ADVICE[largest][0]
+    assert plain.change.text.startswith(host.HOST_ADVICE[largest][0])
 
 
 def test_thresholds_are_named_where_the_rule_is():
@@ -530,14 +532,16 @@ def test_cpu_findings_are_structural_not_costed():
 
 
 def test_one_rank_idling_far_more_than_its_peers_points_at_its_host():
-    """straggler: rank 1's host sleeps 15 ms a step; rank 0 on the same work idles 0.4 %.
-    The cause is rank 1's host (look there first), not launch overhead in general."""
+    """straggler: rank 1's host sleeps 15 ms a step, its host taking longer than rank 0's on
+    every step. The cause is rank 1's host (look there first), not launch overhead in
+    general; the trace has no DataLoader events, so the advice names none. The tiny model
+    (both hosts about as long) is a launch-bound step."""
     first = run("diagnosis/straggler").findings[0]
     assert first.rule == "host-bound" and first.ranks == [1] and first.metrics["imbalanced"]
     assert first.change.text.startswith("look at rank 1's host first")
-    assert "DataLoader" in first.change.code
+    assert "DataLoader" not in first.change.text + first.change.code
     balanced = run("diagnosis/host-bound").findings[0]  # a tiny model: the host is the limit
-    assert "look at rank" in balanced.change.text or "launch less" in balanced.change.text
+    assert "look at rank" not in balanced.change.text and not balanced.metrics["imbalanced"]
 
 
 def test_a_backward_all_reduce_that_is_not_hsdp(tmp_path):

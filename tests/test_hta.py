@@ -100,6 +100,39 @@ def test_cpu_run_names_the_hta_and_checks_nothing():
     assert notices == [f"HTA cross-check: {hta_tool()} — no GPU rank with collectives to check"]
 
 
+def test_an_hta_failure_is_one_short_line(monkeypatch):
+    """HTA's errors can quote whole arrays over many lines (pandas 3's `TypeError: Invalid
+    value '[40564 40584 ...]' for dtype 'int16'`, 3.7 KB): the notice stays one line."""
+    values = " ".join(str(40564 + 4 * i) for i in range(600))
+    wrapped = "\n ".join(values[i : i + 70] for i in range(0, len(values), 70))
+
+    def fails(path, rank, rounding=True):
+        raise TypeError(f"Invalid value '[{wrapped}]' for dtype 'int16'")
+
+    monkeypatch.setattr(hta_check, "hta_overlap", fails)
+    table, notices = cross_check(analyze(SAMPLES / "gpt-small-2gpu", detailed=False).ranks)
+    assert table.empty and len(notices) == 3
+    for notice in notices[1:]:
+        assert "\n" not in notice and len(notice) < 200, notice
+        assert "Invalid value '…' for dtype 'int16'" in notice
+    assert notices[1].startswith("--hta: HTA failed on rank 0 (rank0.timing.json.gz): TypeError")
+
+
+def test_a_real_hta_failure_prints_one_line_per_rank():
+    """The 2-rank detailed sample: HTA 0.5.0 / traceinsight 0.6.1 fail on it under pandas 3;
+    where they do, each rank's notice is one line (it was 3.7 KB of array, 195 lines)."""
+    folder = SAMPLES / "gpt-small-2gpu"
+    traces = [str(folder / f"rank{r}.detailed.json.gz") for r in (0, 1)]
+    done = run_cli("analyze", *traces, "--hta", "--no-report", env={"COLUMNS": "400"})
+    assert done.returncode == 0, done.stderr
+    failed = [line for line in done.stdout.splitlines() if "HTA failed" in line]
+    if not failed:
+        assert "Cross-check with HTA" in done.stdout  # HTA ran on both (pandas 2)
+        return
+    assert len(failed) == 2 and all(len(line) < 250 for line in failed), failed
+    assert "[4" not in done.stdout + done.stderr  # no array of HTA's in the output
+
+
 @pytest.mark.slow
 def test_with_traceinsight():
     """This file's tests again, with traceinsight 0.6.1 as `hta` (a process of its own)."""

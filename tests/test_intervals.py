@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from fsdp_trace.analysis import intervals as iv
@@ -66,3 +67,64 @@ def test_points_and_clipping():
     s, e = iv.clip(u, 3, 11)
     assert s.tolist() == [3, 10] and e.tolist() == [5, 11]
     assert iv.length(iv.EMPTY) == 0.0 and iv.union([], [])[0].size == 0
+
+
+# --- the numpy group reductions equal pandas' groupby, to the bit (issue 23) ---------------
+
+
+def _random_groups(rng, n):
+    keys = pd.Series(rng.choice(["x", "y", "zz", None], n), dtype=object)
+    values = rng.normal(0, 1e3, n) * rng.choice([1.0, 1e-7, 1e9], n)  # Kahan-sensitive sums
+    values[rng.random(n) < 0.2] = np.nan
+    return keys, values
+
+
+def test_group_reductions_equal_pandas_groupby():
+    rng = np.random.default_rng(23)
+    for _ in range(300):
+        n = int(rng.integers(1, 200))
+        keys, values = _random_groups(rng, n)
+        other = pd.Series(rng.choice(["p", "q"], n)).astype(str)
+        codes, first = iv.first_seen_codes([keys, other])
+        frame = pd.DataFrame({"a": keys, "b": other, "v": values})
+        grouped = frame.groupby(["a", "b"], sort=False)
+        expected_codes = np.where(keys.isna().to_numpy(), -1, grouped.ngroup().to_numpy())
+        assert np.array_equal(codes, expected_codes)
+        assert np.array_equal(keys.to_numpy()[first], grouped["a"].first().to_numpy())
+        for min_count in (0, 1):
+            assert np.array_equal(
+                iv.group_sum(codes, values, first.size, min_count),
+                grouped["v"].sum(min_count=min_count).to_numpy(),
+                equal_nan=True,
+            )
+        assert np.array_equal(
+            iv.group_max(codes, values, first.size), grouped["v"].max().to_numpy(), equal_nan=True
+        )
+    big = rng.integers(0, 3, 5000)  # groups past SMALL_GROUPS: pandas' own sum
+    values = rng.normal(0, 1, 5000)
+    assert np.array_equal(iv.group_sum(big, values, 3), pd.Series(values).groupby(big).sum())
+
+
+def test_grouped_union_lengths_equal_the_frame_way():
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 150))
+        step = pd.Series(rng.integers(0, 12, n))
+        phase = pd.Series(rng.choice(["forward", "backward", "recompute"], n)).astype(str)
+        starts = np.round(rng.uniform(0, 100, n), 1)
+        ends = starts + np.round(rng.uniform(0, 20, n), 1)
+        labels = step.astype(str) + "|" + phase
+        expected = iv._grouped_union_length_frame(labels, starts, ends)
+        pd.testing.assert_series_equal(
+            iv.grouped_union_length(labels, starts, ends), expected, check_exact=True
+        )
+        by_label = iv.grouped_union_length_by_label(
+            lambda s, p: f"{s}|{p}", [step, phase], starts, ends
+        )
+        pd.testing.assert_series_equal(by_label, expected, check_exact=True)
+        ints = pd.Series(rng.integers(0, 5, n))
+        pd.testing.assert_series_equal(
+            iv.grouped_union_length(ints, starts, ends),
+            iv._grouped_union_length_frame(ints, starts, ends),
+            check_exact=True,
+        )

@@ -278,3 +278,56 @@ def test_inference_and_matching_read_kept_ranks_as_fresh_ones(run):
     coll = config._collectives(kept)
     assert set(coll.columns) <= set(config.READ)
     assert isinstance(coll["block"].dtype, pd.CategoricalDtype)
+
+
+@pytest.mark.parametrize("path", [GPT / "rank0.timing.json.gz", GPT / "rank1.detailed.json.gz"])
+def test_numpy_ways_equal_pandas_ways(path):
+    """The per-rank steps done in numpy (issue 23: a groupby or merge costs ~1 ms however few
+    its rows) give what the pandas ways give, to the bit: the overlap tax's per-op table and
+    the units' compute windows (`merge_asof`)."""
+    from fsdp_trace.analysis import classify
+    from fsdp_trace.analysis import intervals as iv
+    from fsdp_trace.analysis.rank import context
+    from fsdp_trace.analysis.rank import overlap_tax as tax
+    from fsdp_trace.analysis.rank.analyze import analyze_trace
+    from fsdp_trace.analysis.read.loader import load_trace
+    from fsdp_trace.vocab import Kind
+
+    trace = load_trace(path, cache=False)
+    k = analyze_trace(trace).kernel_table
+    blocks = {b for b in tax.op_blocks(k) if tax.block_like(b)}
+    comm = k[k["kind"] == Kind.COMM]
+    compute = k[(k["kind"] == Kind.COMPUTE) & k["block"].isin(blocks)].sort_values("ts")
+    compute = compute[compute["grid"].notna() & compute["block_dim"].notna()]
+    beside = iv.union(comm["ts"].to_numpy(), comm["end"].to_numpy())
+    dur = compute["dur"].to_numpy(dtype=np.float64)
+    ts, end = compute["ts"].to_numpy(), compute["end"].to_numpy()
+    frac = iv.overlap_each(ts, end, beside) / np.where(dur > 0, dur, np.inf)
+    touched = iv.overlap_each(ts, end, beside)
+    expected = tax._ops_frame(compute, dur, frac, touched)
+    assert len(expected) > 0
+    pd.testing.assert_frame_equal(
+        tax._ops(compute, dur, frac > 0.5, touched == 0), expected, check_exact=True
+    )
+
+    kinds = classify.event_kinds(trace.events)
+    cpu = trace.events.loc[classify.kind_mask(kinds, classify.CPU_OP, classify.ANNOTATION)]
+    labels = context.fsdp_labels(cpu)
+    kind = labels["kind"].to_numpy()
+    opens, closes = np.flatnonzero(kind == "pre_forward"), np.flatnonzero(kind == "post_forward")
+    left = labels.iloc[opens][["pid", "tid", "fqn", "end"]].rename(columns={"end": "w_start"})
+    right = labels.iloc[closes][["pid", "tid", "fqn", "ts"]].rename(columns={"ts": "w_end"})
+    merged = pd.merge_asof(
+        left.sort_values("w_start"),
+        right.sort_values("w_end"),
+        left_on="w_start",
+        right_on="w_end",
+        by=["pid", "tid", "fqn"],
+        direction="forward",
+    ).dropna(subset=["w_end"])
+    assert len(merged) > 0
+    pd.testing.assert_frame_equal(
+        context._first_close_after(labels, opens, closes),
+        merged.reset_index(drop=True),
+        check_exact=True,
+    )

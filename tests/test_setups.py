@@ -259,3 +259,18 @@ def test_fsdp1_collectives_are_attributed_to_its_units_by_hook_order():
         reduced = c[c["collective"] == "ReduceScatter"].groupby("block")["bytes"].median()
         assert gathers.idxmax() == "root"
         assert (reduced[r.config.blocks] == 2 * gathers[r.config.blocks]).all()
+
+
+def test_float8_names_its_amax_all_reduces_and_its_gathers():
+    """float8's amax all-reduces (4-byte scalars) and one-byte all-gathers, counted here from
+    the rank's collectives, are in the finding's evidence and cost."""
+    r = run(f"{GPU}/float8")
+    f = r.diagnosis.get("float8-uncompiled")
+    rank = next(x for x in r.ranks if x.rank == f.ranks[0])
+    c, n = rank.collectives, len(rank.steps)
+    scalars = c[(c["collective"] == "AllReduce") & (c["bytes"] == 4)]
+    assert f.metrics["amax_allreduces_per_step"] == len(scalars) / n > 0
+    exposed = scalars["exposed_transfer_us"].fillna(0).sum() / n
+    assert f.metrics["amax_exposed_us"] == pytest.approx(exposed)
+    gathers = c[(c["collective"] == "AllGather") & (c["dtype"] == "Byte")]
+    assert f"{gathers['bytes'].median() / 1e6:.1f} MB each: one byte a parameter" in f.evidence

@@ -113,9 +113,16 @@ DTYPE_BYTES = {
 
 
 def _per_category(values: pd.Categorical, fn, dtype) -> np.ndarray:
-    """Apply `fn` once per distinct category and broadcast through the codes."""
+    """Apply `fn` once per distinct category and broadcast through the codes (where the rows
+    are few against the categories, a slice of a trace's events, only to those they use)."""
+    codes = values.codes
+    if codes.size * 4 < len(values.categories):
+        used, where = np.unique(codes, return_inverse=True)
+        texts = values.categories[used[used >= 0]].tolist()
+        results = ([fn(None)] if used.size and used[0] < 0 else []) + [fn(c) for c in texts]
+        return np.array(results, dtype=dtype)[where.reshape(codes.shape)]
     lookup = np.array([fn(c) for c in values.categories] + [fn(None)], dtype=dtype)
-    return lookup[values.codes]  # code -1 (missing) reads the last entry: fn(None)
+    return lookup[codes]  # code -1 (missing) reads the last entry: fn(None)
 
 
 per_category = _per_category

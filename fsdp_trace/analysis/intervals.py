@@ -8,6 +8,7 @@ concurrent streams, unions do not.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 
 import numpy as np
 import pandas as pd
@@ -140,7 +141,157 @@ def _split(starts, ends, cover: Intervals, covered: bool) -> np.ndarray:
 
 
 def grouped_union_length(groups, starts, ends) -> pd.Series:
-    """|union| per group label, without a Python loop over groups."""
+    """|union| per group label (indexed by the labels, sorted; labels that are NaN left out),
+    without a Python loop over groups: one sort and a few numpy passes, the lengths summed per
+    group as pandas sums them (one groupby over integer codes)."""
+    s, e = as_arrays(starts, ends)
+    series = pd.Series(groups)
+    codes, _ = pd.factorize(series, sort=True)
+    if np.isnan(s).any() or np.isnan(e).any() or (codes < 0).any():
+        return _grouped_union_length_frame(groups, starts, ends)  # NaN: pandas' own ways
+    if codes.size == 0:
+        return pd.Series(dtype=np.float64)
+    _, lengths, heads = union_length_by_code(codes, s, e)
+    index = pd.Index(series.array[heads], name="g")  # the labels' own type
+    return pd.Series(lengths, index=index)
+
+
+def union_length_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray):
+    """|union| per group of integer `codes` (≥ 0; s, e without NaN): (the codes present,
+    ascending; their lengths; a row of each), the lengths summed as `grouped_union_length`
+    sums them."""
+    codes = np.asarray(codes, dtype=np.int64)
+    order = np.lexsort((s, codes))  # by group, then start (stable: as a stable sort)
+    codes, s, e = codes[order], s[order], e[order]
+    # The running max of the ends within each group: ends as their ranks among all ends
+    # (exact), offset by the group's code so that a group's running max never reads the
+    # previous group's (codes ascend).
+    values, rank = np.unique(e, return_inverse=True)
+    offset = codes * (values.size + 1)
+    running = values[np.maximum.accumulate(offset + rank) - offset]
+    new = np.empty(codes.size, dtype=bool)
+    new[0] = True
+    new[1:] = (codes[1:] != codes[:-1]) | (s[1:] > running[:-1])
+    first = np.flatnonzero(new)
+    merged = np.maximum.reduceat(e, first) - s[first]
+    lengths = pd.Series(merged).groupby(codes[first]).sum()
+    heads = np.flatnonzero(np.diff(codes, prepend=-1))  # each group's first row, by code
+    return lengths.index.to_numpy(), lengths.to_numpy(), order[heads]
+
+
+# --- grouped reductions on integer codes, as pandas' groupby gives them, to the bit ----------
+# A groupby costs ~1 ms of fixed pandas overhead however few its rows; per rank the analysis
+# runs dozens over tables of tens to hundreds of rows (blocks, collectives, labels).
+
+SMALL_GROUPS = 64  # largest group summed in numpy; larger ones go through pandas' own sum
+
+
+def first_seen_codes(columns: list, dropna: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the number of its combination of `columns` in order of first appearance
+    (`groupby(columns, sort=False).ngroup()`), and a row of each combination (its first);
+    with `dropna`, a row with NaN in any column gets -1 (groupby leaves it out)."""
+    n = len(columns[0])
+    combined = np.zeros(n, dtype=np.int64)
+    missing = np.zeros(n, dtype=bool)
+    for column in columns:
+        codes, uniques = pd.factorize(column, use_na_sentinel=dropna)
+        if dropna:
+            missing |= codes < 0
+        combined = combined * (len(uniques) + 1) + codes + 1
+        combined = pd.factorize(combined)[0].astype(np.int64)  # keeps the numbers small
+    if dropna and missing.any():
+        kept = np.flatnonzero(~missing)
+        renumbered = pd.factorize(combined[kept])[0].astype(np.int64)
+        combined = np.full(n, -1, dtype=np.int64)
+        combined[kept] = renumbered
+    present = combined >= 0
+    order = np.flatnonzero(present)
+    _, first = np.unique(combined[order], return_index=True)
+    return combined, order[first]
+
+
+def group_sum(codes: np.ndarray, values, n_groups: int, min_count: int = 0) -> np.ndarray:
+    """`Series(values).groupby(codes).sum(min_count=min_count)` per group 0..n_groups-1
+    (codes -1 left out): pandas' compensated (Kahan) sum in row order, NaN skipped, NaN where
+    fewer than `min_count` values."""
+    values = np.asarray(values, dtype=np.float64)
+    keep = (codes >= 0) & ~np.isnan(values)
+    lab, val = codes[keep], values[keep]
+    nobs = np.bincount(lab, minlength=n_groups)
+    total = np.zeros(n_groups, dtype=np.float64)
+    if lab.size and nobs.max() > SMALL_GROUPS:
+        sums = pd.Series(val).groupby(lab).sum()
+        total[sums.index.to_numpy()] = sums.to_numpy()
+    elif lab.size:
+        order = np.argsort(lab, kind="stable")
+        start = np.concatenate([[0], np.cumsum(nobs)[:-1]])
+        position = np.empty(lab.size, dtype=np.int64)
+        position[order] = np.arange(lab.size) - start[lab[order]]
+        by_position = np.argsort(position, kind="stable")
+        edges = np.searchsorted(position[by_position], np.arange(int(nobs.max()) + 1))
+        compensation = np.zeros(n_groups, dtype=np.float64)
+        for lo, hi in pairwise(edges.tolist()):
+            rows = by_position[lo:hi]  # at most one row of each group
+            g = lab[rows]
+            y = val[rows] - compensation[g]
+            t = total[g] + y
+            c = t - total[g] - y
+            compensation[g] = np.where(c != c, 0.0, c)
+            total[g] = t
+    if min_count > 0:
+        total[nobs < min_count] = np.nan
+    return total
+
+
+def group_max(codes: np.ndarray, values, n_groups: int) -> np.ndarray:
+    """`groupby(codes).max()` per group (codes -1 left out): NaN skipped, NaN for none."""
+    values = np.asarray(values, dtype=np.float64)
+    out = np.full(n_groups, np.nan)
+    keep = codes >= 0
+    np.fmax.at(out, codes[keep], values[keep])
+    return out
+
+
+def grouped_union_length_by_label(label, keys: list, starts, ends) -> pd.Series:
+    """`grouped_union_length(labels, starts, ends)` where each row's label is
+    `label(*its keys)` (text made of the keys, e.g. "step|phase"), making the text only once
+    per distinct combination of keys, not once per row. A NaN key (or label) sends it down
+    the per-row way."""
+    frames = [pd.Series(k) for k in keys]
+    factorized = [pd.factorize(f) for f in frames]
+    if any((codes < 0).any() for codes, _ in factorized):
+        return _grouped_union_length_of_rows(label, frames, starts, ends)
+    combined = np.zeros(len(frames[0]), dtype=np.int64)
+    for codes, uniques in factorized:
+        combined = combined * len(uniques) + codes
+    distinct, inverse = np.unique(combined, return_inverse=True)
+    parts = []
+    for _, uniques in reversed(factorized):
+        parts.append(np.asarray(uniques, dtype=object)[distinct % len(uniques)])
+        distinct = distinct // len(uniques)
+    texts = [label(*p) for p in zip(*reversed(parts), strict=True)]
+    if any(not isinstance(t, str) for t in texts):
+        return _grouped_union_length_of_rows(label, frames, starts, ends)
+    text_codes, names = pd.factorize(np.asarray(texts, dtype=object), sort=True)
+    s, e = as_arrays(starts, ends)
+    if np.isnan(s).any() or np.isnan(e).any():
+        return _grouped_union_length_frame(np.asarray(texts, dtype=object)[inverse], s, e)
+    if inverse.size == 0:
+        return pd.Series(dtype=np.float64)
+    present, lengths, _ = union_length_by_code(text_codes[inverse], s, e)
+    return pd.Series(lengths, index=pd.Index(list(names[present]), name="g"))
+
+
+def _grouped_union_length_of_rows(label, frames: list[pd.Series], starts, ends) -> pd.Series:
+    """`grouped_union_length_by_label` one row at a time: a row with a NaN key has no label
+    (as text concatenated with NaN is NaN), and is left out."""
+    rows = zip(*(f.to_numpy(dtype=object) for f in frames), strict=True)
+    labels = [None if any(pd.isna(v) for v in r) else label(*r) for r in rows]
+    return grouped_union_length(pd.Series(labels, dtype=object), starts, ends)
+
+
+def _grouped_union_length_frame(groups, starts, ends) -> pd.Series:
+    """`grouped_union_length` over a frame (where a start or end is NaN)."""
     frame = pd.DataFrame({"g": groups, "s": starts, "e": ends}).sort_values(
         ["g", "s"], kind="stable"
     )

@@ -181,8 +181,9 @@ class Signals(DictRecord):
 @dataclass(frozen=True)
 class HostTime(DictRecord):
     """Per step (median over the steps): the GPU's idle time and what the launching host
-    thread did during it, by category (µs); the operators overlapping it most (name, µs per
-    step, inclusive of the operators they call); the profiler's events per step."""
+    thread did during it, by category (µs); the operators taking most of it themselves (name,
+    µs per step of self time: the operators they call are theirs); the profiler's events per
+    step."""
 
     idle_us: float = 0.0
     by_category: dict[str, float] = field(default_factory=dict)
@@ -191,6 +192,15 @@ class HostTime(DictRecord):
     # The main thread's whole step (its CPU ProfilerStep span) by the same categories: what
     # tells a slow host from its peers' (their gaps may be empty).
     main_by_category: dict[str, float] = field(default_factory=dict)
+    # The host's own time per step: the main thread's step less its waiting for the GPU
+    # (synchronizations), each timing step's (µs); what tells one slow host from its peers.
+    host_steps: list[float] = field(default_factory=list)
+    optimizer_impl: str = ""  # "fused", "foreach" or "" (per tensor, or none seen)
+
+    @property
+    def host_us(self) -> float:
+        """The host's own time per step (median over the steps; NaN: unknown)."""
+        return float(np.median(self.host_steps)) if self.host_steps else float("nan")
 
     @property
     def largest(self) -> str | None:

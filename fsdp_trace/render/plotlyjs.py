@@ -13,8 +13,11 @@ The page still opens offline, from disk, in any browser of the last years (it ne
 report's figures). Packing plotly.js takes ~2 s: done once per process, and kept in the cache
 folder (`fsdp_trace.analysis.read.cache.directory()/plotlyjs/`, keyed by plotly.js' content) so that
 the next process reads it back: read only under the cache's trust rules (a regular file of
-one's own that no one else can write, whose checksum matches), never with caching off
-(FSDP_TRACE_CACHE=0, `--no-cache`), deleted by `fsdp-trace cache clear`.
+one's own that no one else can write, whose checksum matches and which names the full
+digest of the plotly.js it packs), also under `--no-cache` (it depends on no input: without
+it every `--no-cache` report packed anew, ~2 s), never with FSDP_TRACE_CACHE=0 (packed in
+memory then), deleted by `fsdp-trace cache clear`. A cache folder that cannot be written (or
+read) only means packing anew: the page is the same.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ LZMA_PROPS = (3, 0, 0)
 # 7-bit groups written as a pair with the next one (one character from U+0100): NUL, LF and CR
 # (which HTML parsing and line-ending conversions change) and "<" (which could end the script).
 ESCAPED = (0, 10, 13, 60)
-PACK_FORMAT = 1  # the cached packed plotly.js of another format is not read
+PACK_FORMAT = 2  # the cached packed plotly.js of another format is not read
 PACKED_TYPE = "application/x-fsdp-packed"
 PLOTLY_ID = "fsdp-plotlyjs"
 UNPACK_JS = Path(__file__).parent / "report" / "static" / "unpack.js"
@@ -96,23 +99,27 @@ def unpack(text: str, packed_length: int) -> bytes:
 
 def _pack_cached(data: bytes) -> tuple[str, int]:
     """`pack(data)`, through the cache folder (a damaged, untrusted or unreadable copy is
-    packed anew); with caching off, packed here and nothing is read or written."""
+    packed anew), `--no-cache` (`cache.off()`) included: it depends on no input; with
+    FSDP_TRACE_CACHE=0 (or a refused folder), packed here and nothing is read or written."""
     from fsdp_trace.analysis.read import cache
 
-    if not cache.enabled():
+    if not cache.enabled(assets=True):
         return pack(data)
-    key = hashlib.sha256(data).hexdigest()[:32]
-    name = f"{cache.PACKED_PREFIX}{PACK_FORMAT}-{key}.txt"
-    path = cache.directory() / cache.PACKED_PLOTLYJS / name
+    source = hashlib.sha256(data).hexdigest()
+    name = f"{cache.PACKED_PREFIX}{PACK_FORMAT}-{source[:32]}.txt"
+    try:
+        path = cache.directory() / cache.PACKED_PLOTLYJS / name
+    except RuntimeError:  # no home folder to put it in
+        return pack(data)
     stored = cache.read_own(path)
     with contextlib.suppress(ValueError):
         header, text = (stored or b"").decode("utf-8").split("\n", 1)
-        packed_length, digest = header.split(" ")
-        if hashlib.sha256(text.encode("utf-8")).hexdigest() == digest:
+        packed_length, digest, packs = header.split(" ")
+        if packs == source and hashlib.sha256(text.encode("utf-8")).hexdigest() == digest:
             return text, int(packed_length)
     text, packed_length = pack(data)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    cache.write_own(path, f"{packed_length} {digest}\n{text}".encode())
+    cache.write_own(path, f"{packed_length} {digest} {source}\n{text}".encode())
     return text, packed_length
 
 

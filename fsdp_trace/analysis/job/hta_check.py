@@ -24,6 +24,8 @@ import importlib.util
 import io
 import logging
 import os
+import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,10 +139,37 @@ def hta_overlap(path: str | Path, rank: int, rounding: bool = True) -> float:
     logging.getLogger("hta").setLevel(logging.ERROR)
     from hta.trace_analysis import TraceAnalysis
 
-    with _ns_rounding(rounding), contextlib.redirect_stdout(io.StringIO()):
+    with (
+        _ns_rounding(rounding),
+        contextlib.redirect_stdout(io.StringIO()),
+        warnings.catch_warnings(),  # pandas' warnings about HTA's code, arrays and all
+    ):
+        warnings.simplefilter("ignore")
         analysis = TraceAnalysis(trace_files={rank: str(Path(path).resolve())})
         frame = analysis.get_comm_comp_overlap(visualize=False)
     return float(frame.loc[frame["rank"] == rank, "comp_comm_overlap_pctg"].iloc[0])
+
+
+NOTICE_REASON_MAX = 100  # characters of an HTA error kept in its notice
+_LONG_QUOTE = re.compile(r"'[^']{40,}'|\"[^\"]{40,}\"|\[[^\[\]]{40,}\]")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and its message with whitespace collapsed,
+    long quoted values (HTA's errors quote whole arrays, over many lines) shown as '…', cut
+    to NOTICE_REASON_MAX characters."""
+    text = _LONG_QUOTE.sub("'…'", " ".join(str(exc).split()))
+    if len(text) > NOTICE_REASON_MAX:
+        text = text[: NOTICE_REASON_MAX - 1].rstrip() + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _pandas_hint() -> str:
+    """Where pandas 3 is installed: that HTA needs pandas 2 (the `hta` extra pins it)."""
+    major = pd.__version__.split(".", 1)[0]
+    if not major.isdigit() or int(major) < 3:
+        return ""
+    return " (HTA needs pandas<3: pip install 'fsdp-trace[hta]')"
 
 
 def cross_check(ranks: list[RankAnalysis], cache: bool = True) -> tuple[pd.DataFrame, list[str]]:
@@ -152,7 +181,7 @@ def cross_check(ranks: list[RankAnalysis], cache: bool = True) -> tuple[pd.DataF
     try:
         import hta  # noqa: F401
     except Exception as exc:
-        return pd.DataFrame(), [f"--hta: {tool} cannot be imported: {type(exc).__name__}: {exc}"]
+        return pd.DataFrame(), [f"--hta: {tool} cannot be imported: {_one_line(exc)}"]
     rows, notices = [], [f"HTA cross-check: {tool}"]
     for r in ranks:
         if r.device != "gpu" or r.collectives.empty:
@@ -164,7 +193,8 @@ def cross_check(ranks: list[RankAnalysis], cache: bool = True) -> tuple[pd.DataF
         try:
             hta_pct = hta_overlap(r.path, rank)
         except Exception as exc:  # HTA is a peer tool: its failure is a notice, not ours
-            notices.append(f"--hta: HTA failed on {r.path}: {type(exc).__name__}: {exc}")
+            where = f"rank {rank} ({Path(r.path).name})"
+            notices.append(f"--hta: HTA failed on {where}: {_one_line(exc)}{_pandas_hint()}")
             continue
         rows.append(
             {

@@ -327,8 +327,9 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     )
     k_compute = k[is_compute]
     blocks = block_table(collectives, k_compute, len(windows), trace.rank, source)
-    compute_phases = iv.grouped_union_length(
-        k_compute["step"].astype(str) + "|" + k_compute["phase"],
+    compute_phases = iv.grouped_union_length_by_label(
+        lambda step, phase: f"{step}|{phase}",
+        [k_compute["step"], k_compute["phase"]],
         k_compute["ts"],
         k_compute["end"],
     )
@@ -582,19 +583,27 @@ def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int,
     roles: dict[int, str] = {}
     if kernels.empty:
         return roles
-    by_stream = kernels.groupby("stream")
-    for stream, group in by_stream:
-        kinds = group["kind"].value_counts()
-        if kinds.get(Kind.COMM, 0) > 0:
+    # Per stream (ascending, as groupby gives them): its kernels, NCCL and compute ones.
+    streams, code = np.unique(kernels["stream"].to_numpy(), return_inverse=True)
+    kind = kernels["kind"].to_numpy()
+    total = np.bincount(code, minlength=streams.size)
+    comm = np.bincount(code, weights=kind == Kind.COMM, minlength=streams.size)
+    compute = np.bincount(code, weights=kind == Kind.COMPUTE, minlength=streams.size)
+    for i, stream in enumerate(streams.tolist()):
+        if comm[i] > 0:
             types = collectives.loc[collectives["stream"] == stream, "collective"].value_counts()
             roles[int(stream)] = f"{types.index[0]} (NCCL)" if len(types) else "communication"
-        elif kinds.get(Kind.COMPUTE, 0) >= kinds.sum() / 2:
+        elif compute[i] >= total[i] / 2:
             roles[int(stream)] = Kind.COMPUTE.value
         else:
             roles[int(stream)] = "copy"
     compute_streams = [s for s, r in roles.items() if r == Kind.COMPUTE]
     if len(compute_streams) > 1:
-        busiest = kernels[kernels["kind"] == Kind.COMPUTE].groupby("stream")["dur"].sum().idxmax()
+        is_compute = kind == Kind.COMPUTE
+        seen, where = np.unique(code[is_compute], return_inverse=True)
+        dur = kernels["dur"].to_numpy(dtype=np.float64)[is_compute]
+        busy = iv.group_sum(where.astype(np.int64), dur, seen.size)  # as groupby sums
+        busiest = streams[seen[int(np.argmax(busy))]]
         for s in compute_streams:
             roles[s] = Kind.COMPUTE.value if s == busiest else f"{Kind.COMPUTE} (side)"
     return roles

@@ -29,29 +29,53 @@ def block_table(
     unit's own compute in that phase (plus, on backward rows, its recomputation)."""
     if collectives.empty or n_steps == 0:
         return empty_frame(BLOCK_COLUMNS)
-    c = collectives.copy()
-    c["key"] = c["block"].astype(str) + "|" + c["phase"] + "|" + c["collective"]
-    known = c["bytes"].notna() & (c["dur_us"] > 0)
-    c["timed_bytes"] = c["bytes"].where(known)
-    c["timed_dur"] = c["dur_us"].where(known)
-    grouped = c.groupby(["block", "phase", "collective"], sort=False)
-    agg = grouped.agg(
-        count=("dur_us", "size"),
-        exposed=("exposed_us", "sum"),
-        bytes=("bytes", lambda s: s.sum(min_count=1)),
-        timed_bytes=("timed_bytes", lambda s: s.sum(min_count=1)),
-        timed_dur=("timed_dur", "sum"),
-        group_size=("group_size", "max"),
-    ).reset_index()
-    union = iv.grouped_union_length(c["key"], c["start_us"], c["end_us"])
-    keys = agg["block"].astype(str) + "|" + agg["phase"] + "|" + agg["collective"]
-    agg["time"] = keys.map(union)
+    c = collectives
+    # Groups as `groupby(["block", "phase", "collective"], sort=False)` makes them, summed as
+    # it sums them (`iv.group_sum`): a groupby's fixed cost, ~1 ms each, was most of a small
+    # rank's block table.
+    keys = [c["block"], c["phase"], c["collective"]]
+    code, first = iv.first_seen_codes(keys)
+    n = first.size
+    dur = c["dur_us"].to_numpy(dtype=np.float64)
+    nbytes = c["bytes"].to_numpy(dtype=np.float64)
+    known = ~np.isnan(nbytes) & (dur > 0)
+    agg = pd.DataFrame(
+        {
+            "block": c["block"].array[first],
+            "phase": c["phase"].array[first],
+            "collective": c["collective"].array[first],
+            "count": np.bincount(code[code >= 0], minlength=n).astype(np.int64),
+            "exposed": iv.group_sum(code, c["exposed_us"].to_numpy(dtype=np.float64), n),
+            "bytes": iv.group_sum(code, nbytes, n, min_count=1),
+            "timed_bytes": iv.group_sum(code, np.where(known, nbytes, np.nan), n, min_count=1),
+            "timed_dur": iv.group_sum(code, np.where(known, dur, np.nan), n),
+            "group_size": iv.group_max(code, c["group_size"].to_numpy(dtype=np.float64), n),
+        }
+    )
+    # The union of each group's kernels.
+    kept = code >= 0
+    start_us = c["start_us"].to_numpy(dtype=np.float64)
+    end_us = c["end_us"].to_numpy(dtype=np.float64)
+    if kept.any() and not (np.isnan(start_us[kept]).any() or np.isnan(end_us[kept]).any()):
+        present, lengths, _ = iv.union_length_by_code(code[kept], start_us[kept], end_us[kept])
+        time = np.full(n, np.nan)
+        time[present] = lengths
+        agg["time"] = time
+    else:
+        union = iv.grouped_union_length(
+            c["block"].astype(str) + "|" + c["phase"] + "|" + c["collective"],
+            c["start_us"],
+            c["end_us"],
+        )
+        labels = agg["block"].astype(str) + "|" + agg["phase"] + "|" + agg["collective"]
+        agg["time"] = labels.map(union)
     # Counts per unit and step over both phases (e.g. 2 all-gathers with reshard).
-    per_unit = c.groupby(["block", "collective"]).size() / n_steps
-    pairs = list(zip(agg["block"], agg["collective"], strict=True))
-    unit_count = np.array([per_unit.get(p, 0.0) for p in pairs])
-    block_compute = iv.grouped_union_length(
-        compute["block"].fillna("").astype(str) + "|" + compute["phase"],
+    unit_code, unit_first = iv.first_seen_codes([c["block"], c["collective"]])
+    per_unit = np.bincount(unit_code[unit_code >= 0], minlength=unit_first.size) / n_steps
+    unit_count = per_unit[unit_code[first]]
+    block_compute = iv.grouped_union_length_by_label(
+        lambda b, p: f"{b}|{p}",
+        [compute["block"].fillna("").astype(str), compute["phase"]],
         compute["ts"],
         compute["end"],
     )

@@ -286,8 +286,14 @@ def name_mask(names: pd.Series, fn) -> np.ndarray:
     """`fn(name)` per row, once per distinct name when the column is categorical."""
     if isinstance(names.dtype, pd.CategoricalDtype):
         values = names.array
+        codes = values.codes
+        if codes.size * 4 < len(values.categories):  # few rows: the categories they use
+            used, where = np.unique(codes, return_inverse=True)
+            texts = [str(c) for c in values.categories[used[used >= 0]].tolist()]
+            found = ([fn("nan")] if used.size and used[0] < 0 else []) + [fn(t) for t in texts]
+            return np.array(found, dtype=bool)[where.reshape(codes.shape)]
         lookup = np.array([bool(fn(str(c))) for c in values.categories] + [fn("nan")], bool)
-        return lookup[values.codes]
+        return lookup[codes]
     return names.astype(str).map(fn).to_numpy(dtype=bool)
 
 
@@ -310,26 +316,66 @@ def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
             },
         ),
     ):
-        open_ = labels[labels["kind"].isin(opener)][["pid", "tid", "fqn", "end"]]
-        close = labels[labels["kind"].isin(closers)][["pid", "tid", "fqn", "ts"]]
-        if open_.empty or close.empty:
+        kind = labels["kind"].to_numpy()
+        opens = np.flatnonzero(np.isin(kind, list(opener)))
+        closes = np.flatnonzero(np.isin(kind, list(closers)))
+        if not opens.size or not closes.size:
             continue
-        open_ = open_.rename(columns={"end": "w_start"}).sort_values("w_start")
-        close = close.rename(columns={"ts": "w_end"}).sort_values("w_end")
-        paired = pd.merge_asof(
-            open_,
-            close,
-            left_on="w_start",
-            right_on="w_end",
-            by=["pid", "tid", "fqn"],
-            direction="forward",
-        )
-        paired = paired.dropna(subset=["w_end"])
+        paired = _first_close_after(labels, opens, closes)
+        if paired is None:  # NaN among the keys or times: pandas' own matching
+            open_ = labels.iloc[opens][["pid", "tid", "fqn", "end"]]
+            close = labels.iloc[closes][["pid", "tid", "fqn", "ts"]]
+            open_ = open_.rename(columns={"end": "w_start"}).sort_values("w_start")
+            close = close.rename(columns={"ts": "w_end"}).sort_values("w_end")
+            paired = pd.merge_asof(
+                open_,
+                close,
+                left_on="w_start",
+                right_on="w_end",
+                by=["pid", "tid", "fqn"],
+                direction="forward",
+            )
+            paired = paired.dropna(subset=["w_end"])
         paired["phase"] = phase
         pieces.append(paired)
     if not pieces:
         return pd.DataFrame(columns=["pid", "tid", "fqn", "w_start", "w_end", "phase"])
     return pd.concat(pieces, ignore_index=True)
+
+
+def _first_close_after(
+    labels: pd.DataFrame, opens: np.ndarray, closes: np.ndarray
+) -> pd.DataFrame | None:
+    """The opening labels (rows `opens`; sorted by their end, `w_start`), each with the start
+    (`w_end`) of the first closing label (rows `closes`) of the same pid, tid and unit at or
+    after it, those without one left out: `merge_asof(open_, close, by=[pid, tid, fqn],
+    direction="forward")` then `dropna(w_end)`, in numpy. None where a key or time is NaN."""
+    rows = np.concatenate([opens, closes])
+    group = np.zeros(rows.size, dtype=np.int64)
+    for column in ("pid", "tid", "fqn"):
+        codes, uniques = pd.factorize(labels[column].to_numpy()[rows])
+        if (codes < 0).any():
+            return None
+        group = pd.factorize(group * max(len(uniques), 1) + codes)[0].astype(np.int64)
+    start = labels["end"].to_numpy(dtype=np.float64)[opens]
+    end = labels["ts"].to_numpy(dtype=np.float64)[closes]
+    if np.isnan(start).any() or np.isnan(end).any():
+        return None
+    by_start = np.argsort(start, kind="quicksort")  # as `sort_values("w_start")` orders them
+    # (group, time) as one integer: times as their ranks among all times (exact).
+    values, rank = np.unique(np.concatenate([start, end]), return_inverse=True)
+    composite = group * (values.size + 1) + rank
+    open_key, close_key = composite[: opens.size][by_start], composite[opens.size :]
+    open_group, close_group = group[: opens.size][by_start], group[opens.size :]
+    order = np.argsort(close_key, kind="stable")
+    at = np.searchsorted(close_key[order], open_key, side="left")  # first close ≥ the open
+    safe = np.minimum(at, closes.size - 1)
+    matched = (at < closes.size) & (close_group[order][safe] == open_group)
+    chosen = opens[by_start][matched]
+    paired = labels.iloc[chosen][["pid", "tid", "fqn"]].reset_index(drop=True)
+    paired["w_start"] = start[by_start][matched]
+    paired["w_end"] = end[order][safe][matched]
+    return paired
 
 
 @dataclass
@@ -433,12 +479,21 @@ class CpuContext:
             rows = rows[rows["step"] >= 0]
         if rows.empty:
             return pd.DataFrame(columns=FACT_COLUMNS)
-        out = (
-            rows.groupby(["step", "kind", "unit"], sort=True)
-            .agg(count=("ts", "size"), first_ts=("ts", "min"))
-            .reset_index()
-        )
-        out["count"] = out["count"].astype(np.int64)
+        # `groupby(["step", "kind", "unit"], sort=True).agg(count=size, first_ts=min)`, in
+        # numpy: each column's codes in sorted order, combined, order the groups as it does.
+        combined = np.zeros(len(rows), dtype=np.int64)
+        dropped = np.zeros(len(rows), dtype=bool)
+        for column in ("step", "kind", "unit"):
+            codes, uniques = pd.factorize(rows[column], sort=True)
+            dropped |= codes < 0
+            combined = combined * (len(uniques) + 1) + codes + 1
+        kept = np.flatnonzero(~dropped)
+        groups, first, where = np.unique(combined[kept], return_index=True, return_inverse=True)
+        first_ts = np.full(groups.size, np.nan)
+        np.fmin.at(first_ts, where, rows["ts"].to_numpy(dtype=np.float64)[kept])
+        out = rows.iloc[kept[first]][["step", "kind", "unit"]].reset_index(drop=True)
+        out["count"] = np.bincount(where, minlength=groups.size).astype(np.int64)
+        out["first_ts"] = first_ts
         return out[FACT_COLUMNS]
 
 

@@ -95,6 +95,71 @@ def measure(
     shared = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), comm_u)
     frac = np.divide(shared, dur, out=np.zeros_like(dur), where=dur > 0)
     touched = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), idle_u)
+    if not np.isnan(dur).any():
+        return _ops(compute, dur, frac > 0.5, touched == 0)
+    return _ops_frame(compute, dur, frac, touched)
+
+
+def _first_seen(columns: list[pd.Series]) -> np.ndarray:
+    """A number per row for each distinct combination of `columns` (NaN a value like any
+    other), in order of first appearance: `groupby(columns, sort=False, dropna=False)
+    .ngroup()`."""
+    combined = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:
+        codes, uniques = pd.factorize(column, use_na_sentinel=False)
+        combined = combined * max(len(uniques), 1) + codes
+        combined = pd.factorize(combined)[0].astype(np.int64)  # keeps the numbers small
+    return combined
+
+
+def _ops(compute: pd.DataFrame, dur: np.ndarray, with_: np.ndarray, alone: np.ndarray):
+    """`_ops_frame` in numpy (durations without NaN): the same table, to the bit."""
+    shape = _first_seen([compute[c] for c in ("name", "grid", "block_dim", "phase")])
+    group = _first_seen([compute["step"], compute["block"], pd.Series(shape)])
+    order = np.argsort(group, kind="stable")  # n-th launch: position in its group, in order
+    runs = np.flatnonzero(np.diff(group[order], prepend=-1))
+    nth = np.empty(group.size, dtype=np.int64)
+    nth[order] = np.arange(group.size) - np.repeat(runs, np.diff(np.append(runs, group.size)))
+    key = shape * (int(nth.max()) + 1) + nth
+
+    def per_key(rows: np.ndarray):
+        """Per key among `rows`, sorted: the key, its median duration, count, a row of it."""
+        k, d, idx = key[rows], dur[rows], np.flatnonzero(rows)
+        order = np.lexsort((d, k))
+        k, d, idx = k[order], d[order], idx[order]
+        starts = np.flatnonzero(np.diff(k, prepend=-1))
+        counts = np.diff(np.append(starts, k.size))
+        lo, hi = d[starts + (counts - 1) // 2], d[starts + counts // 2]
+        median = np.where(counts % 2 == 1, lo, (hi + lo) / 2)  # as pandas' group median
+        return k[starts], median, counts, idx[starts]
+
+    k_with, median_with, n_with, row = per_key(with_)
+    k_alone, median_alone, n_alone, _ = per_key(alone)
+    time_with = pd.Series(dur[with_]).groupby(key[with_]).sum().to_numpy()  # pandas' sum
+    _, at_with, at_alone = np.intersect1d(k_with, k_alone, return_indices=True)
+    kept = (n_with[at_with] >= TAX_MIN_LAUNCHES) & (n_alone[at_alone] >= TAX_MIN_LAUNCHES)
+    at_with, at_alone, row = at_with[kept], at_alone[kept], row[at_with[kept]]
+    ops = pd.DataFrame(
+        {
+            # Text typed as a frame of the whole column types it (pandas 3: `str`).
+            "kernel": pd.Series(compute["name"].to_numpy()).array[row],
+            "phase": pd.Series(compute["phase"].to_numpy()).array[row],
+            "median_with": median_with[at_with],
+            "time_with": time_with[at_with],
+            "n_with": n_with[at_with].astype(np.int64),
+            "median_alone": median_alone[at_alone],
+            "n_alone": n_alone[at_alone].astype(np.int64),
+        },
+        index=pd.MultiIndex.from_arrays([shape[row], nth[row]], names=["shape", "nth"]),
+    )
+    ops["slowdown"] = ops["median_with"] / ops["median_alone"] - 1.0
+    # Time beside NCCL beyond what the same launches take alone: T − T / (1 + slowdown).
+    ops["added_us"] = ops["time_with"] * ops["slowdown"] / (1.0 + ops["slowdown"])
+    return ops
+
+
+def _ops_frame(compute: pd.DataFrame, dur: np.ndarray, frac: np.ndarray, touched: np.ndarray):
+    """Per op (shape × n-th launch), its median duration with NCCL beside it and alone."""
     shape = ["name", "grid", "block_dim", "phase"]
     frame = pd.DataFrame(
         {

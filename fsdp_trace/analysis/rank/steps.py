@@ -105,9 +105,7 @@ def gpu_windows(
     frame = frame[frame["step"] >= 0]
     if frame.empty:
         return pd.DataFrame(columns=["step", "start", "end", "cpu_start", "cpu_end"])
-    per = (
-        frame.groupby("step").agg(start=("ts", "min"), last_end=("end", "max")).sort_values("start")
-    )
+    per = _first_and_last(frame)
     per["end"] = per["start"].shift(-1)
     # The last step has no next step to end it: it ends when its GPU work does, or when its
     # own host work does if that is later (an optimizer step on the CPU belongs to the step,
@@ -117,3 +115,23 @@ def gpu_windows(
     per.loc[last, "end"] = max(float(per.loc[last, "last_end"]), tail)
     per = per.drop(columns="last_end").reset_index()
     return per.merge(steps, on="step", how="left")
+
+
+def _first_and_last(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per step of `frame` (step ≥ 0, ts, end): its first start and last end, ordered by start
+    (`groupby("step").agg(start=min, last_end=max).sort_values("start")`, in numpy)."""
+    step = frame["step"].to_numpy()
+    ts, end = frame["ts"].to_numpy(dtype=np.float64), frame["end"].to_numpy(dtype=np.float64)
+    if np.isnan(ts).any() or np.isnan(end).any():
+        grouped = frame.groupby("step").agg(start=("ts", "min"), last_end=("end", "max"))
+        return grouped.sort_values("start")
+    order = np.argsort(step, kind="stable")
+    heads = np.flatnonzero(np.diff(step[order], prepend=step[order][0] - 1))
+    per = pd.DataFrame(
+        {
+            "start": np.minimum.reduceat(ts[order], heads),
+            "last_end": np.maximum.reduceat(end[order], heads),
+        },
+        index=pd.Index(step[order][heads], name="step"),
+    )
+    return per.sort_values("start")

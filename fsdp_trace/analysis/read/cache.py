@@ -10,8 +10,8 @@ The folder also keeps the packed plotly.js the HTML pages inline (`PACKED_PLOTLY
 and read by fsdp_trace/render/plotlyjs.py under the same trust rules, keyed by plotly.js'
 content): `clear` and the size budget treat it like the entries.
 Off: `analyze(..., cache=False)` (parsed traces and analyses), `fsdp-trace analyze --no-cache`
-(`off()`: nothing is read or written for the whole command, the packed plotly.js included), or
-FSDP_TRACE_CACHE=0.
+(`off()`: no entry is read or written for the whole command; the packed plotly.js, which no
+input shapes, still is), or FSDP_TRACE_CACHE=0 (nothing at all).
 Under pytest (PYTEST_CURRENT_TEST is set) the cache is off unless FSDP_TRACE_CACHE_DIR names
 a directory, so a test run never writes to the user's home.
 Size: FSDP_TRACE_CACHE_MAX_GB (default 20); beyond it the least recently used entries go.
@@ -101,8 +101,8 @@ _off_here: list[str] = []  # why `off()` turned caching off in this process, inn
 
 @contextlib.contextmanager
 def off(reason: str = "--no-cache") -> Iterator[None]:
-    """Caching off in this process while the block runs (`--no-cache`): nothing is read from
-    or written to the cache folder, the packed plotly.js included."""
+    """Caching off in this process while the block runs (`--no-cache`): no entry is read from
+    or written to the cache folder (the packed plotly.js, which no input shapes, still is)."""
     _off_here.append(reason)
     try:
         yield
@@ -110,9 +110,10 @@ def off(reason: str = "--no-cache") -> Iterator[None]:
         _off_here.pop()
 
 
-def _switched_off() -> str | None:
-    """Why the environment (or `off()`) turns caching off, or None."""
-    if _off_here:
+def _switched_off(assets: bool = False) -> str | None:
+    """Why the environment (or `off()`) turns caching off, or None. `assets`: for a file that
+    depends on no input (the packed plotly.js), which `off()` (`--no-cache`) leaves on."""
+    if _off_here and not assets:
         return _off_here[-1]
     if os.environ.get("FSDP_TRACE_CACHE", "1").strip().lower() in ("0", "no", "false", "off"):
         return "FSDP_TRACE_CACHE=0"
@@ -152,10 +153,12 @@ def refused(folder: Path | None = None) -> str | None:
 _warned: set[str] = set()
 
 
-def enabled() -> bool:
+def enabled(assets: bool = False) -> bool:
     """Whether caching is on here (see the module docstring). A refused folder turns it off,
-    with one warning line on stderr (once per process and reason)."""
-    if _switched_off() is not None:
+    with one warning line on stderr (once per process and reason). `assets`: for the packed
+    plotly.js, a function of the installed plotly alone, kept under `--no-cache` too (only
+    FSDP_TRACE_CACHE=0 turns it off): packing it costs ~2 s a run."""
+    if _switched_off(assets) is not None:
         return False
     reason = refused()
     if reason is not None:

@@ -49,7 +49,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from itertools import chain, compress, repeat
-from operator import attrgetter
+from operator import attrgetter, is_
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,7 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
 
 
 _NO_ARGS = _Args()  # shared by every event without args (structs are never mutated)
+_X = "X"  # complete events' phase
 _UNSEEN = object()  # a dict lookup's default: not seen before
 
 
@@ -365,10 +366,10 @@ class _Codes(dict):
         found = list(map(self.get, keys))
         try:
             return array("i", found)
-        except TypeError:  # strings not seen before
-            return array(
-                "i", [self.code(k) if c is None else c for k, c in zip(keys, found, strict=True)]
-            )
+        except TypeError:  # strings not seen before: coded once each, in order, then looked up
+            for key in dict.fromkeys(compress(keys, map(is_, found, repeat(None)))):
+                self.code(key)
+            return array("i", map(self.__getitem__, keys))
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
         """The codes (in first-appearance order, -1 for None) as a Categorical whose categories
@@ -446,7 +447,7 @@ class _Columns:
     def add(self, events: list[_Event]) -> None:
         """Take one piece of decoded events (in file order)."""
         self.raw_count += len(events)
-        complete = [e for e in events if e.ph == "X"]
+        complete = list(compress(events, map(_X.__eq__, map(_get["ph"], events))))
         if len(complete) != len(events):
             metadata = [e for e in events if e.ph == "M"]
             if metadata:

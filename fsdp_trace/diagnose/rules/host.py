@@ -12,7 +12,8 @@ from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.vocab import Basis
 
 HOST_IDLE = 0.20  # GPU idle share of the step
-IMBALANCE = 0.25  # another rank idling under this × the worst's share: the worst's own host
+SLOW_HOST = 0.20  # a host taking this much longer per step than its peers' median (and longer
+# on every step than any peer's slowest): one slow host; else every host paces its GPU alike
 STRAGGLER_SHARE = 0.6  # arrives last at this share of its matched collectives ...
 STRAGGLER_WAIT = 0.10  # ... and the others wait (exposed) at least this share of the step
 SLOW_COMPUTE = 1.05  # a straggler computing this much longer than the others: a slow GPU
@@ -54,6 +55,12 @@ HOST_ADVICE = {
         "tensors",
         "torch.optim.AdamW(model.parameters(), lr=lr, fused=True)",
     ),
+    "optimizer, batched": (
+        "a cheaper optimizer step on the host: it already batches its tensors ({impl}), so fewer "
+        "parameter tensors, or fewer optimizer steps per token (a larger batch, gradient "
+        "accumulation)",
+        "",
+    ),
     "FSDP hooks": (
         "less FSDP hook work per step: fewer and larger units (each unit's hooks run on the "
         "host every forward and backward), and more compute per unit (a larger batch)",
@@ -65,96 +72,156 @@ HOST_ADVICE = {
         "for block in model.layers: block.compile()  # before fully_shard",
     ),
     "Python": (
-        "the host runs Python outside any operator between launches (the training loop, data "
-        "loading, logging): move input preparation to DataLoader workers, keep the loop lean",
+        "the host runs Python outside any operator between launches (the training loop, "
+        "logging, metrics): keep the loop lean; a larger batch gives each launch more work",
+        "",
+    ),
+    "data loading": (
+        "the training loop waits for its batches (the trace's DataLoader events): load them in "
+        "DataLoader workers, pinned, ahead of the step",
         "DataLoader(..., num_workers=N, pin_memory=True, persistent_workers=True)",
     ),
 }
 
 
-def _profiler_share(ctx: Context, r, idle_us: float) -> tuple[float, str, bool]:
-    """How much of a rank's idle the profiler's own overhead explains (µs), how that is known,
-    and whether it is measured (run.json's un-profiled step) or an estimate."""
+def _profiler_share(ctx: Context, r, idle_us: float) -> tuple[float, float, str, bool]:
+    """How much of a rank's idle the profiler's own overhead explains (µs; a low and a high
+    figure), how that is known, and whether it is measured (run.json's un-profiled step) or
+    an estimate from the events recorded per step."""
     stats = ctx.record.figures.step_time_ms if ctx.record is not None else None
     if stats is not None and stats.median:
         unprofiled = float(stats.median) * 1e3
         profiled = ctx.median_step_us()
-        extra = max(0.0, profiled - unprofiled)
+        extra = min(max(0.0, profiled - unprofiled), idle_us)
         text = (
             f"the un-profiled step is {ms(unprofiled)} (run.json median), the profiled one "
-            f"{ms(profiled)}: up to {ms(min(extra, idle_us))} of the idle is the profiler's own"
+            f"{ms(profiled)}: up to {ms(extra)} of the idle is the profiler's own"
         )
-        return min(extra, idle_us), text, True
+        return extra, extra, text, True
     events = r.host_time.events_per_step
-    low, high = (events * c for c in PROFILER_US_PER_EVENT)
+    low, high = (min(events * c, idle_us) for c in PROFILER_US_PER_EVENT)
+    share = f"{100 * low / idle_us:.0f}–{100 * high / idle_us:.0f} %" if idle_us > 0 else "?"
     text = (
         f"no un-profiled step to compare (no run.json): the profiler recorded {events:.0f} "
-        f"events per step, {ms(low)}–{ms(high)} of host time at "
-        f"{PROFILER_US_PER_EVENT[0]:g}–{PROFILER_US_PER_EVENT[1]:g} µs each"
+        f"events per step, {ms(events * PROFILER_US_PER_EVENT[0])}–"
+        f"{ms(events * PROFILER_US_PER_EVENT[1])} of host time at "
+        f"{PROFILER_US_PER_EVENT[0]:g}–{PROFILER_US_PER_EVENT[1]:g} µs each: it may explain "
+        f"{share} of the idle"
     )
-    return min(low, idle_us), text, False
+    return low, high, text, False
+
+
+def _slow_host(ctx: Context, bound: dict) -> tuple[int, float, float, str] | None:
+    """One rank whose host takes longer per step than its peers' on the same work: SLOW_HOST
+    beyond their median, and longer on every step than any peer on its slowest. Its rank,
+    its host time, the peers' median (µs), and the host times as evidence. None when every
+    host takes about as long (each paces its own GPU alike: a launch-bound step)."""
+    hosts = {int(r.rank): r.host_time.host_steps for r in ctx.gpu_ranks if r.host_time.host_steps}
+    if len(hosts) < 2:
+        return None
+    median = {k: float(np.median(v)) for k, v in hosts.items()}
+    slow = max(median, key=median.get)
+    peers = [k for k in hosts if k != slow]
+    theirs = float(np.median([median[k] for k in peers]))
+    text = _host_times(median)
+    apart = min(hosts[slow]) > max(max(hosts[k]) for k in peers)
+    if slow in bound and apart and median[slow] >= (1 + SLOW_HOST) * theirs:
+        return slow, median[slow], theirs, text
+    return None
+
+
+def _host_times(median: dict[int, float]) -> str:
+    shown = sorted(median.items())[:6]
+    more = ", …" if len(median) > 6 else ""
+    return ", ".join(f"rank {k} {ms(v)}" for k, v in shown) + more
 
 
 @rule("host-bound", "Host-bound: the GPU waits for the CPU", "the GPU is idle ≥ 20 % of the step")
 def host_bound(ctx: Context) -> Finding | None:
     """The GPU sits idle: the CPU (Python, FSDP hooks, launches, the optimizer, data loading)
-    cannot keep up. When one rank's host is the slow one, the others wait for it inside their
-    NCCL kernels: that waiting is this cause's, folded under it. What the host does while the
-    GPU idles says what to change; idle the un-profiled step does not have is the profiler's."""
+    cannot keep up. Which host: the hosts' own time per step (the main thread's step less its
+    waiting for the GPU) tells one slow host (SLOW_HOST beyond its peers', on every step: its
+    extra host time is the cost, and its peers wait for it inside their NCCL kernels, folded
+    under it) from a launch-bound step (every host about as long: fewer, larger kernels). A
+    peer's GPU idle never tells: it spins in NCCL kernels waiting. What the host does while
+    the GPU idles says what to change; idle the un-profiled step does not have is the
+    profiler's."""
     idle = {}
     for r in ctx.gpu_ranks:
         idle[int(r.rank)] = (ctx.part(r, "idle_us"), ctx.step_us(r), r)
     bound = {rank: v for rank, v in idle.items() if v[0] >= HOST_IDLE * v[1]}
     if not bound:
         return None
-    worst = max(bound, key=lambda k: bound[k][0] / bound[k][1])
+    slow = _slow_host(ctx, bound)
+    worst = slow[0] if slow else max(bound, key=lambda k: bound[k][0] / bound[k][1])
     idle_us, step, r = bound[worst]
     host = r.host_time
-    profiler_us, profiler_text, measured = _profiler_share(ctx, r, idle_us)
-    if measured and idle_us - profiler_us < HOST_IDLE * (step - profiler_us):
-        return _profiler_only(ctx, worst, idle_us, step, profiler_text)
-    wait, others = _waiting_on_others(ctx, set(bound))
+    low, high, profiler_text, measured = _profiler_share(ctx, r, idle_us)
+    if idle_us - low < HOST_IDLE * (step - low):
+        return _profiler_only(ctx, worst, idle_us, step, profiler_text, measured)
+    maybe_profiler = not measured and idle_us - high < HOST_IDLE * (step - high)
+    wait, others = _waiting_on_others(ctx, set(bound) if not slow else {worst})
     peers = ""
     if others and np.isfinite(wait) and wait > 0:
         peers = f"; {_who(others)} for it inside NCCL kernels {ms(wait)} per step (exposed, median)"
-    where = f"rank {worst}" if len(bound) == 1 else f"ranks {', '.join(map(str, sorted(bound)))}"
-    # The same work on every rank: a rank idling far more than its peers has a slow or busy
-    # host (data loading, another process, logging on rank 0), not launch overhead alone.
-    shares = {k: v[0] / v[1] for k, v in idle.items() if v[1] > 0}
-    calm = min(shares.values()) if shares else 0.0
-    lone = len(shares) > 1 and calm < IMBALANCE * shares[worst]
+    ranks = [worst] if slow else sorted(bound)
+    where = f"rank {worst}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
     spent = {k: v for k, v in host.by_category.items() if v > 0}
     doing = "; ".join(f"{name} {ms(v)}" for name, v in sorted(spent.items(), key=lambda kv: -kv[1]))
     top = ", ".join(f"{name} {ms(v)}" for name, v in host.top_ops[:3])
     largest = host.largest or "other operators"
     extra = ""
-    if lone:  # what the slow host does more of than the calm one, over its whole step
-        calm_rank = min(shares, key=shares.get)
-        mine, theirs = host.main_by_category, idle[calm_rank][2].host_time.main_by_category
-        more = {c: mine.get(c, 0.0) - theirs.get(c, 0.0) for c in mine}
+    cost = idle_us - low
+    if slow:  # what the slow host does more of than its peers, over its whole step
+        _, mine_us, theirs_us, times = slow
+        cost = min(mine_us - theirs_us, cost)
+        calm = [idle[k][2] for k in idle if k != worst]
+        mine = host.main_by_category
+        theirs = {
+            c: float(np.median([o.host_time.main_by_category.get(c, 0.0) for o in calm]))
+            for c in mine
+        }
+        more = {c: mine.get(c, 0.0) - theirs.get(c, 0.0) for c in mine if c != "synchronization"}
         if more and max(more.values()) > 0:
             largest = max(more, key=more.get)
             extra = (
                 f"; over its whole step rank {worst}'s main thread spends {ms(more[largest])} "
-                f"more than rank {calm_rank}'s on {largest}"
+                f"more than its peers' (median) on {largest}"
             )
-    text, code = HOST_ADVICE[largest]
-    text, code = _not_already(ctx, largest, text, code)
-    if lone:
+        extra += f"; the hosts' own time per step (less waiting for the GPU): {times}"
+    elif len(idle) > 1:
+        times = _host_times(
+            {k: v[2].host_time.host_us for k, v in idle.items() if v[2].host_time.host_steps}
+        )
+        if times:
+            extra = (
+                f"; every host takes about as long per step (less waiting for the GPU: "
+                f"{times}; one slow host would take {pct(SLOW_HOST)} longer than its peers')"
+            )
+    text, code = _advice(ctx, host, largest)
+    if slow:
+        loading = "data loading, " if host.main_by_category.get("data loading", 0) > 0 else ""
         text = (
-            f"look at rank {worst}'s host first: it idles {pct(shares[worst])} of the step where "
-            f"another rank on the same work idles {pct(calm)} (data loading, CPU contention or "
-            f"affinity, another process, logging or metrics on that rank); it spends its extra "
-            f"time on {largest}: {text}"
+            f"look at rank {worst}'s host first: it takes {ms(slow[1] - slow[2])} longer per "
+            f"step than its peers' on the same work ({loading}CPU contention or affinity, "
+            f"another process, logging or metrics on that rank); it spends its extra time on "
+            f"{largest}: {text}"
         )
         cause = (
-            f"{where}: its host is slower than its peers' on the same work, so its GPU idles "
-            f"{pct(idle_us / step)} of the step"
+            f"{where}: its host takes {pct(slow[1] / slow[2] - 1)} longer per step than its "
+            f"peers' on the same work, so its GPU idles {pct(idle_us / step)} of the step"
         )
     else:
+        launch = "" if largest in ("data loading", "synchronization") else "a launch-bound step: "
         cause = (
-            f"{where}: the host cannot launch work fast enough, so the GPU idles "
+            f"{where}: {launch}the host cannot launch work fast enough, so the GPU idles "
             f"{pct(idle_us / step)} of the step, its host busiest with {largest}"
+        )
+    if maybe_profiler:
+        cause += ", though the profiler's own overhead may explain most of that idle"
+        text += (
+            "; first time un-profiled steps (`fsdp-trace capture` does): the profiler may "
+            "explain most of this idle"
         )
     per_step = r.n_compute / max(len(r.steps), 1)
     mean_us = r.compute_mean_us if r.compute_mean_us is not None else float("nan")
@@ -166,26 +233,40 @@ def host_bound(ctx: Context) -> Finding | None:
         f"its median step; threshold {pct(HOST_IDLE)}), running {per_step:.0f} compute kernels "
         f"per step of {mean_us:.0f} µs on average{peers}. While it idles, the launching host "
         f"thread runs: {doing or 'nothing recorded'}"
-        + (f" (operators most in the gaps: {top})" if top else "")
+        + (f" (operators most in the gaps, self time: {top})" if top else "")
         + extra
         + f"; {profiler_text}",
         why="with no communication or compute running, the GPU waits for the host to launch "
         "work; a rank that is late makes every collective wait for it",
-        change=Change(text, cli="--compile" if largest == "other operators" else "", code=code),
-        cost_us=idle_us - (profiler_us if measured else 0.0),
+        change=Change(text, cli="--compile" if code and "compile" in code else "", code=code),
+        cost_us=cost,
         step_us=step,
-        ranks=sorted(bound),
+        basis=Basis.INFERRED if maybe_profiler else Basis.MEASURED,
+        ranks=ranks,
         metrics={
             "rank": worst,
             "idle_pct": 100 * idle_us / step,
             "kernels_per_step": per_step,
             "peers_wait_us": wait,
-            "imbalanced": lone,
+            "imbalanced": bool(slow),
+            "host_us": {k: v[2].host_time.host_us for k, v in idle.items()},
             "host": dict(host.by_category),
             "largest": largest,
-            "profiler_us": profiler_us,
+            "profiler_us": low,
+            "profiler_high_us": high,
+            "profiler_may_explain": bool(maybe_profiler),
         },
     )
+
+
+def _advice(ctx: Context, host, largest: str) -> tuple[str, str]:
+    """The advice for the largest use of host time (data loading only where the trace shows
+    its events), never a knob the run already set (compile, a batched optimizer)."""
+    if largest == "optimizer" and host.optimizer_impl:
+        text, code = HOST_ADVICE["optimizer, batched"]
+        return text.format(impl=host.optimizer_impl), code
+    text, code = HOST_ADVICE[largest]
+    return _not_already(ctx, largest, text, code)
 
 
 def _not_already(ctx: Context, largest: str, text: str, code: str) -> tuple[str, str]:
@@ -199,14 +280,21 @@ def _not_already(ctx: Context, largest: str, text: str, code: str) -> tuple[str,
     return text, code
 
 
-def _profiler_only(ctx: Context, rank: int, idle_us: float, step: float, text: str) -> Finding:
-    """The idle is the profiler's: the un-profiled step does not have it."""
+def _profiler_only(
+    ctx: Context, rank: int, idle_us: float, step: float, text: str, measured: bool = True
+) -> Finding:
+    """The idle is the profiler's: the un-profiled step does not have it (measured), or even
+    the lowest estimate of the profiler's cost per event accounts for it."""
+    known = (
+        "the un-profiled step is shorter by about that much"
+        if measured
+        else "even the profiler's lowest cost per recorded event accounts for about that much"
+    )
     return Finding(
         "host-bound",
         "Host-bound only under the profiler",
-        cause=f"rank {rank}'s GPU idles {pct(idle_us / step)} of the profiled step, but the "
-        "un-profiled step is shorter by about that much: the profiler's own host overhead, not "
-        "the training's",
+        cause=f"rank {rank}'s GPU idles {pct(idle_us / step)} of the profiled step, but {known}: "
+        "the profiler's own host overhead, not the training's",
         evidence=f"rank {rank}: {ms(idle_us)} idle per profiled step; {text}",
         why="the profiler adds host time to every operator it records; a step that keeps its "
         "GPU busy unprofiled can idle under it",

@@ -203,7 +203,7 @@ def cpu_offload(ctx: Context) -> Finding | None:
     "float8-uncompiled",
     "float8 training without torch.compile",
     "float8 GEMMs (aten::_scaled_mm) in a run without compiled regions, their cast and amax "
-    "kernels (and the launches they add) ≥ 1 % of the step",
+    "kernels (and the launches they add) and exposed amax all-reduces ≥ 1 % of the step",
 )
 def float8_uncompiled(ctx: Context) -> Finding | None:
     """torchao's float8 linears cast every weight, activation and gradient to float8 with its
@@ -213,12 +213,21 @@ def float8_uncompiled(ctx: Context) -> Finding | None:
     if not setup.float8 or ctx.config.compiled.value:
         return None
 
+    def amax(r) -> pd.DataFrame:
+        """The amax all-reduces (scalars) float8's dynamic scaling syncs across ranks."""
+        c = ctx.collectives(r)
+        return c[(c["collective"] == Collective.ALL_REDUCE) & (c["bytes"] <= AMAX_BYTES)]
+
+    def amax_exposed(r) -> float:
+        a = amax(r)
+        return float(a["exposed_transfer_us"].fillna(0.0).sum()) / max(len(r.steps), 1)
+
     def cost(r) -> float:
         s = r.signals
         idle = ctx.part(r, "idle_us")
         per_step = r.n_compute / max(len(r.steps), 1)
         share = min(1.0, s.float8_cast_kernels / per_step) if per_step else 0.0
-        return s.float8_cast_us + (share * idle if np.isfinite(idle) else 0.0)
+        return s.float8_cast_us + (share * idle if np.isfinite(idle) else 0.0) + amax_exposed(r)
 
     worst = _worst(ctx, cost)
     if worst is None or worst[1] < SETUP_COST * worst[2]:
@@ -228,6 +237,23 @@ def float8_uncompiled(ctx: Context) -> Finding | None:
     per_step = r.n_compute / max(len(r.steps), 1)
     share = min(1.0, s.float8_cast_kernels / per_step) if per_step else 0.0
     idle = ctx.part(r, "idle_us")
+    n_steps = max(len(r.steps), 1)
+    c = ctx.collectives(r)
+    gathers = c[(c["collective"] == Collective.ALL_GATHER) & (c["dtype"].astype(str) == "Byte")]
+    gathered = (
+        f"; {len(gathers) / n_steps:.0f} float8 all-gathers per step "
+        f"({float(gathers['bytes'].median()) / 1e6:.1f} MB each: one byte a parameter, half of "
+        "bf16's)"
+        if len(gathers)
+        else ""
+    )
+    reduces = len(amax(r)) / n_steps
+    synced = (
+        f"; {reduces:.0f} amax all-reduces per step (scalars, one per float8 tensor scaled), "
+        f"{ms(amax_exposed(r))} of them exposed"
+        if reduces
+        else ""
+    )
     return Finding(
         "float8-uncompiled",
         "float8 training without torch.compile",
@@ -238,7 +264,8 @@ def float8_uncompiled(ctx: Context) -> Finding | None:
         f"{s.float8_cast_kernels:.0f} cast/amax kernels per step ({pct(share)} of its "
         f"{per_step:.0f} compute kernels), {ms(s.float8_cast_us)} of GPU time per step; the GPU "
         f"idles {ms(idle)} per step waiting for launches, {pct(share)} of which (their share of "
-        f"the launches) is {ms(share * idle if np.isfinite(idle) else 0.0)}; no compiled regions",
+        f"the launches) is {ms(share * idle if np.isfinite(idle) else 0.0)}{synced}{gathered}; "
+        "no compiled regions",
         why="float8 pays off only when the casts are fused into the neighbouring kernels "
         "(torchao's float8 training recipe assumes torch.compile); eager, it is usually slower "
         "than bf16",
@@ -256,8 +283,13 @@ def float8_uncompiled(ctx: Context) -> Finding | None:
             "cast_us": s.float8_cast_us,
             "cast_kernels": s.float8_cast_kernels,
             "launch_share": share,
+            "amax_allreduces_per_step": reduces,
+            "amax_exposed_us": amax_exposed(r),
         },
     )
+
+
+AMAX_BYTES = 64  # an all-reduce this small is a scalar: float8's amax sync, not gradients
 
 
 @rule(

@@ -1,0 +1,320 @@
+"""Host-bound: which host, what it does, and what to change. Each figure is checked against
+its own computation here, from the trace files (ProfilerStep spans, synchronizations, the
+optimizer's spans) or from nested intervals walked one by one."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fsdp_trace import analyze
+from fsdp_trace.analysis.rank import hostside
+from fsdp_trace.diagnose.context import Context
+from fsdp_trace.diagnose.rules import host
+from tests.conftest import SAMPLES
+from tests.fsdp_sim import Sim
+
+HTA = Path(__file__).parent / "data" / "hta" / "nccl_data_a100_pt24.json.gz"
+SYNC = re.compile(
+    r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy|"
+    r"cuStreamSynchronize|cuCtxSynchronize|aten::item|aten::_local_scalar_dense)$"
+)
+
+
+def run(path):
+    return analyze(SAMPLES / path).only
+
+
+def _events(path: Path) -> list[dict]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def _union_within(intervals, a: float, b: float) -> float:
+    total, last = 0.0, a
+    for s, e in sorted(intervals):
+        s, e = max(s, last), min(e, b)
+        if e > s:
+            total += e - s
+            last = e
+    return total
+
+
+def host_per_step(path: Path) -> list[float]:
+    """Each ProfilerStep's span on the main thread less the main thread's synchronizations."""
+    ev = _events(path)
+    steps = sorted(
+        (e for e in ev if e["name"].startswith("ProfilerStep#") and e["cat"] == "user_annotation"),
+        key=lambda e: e["ts"],
+    )
+    main = steps[0]["tid"]
+    sync = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["tid"] == main and SYNC.match(e["name"])]
+    return [s["dur"] - _union_within(sync, s["ts"], s["ts"] + s["dur"]) for s in steps]
+
+
+def timing_traces(folder: str) -> list[Path]:
+    return sorted(
+        p
+        for p in (SAMPLES / folder).glob("*.json*")
+        if p.name != "run.json" and "detailed" not in p.name
+    )
+
+
+# --- 1. one slow host is told by the hosts' own time, never by a peer's GPU idle --------------
+
+
+def test_one_slow_host_costs_its_host_time_beyond_its_peers():
+    """diagnosis/straggler: rank 1's host sleeps 15 ms a step. Its host takes longer than rank
+    0's on every step, by more than the margin: one slow host, costed at its extra host time
+    (about the sleep), not at its whole idle."""
+    result = run("diagnosis/straggler")
+    first = result.findings[0]
+    assert first.rule == "host-bound" and first.ranks == [1] and first.metrics["imbalanced"]
+    h0, h1 = (host_per_step(p) for p in timing_traces("diagnosis/straggler"))
+    assert min(h1) > max(h0) and np.median(h1) >= (1 + host.SLOW_HOST) * np.median(h0)
+    extra = float(np.median(h1) - np.median(h0))
+    assert first.cost_us == pytest.approx(extra, rel=0.01)
+    assert abs(first.cost_us - 15_000) < 3_000  # the injected sleep
+    idle = result.rank_breakdown(result.ranks[1])["idle_us"]
+    assert first.cost_us < 0.5 * idle
+    assert first.change.text.startswith("look at rank 1's host first")
+    assert f"takes {extra / 1e3:.2f} ms longer per step" in first.change.text
+
+
+@pytest.mark.parametrize(
+    "path", ["diagnosis/host-bound", "foreign-2gpu/fsdp2", "foreign-2gpu/slow-gpu"]
+)
+def test_hosts_that_take_about_as_long_make_a_launch_bound_step(path):
+    """The tiny model (both ranks launch-bound: 35 vs 31 ms of host per step) and the foreign
+    pairs whose peer's GPU idle sits either side of the old threshold: no host is the margin
+    slower than its peers, so the step is launch-bound, never one slow host."""
+    finding = run(path).diagnosis.get("host-bound")
+    hosts = [float(np.median(host_per_step(p))) for p in timing_traces(path)]
+    assert max(hosts) < (1 + host.SLOW_HOST) * min(hosts)
+    assert not finding.metrics["imbalanced"]
+    assert "a launch-bound step" in finding.cause
+    assert "look at rank" not in finding.change.text
+    assert "DataLoader" not in finding.change.text + finding.change.code
+    shown = {k: round(v / 1e3, 2) for k, v in finding.metrics["host_us"].items()}
+    assert shown == {i: round(float(np.median(h)) / 1e3, 2) for i, h in enumerate(hosts)}
+
+
+# --- 2. advice: data loading only when the trace shows it; no knob the run already set -----
+
+
+def _sim_with_late_hosts(loader: bool) -> Sim:
+    """Both hosts 8 ms late at each step's start; with `loader`, a DataLoader event covers it."""
+    sim = Sim(blocks=6, bwd_us=3000.0, ag_us=200.0, rs_us=60.0, root_rs_us=60.0, root_ag_us=100.0)
+    sim.delay = {0: 8000.0, 1: 8000.0}
+    build = sim.build
+
+    def build_with_loader():
+        builders = build()
+        for b in builders if loader else []:
+            for step in [e for e in b.events if e["name"].startswith("ProfilerStep#")]:
+                name = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+                b.label(name, step["ts"] + 100.0, 7900.0)
+        return builders
+
+    sim.build = build_with_loader
+    return sim
+
+
+@pytest.mark.parametrize("loader", [True, False])
+def test_data_loading_is_named_only_where_the_trace_shows_it(tmp_path, loader):
+    _sim_with_late_hosts(loader).write(tmp_path)
+    result = analyze(sorted(tmp_path.glob("*.json")), cache=False).only
+    finding = result.diagnosis.get("host-bound")
+    advice = finding.change.text + finding.change.code
+    if loader:  # the gap's 7.9 ms under the loader's events are data loading's
+        assert finding.metrics["largest"] == "data loading"
+        assert finding.metrics["host"]["data loading"] == pytest.approx(7900.0)
+        assert "DataLoader(" in finding.change.code
+    else:
+        assert finding.metrics["largest"] == "Python" and "DataLoader" not in advice
+        assert (
+            "data loading" not in finding.metrics["host"]
+            or not (finding.metrics["host"]["data loading"])
+        )
+
+
+def _optimizer_ops(path: Path) -> set[str]:
+    """The operators inside the optimizer steps' spans, on their thread."""
+    ev = _events(path)
+    spans = [e for e in ev if e["name"].startswith("Optimizer.step#")]
+    return {
+        e["name"]
+        for e in ev
+        if e["cat"] == "cpu_op"
+        and any(e["tid"] == s["tid"] and s["ts"] <= e["ts"] <= s["ts"] + s["dur"] for s in spans)
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "impl"),
+    [
+        ("diagnosis/host-bound", "fused"),  # fsdp-trace's captures: fused=True
+        ("foreign-2gpu/fsdp2", "foreach"),  # PyTorch's default on GPU
+        ("foreign-2gpu/fsdp2-offload", ""),  # on the CPU, tensor by tensor
+    ],
+)
+def test_the_optimizer_advice_never_names_what_it_runs_already(path, impl):
+    ops = _optimizer_ops(timing_traces(path)[0])
+    seen = (
+        "fused"
+        if any(o.startswith("aten::_fused_") for o in ops)
+        else "foreach"
+        if any(o.startswith("aten::_foreach_") for o in ops)
+        else ""
+    )
+    assert seen == impl
+    result = run(path)
+    ctx = Context(result)
+    r = ctx.gpu_ranks[0]
+    assert r.host_time.optimizer_impl == impl
+    text, code = host._advice(ctx, r.host_time, "optimizer")
+    if impl:
+        assert "fused=True" not in text + code and f"({impl})" in text
+    else:
+        assert "fused=True" in code
+
+
+# --- 3. the operators most in the gaps: each its own time, not one call chain -------------------
+
+
+def _self_by_stack(starts, ends, values):
+    """Self value by the plain walk: each interval less its direct children's values."""
+    order = sorted(range(len(starts)), key=lambda i: (starts[i], -ends[i]))
+    out = list(values)
+    stack: list[int] = []
+    for i in order:
+        while stack and ends[stack[-1]] < ends[i]:
+            stack.pop()
+        if stack:
+            out[stack[-1]] -= values[i]
+        stack.append(i)
+    return out
+
+
+def test_self_time_of_nested_operators():
+    rng = np.random.default_rng(7)
+    starts, ends = [], []
+
+    def nest(lo, hi, depth):
+        t = lo
+        while t < hi - 2 and len(starts) < 400:
+            a = t + rng.uniform(0, 2)
+            b = min(hi, a + rng.uniform(1, (hi - lo) / 2 + 1))
+            if b <= a:
+                break
+            starts.append(a)
+            ends.append(b)
+            if depth < 5:
+                nest(a, b, depth + 1)
+            t = b
+        return None
+
+    for thread in range(3):  # keys keep threads apart: thread × span + time
+        nest(thread * 1e4, thread * 1e4 + 500, 0)
+    s, e = np.array(starts), np.array(ends)
+    values = e - s
+    own = hostside._self_time(s, e)(values)
+    assert own == pytest.approx(_self_by_stack(starts, ends, list(values)), abs=1e-9)
+
+
+def test_the_operators_in_the_gaps_are_each_a_place_the_time_goes():
+    """HTA's A100 sample: aten::batch_norm → aten::_batch_norm_impl_index →
+    aten::cudnn_batch_norm is one chain, listed once (by the operator that takes the time);
+    FSDP2: the autograd wrapper and the function it runs are one place."""
+    hta = analyze(HTA).only
+    names = [n for n, _ in Context(hta).gpu_ranks[0].host_time.top_ops]
+    assert "aten::cudnn_batch_norm" in names
+    assert not {"aten::batch_norm", "aten::_batch_norm_impl_index"} & set(names)
+    fsdp2 = run("foreign-2gpu/fsdp2").diagnosis.get("host-bound")
+    assert "evaluate_function: RegisterPostBackwardFunctionBackward" not in fsdp2.evidence
+
+
+# --- 4. the profiler's estimated share of the idle ----------------------------------------------
+
+
+def test_the_profiler_estimate_says_how_much_of_the_idle_it_may_explain():
+    """No run.json: the events per step at 1.5–6 µs each, as a share of the idle. On
+    foreign-2gpu/fsdp2 that may be most of it: said so, the cost leaves out the low estimate
+    and is inferred. On HTA's A100 sample (7–27 %) the idle stays a measured cause."""
+    result = run("foreign-2gpu/fsdp2")
+    f = result.diagnosis.get("host-bound")
+    r = next(x for x in result.ranks if x.rank == f.metrics["rank"])
+    idle = result.rank_breakdown(r)["idle_us"]
+    events = r.host_time.events_per_step
+    low, high = events * 1.5, min(events * 6.0, idle)
+    assert f"may explain {100 * low / idle:.0f}–{100 * high / idle:.0f} % of the idle" in (
+        f.evidence
+    )
+    assert f.metrics["profiler_may_explain"] and f.basis in ("inferred", "predicted")
+    assert f.measured_us == pytest.approx(idle - low)
+    assert "the profiler may explain most of this idle" in f.change.text
+    g = analyze(HTA).only.diagnosis.get("host-bound")
+    assert g.kind == "cause" and not g.metrics["profiler_may_explain"]
+    assert "may explain" in g.evidence and g.basis == "measured"
+
+
+# --- 5. CPU offload: the optimizer step's host time is the optimizer's ---------------------------
+
+
+def test_the_optimizer_steps_host_time_is_the_optimizers():
+    """foreign-2gpu/fsdp2-offload: AdamW runs on the host (ops of every kind inside
+    `Optimizer.step#AdamW.step`), the GPU idle all the while: the host breakdown gives that
+    time to the optimizer, as the cpu-offload finding and the trace's own spans say."""
+    result = run("foreign-2gpu/fsdp2-offload")
+    offload = result.diagnosis.get("cpu-offload")
+    bound = result.diagnosis.get("host-bound")
+    r = next(x for x in result.ranks if x.rank == bound.metrics["rank"])
+    spans = [
+        e["dur"]
+        for e in _events(Path(r.path))
+        if e["name"].startswith("Optimizer.step#") and e["cat"] == "user_annotation"
+    ]
+    optimizer = bound.metrics["host"]["optimizer"]
+    assert optimizer == pytest.approx(float(np.median(spans)), rel=0.02)
+    assert bound.metrics["largest"] == "optimizer"
+    assert bound.metrics["host"]["Python"] < 0.05 * optimizer
+    assert optimizer == pytest.approx(offload.metrics["optimizer_cpu_us"], rel=0.01)
+
+
+@pytest.mark.parametrize("events", [0, 6000])
+def test_an_idle_the_profilers_lowest_estimate_covers_is_a_note(tmp_path, events):
+    """Both hosts 8 ms late each step (24 % of it idle), no run.json. With 6,000 more events
+    recorded per step, even 1.5 µs each (9 ms) covers the idle beyond the threshold: host-bound
+    only under the profiler, a note. Without them the idle stays a cause."""
+    sim = _sim_with_late_hosts(loader=False)
+    build = sim.build
+
+    def build_with_events():
+        builders = build()
+        for b in builders if events else []:
+            for step in [e for e in b.events if e["name"].startswith("ProfilerStep#")]:
+                for i in range(events):  # tiny operators late in the step, outside the gap
+                    b.cpu("aten::view", step["ts"] + 9000.0 + i * 0.002, 0.001)
+        return builders
+
+    sim.build = build_with_events
+    sim.write(tmp_path)
+    result = analyze(sorted(tmp_path.glob("*.json")), cache=False).only
+    finding = result.diagnosis.get("host-bound")
+    r = next(x for x in result.ranks if x.rank == finding.metrics["rank"])
+    idle = result.rank_breakdown(r)["idle_us"]
+    step = result.rank_breakdown(r)["step_us"]
+    low = r.host_time.events_per_step * host.PROFILER_US_PER_EVENT[0]
+    if events:
+        assert idle - low < host.HOST_IDLE * (step - low)
+        assert finding.kind == "measurement" and finding.title.endswith("under the profiler")
+        assert "lowest cost per recorded event" in finding.cause
+    else:
+        assert idle - low >= host.HOST_IDLE * (step - low)
+        assert finding.kind == "cause"
