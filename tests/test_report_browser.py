@@ -31,14 +31,22 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 BROWSER = os.environ.get("FSDP_TRACE_CHROMIUM") or next(
     (found for name in BROWSERS if (found := shutil.which(name))), None
 )
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        BROWSER is None,
-        reason="no Chromium found (apt-get install chromium; .ci/run installs it): "
-        "the report is not checked in a browser",
-    ),
-]
+
+
+def needs_browser(unchecked: str) -> list:
+    """The marks of a browser test: slow, and skipped (saying what goes unchecked) without
+    Chromium."""
+    return [
+        pytest.mark.slow,
+        pytest.mark.skipif(
+            BROWSER is None,
+            reason="no Chromium found (apt-get install chromium; .ci/run installs it): "
+            + unchecked,
+        ),
+    ]
+
+
+pytestmark = needs_browser("the report is not checked in a browser")
 FLAGS = [
     "--headless",
     "--no-sandbox",

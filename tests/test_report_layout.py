@@ -17,16 +17,9 @@ import pytest
 
 from fsdp_trace.render.report import RENDERED_ATTRIBUTE, write_report
 from tests.conftest import SAMPLES, run_cli
-from tests.test_report_browser import BROWSER, body_attributes, check_page, chromium
+from tests.test_report_browser import body_attributes, check_page, chromium, needs_browser
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        BROWSER is None,
-        reason="no Chromium found (apt-get install chromium; .ci/run installs it): the "
-        "pages' layout is not checked in a browser",
-    ),
-]
+pytestmark = needs_browser("the pages' layout is not checked in a browser")
 WIDTHS = (1024, 1400)
 LAYOUT = "data-layout-probe"
 # Added to a copy of the page: once every figure is drawn, what overflows, per check.

@@ -248,9 +248,10 @@ def float8_uncompiled(ctx: Context) -> Finding | None:
         else ""
     )
     reduces = len(amax(r)) / n_steps
+    synced_us = amax_exposed(r)
     synced = (
         f"; {reduces:.0f} amax all-reduces per step (scalars, one per float8 tensor scaled), "
-        f"{ms(amax_exposed(r))} of them exposed"
+        f"{ms(synced_us)} of them exposed"
         if reduces
         else ""
     )
@@ -284,7 +285,7 @@ def float8_uncompiled(ctx: Context) -> Finding | None:
             "cast_kernels": s.float8_cast_kernels,
             "launch_share": share,
             "amax_allreduces_per_step": reduces,
-            "amax_exposed_us": amax_exposed(r),
+            "amax_exposed_us": synced_us,
         },
     )
 
