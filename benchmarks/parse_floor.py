@@ -30,7 +30,7 @@ MISSING = -1
 
 
 class Args(msgspec.Struct, gc=False, frozen=True):
-    """The `args` fields the analysis reads (fsdp_trace/analysis/read/loader.py `_Args`)."""
+    """The `args` fields the analysis reads (fsdp_trace/analysis/read/events.py `Args`)."""
 
     correlation: int | None = MISSING
     external_id: int | None = msgspec.field(default=MISSING, name="External id")

@@ -43,7 +43,7 @@ t0, c0 = time.perf_counter(), cpu()
 import fsdp_trace.cli as cli
 from fsdp_trace.analysis.job import perrank
 from fsdp_trace.analysis.rank import analyze as rank
-from fsdp_trace.analysis.read import loader, validate
+from fsdp_trace.analysis.read import columns, loader, validate
 import fsdp_trace.pipeline as pipeline
 from fsdp_trace.render import terminal
 add("imports", time.perf_counter() - start, cpu())
@@ -56,10 +56,10 @@ def wrap(owner, name, stage, children=False):
         finally:
             add(stage, time.perf_counter() - t, cpu() - c, helper_cpu() - h if children else 0.0)
     setattr(owner, name, wrapped)
-wrap(loader, "_stream_parallel", "decode + columns (two processes)", children=True)
+wrap(loader, "stream_parallel", "decode + columns (two processes)", children=True)
 wrap(loader, "_stream", "decode + columns (one process)")
-wrap(loader._Columns, "merge", "merge the batches")
-wrap(loader._Columns, "frame", "frame")
+wrap(columns.Columns, "merge", "merge the batches")
+wrap(columns.Columns, "frame", "frame")
 wrap(validate, "events", "validate")
 wrap(perrank, "analyze_trace", "analyze_trace (per rank)")
 wrap(pipeline, "analyze_run", "analyze_run (config, cross-rank, breakdown, diagnosis)")

@@ -220,3 +220,16 @@ if __name__ == "__main__":
         print(f"{title}: {len(found)} circles")
         for part in found:
             print(f"  {len(part)}: {' '.join(part)}")
+
+
+# A room a newcomer reads in one sitting: the structure issue's bound on a module's length.
+MAX_LINES = 800
+
+
+def test_no_module_over_the_bound():
+    long = {
+        module_name(path): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split these by what they do: {long}"

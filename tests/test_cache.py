@@ -23,7 +23,7 @@ import pytest
 
 from fsdp_trace import analyze
 from fsdp_trace.analysis.job import perrank
-from fsdp_trace.analysis.read import cache, loader
+from fsdp_trace.analysis.read import cache, loader, parallel
 from fsdp_trace.analysis.read import trace as trace_mod
 from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.analysis.results import RankAnalysis
@@ -142,6 +142,40 @@ def test_content_change_invalidates(cache_dir, tmp_path):
     assert "gemm2" in set(after.events["name"].astype(str))
     assert len(entries(cache_dir)) == 2
     assert_same(after, load_trace(path, cache=False))
+
+
+def test_trace_entries_depend_on_every_module_the_loader_runs():
+    """An edit to any module the loader imports (within fsdp_trace) must change the trace
+    entries' code version: the sources list is checked against the loader's own imports,
+    followed module by module (a new loader stage not listed would serve stale columns)."""
+    import ast
+
+    root = Path(loader.__file__).resolve().parents[3]
+    seen, todo = set(), [Path(loader.__file__).resolve()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        if path.name == "cache.py":  # listed itself; what it imports serves the analysis entries
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if not name.startswith("fsdp_trace."):
+                    continue
+                file = root / (name.replace(".", "/") + ".py")
+                if file.is_file() and file.name != "__init__.py":
+                    todo.append(file.resolve())
+    listed = {p.resolve() for p in cache._sources("trace")}
+    # The progress bar's file name, imported lazily: no effect on the columns.
+    missing = sorted(str(p.relative_to(root)) for p in seen - listed if p.name != "printable.py")
+    assert not missing, missing
+    assert {"text.py", "events.py", "columns.py", "parallel.py"} <= {p.name for p in listed}
 
 
 @pytest.mark.parametrize("change", ["format", "loader source"])
@@ -547,9 +581,9 @@ def test_progress_bar_threshold_is_the_raw_size(tmp_path, monkeypatch):
     assert loader._ProgressBar(packed, None).progress is not None
     small = _fake_gzip(tmp_path / "small.json.gz", 1 << 20, 10 << 20)
     assert loader._ProgressBar(small, None).progress is None
-    assert loader._parallel_worth_it(packed) is False  # 60 MB: one process
+    assert parallel.parallel_worth_it(packed) is False  # 60 MB: one process
     huge = _fake_gzip(tmp_path / "huge.json.gz", 40 << 20, 400 << 20)
-    assert loader._parallel_worth_it(huge) is ((os.cpu_count() or 1) >= 2)
+    assert parallel.parallel_worth_it(huge) is ((os.cpu_count() or 1) >= 2)
 
 
 def test_json_header_of_an_entry_is_plain_json(cache_dir, trace_file):

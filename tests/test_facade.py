@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import fsdp_trace
-from fsdp_trace.present.view import config_lines, run_view
+from fsdp_trace.present.configuration import config_lines
+from fsdp_trace.present.view import run_view
 from fsdp_trace.result import SeveralRuns
 from tests.conftest import REPO, SAMPLES, run_cli
 from tests.synth import TraceBuilder

@@ -23,7 +23,7 @@ import pytest
 from fsdp_trace import analyze
 from fsdp_trace.analysis.job import perrank
 from fsdp_trace.analysis.rank.analyze import analyze_trace
-from fsdp_trace.analysis.read import loader
+from fsdp_trace.analysis.read import events, loader, parallel, text
 from fsdp_trace.analysis.read.loader import load_trace
 from tests.conftest import REPO, SAMPLES
 from tests.synth import TraceBuilder
@@ -172,13 +172,13 @@ def test_ranks_option_writes_one_file_per_rank(tmp_path):
 def _whole(path: Path) -> loader.Trace:
     """The same file decoded in one piece (the loader's fallback path, here allowed to hold
     the whole file: normally only files under its look-ahead bound are)."""
-    saved = loader._EVENTS_KEY, loader._LOOKAHEAD
-    loader._EVENTS_KEY = re.compile(rb"(?!)")  # never matches: decode whole
-    loader._LOOKAHEAD = 1 << 40
+    saved = text.EVENTS_KEY, text.LOOKAHEAD
+    text.EVENTS_KEY = re.compile(rb"(?!)")  # never matches: decode whole
+    text.LOOKAHEAD = 1 << 40
     try:
         return load_trace(path, cache=False)
     finally:
-        loader._EVENTS_KEY, loader._LOOKAHEAD = saved
+        text.EVENTS_KEY, text.LOOKAHEAD = saved
 
 
 def _same(a: loader.Trace, b: loader.Trace) -> None:
@@ -228,15 +228,15 @@ def test_cuts_inside_events_are_recovered(tmp_path, monkeypatch):
     path = b.write(tmp_path / "rank0.json")
     whole = _whole(path)
     for piece in (64, 300, 4096):
-        monkeypatch.setattr(loader, "_PIECE", piece)
+        monkeypatch.setattr(events, "PIECE", piece)
         _same(load_trace(path, cache=False), whole)
     assert whole.string_ids == {"Spans": -2, "x": -3}
     assert "odd" in set(whole.events["name"].astype(str))
 
 
 def test_two_decoding_processes_equal_one(replicated, monkeypatch):
-    monkeypatch.setattr(loader, "_BATCH", 1 << 18)  # many batches, shared by both processes
-    done = loader._stream_parallel(replicated, None)
+    monkeypatch.setattr(parallel, "BATCH", 1 << 18)  # many batches, shared by both processes
+    done = parallel.stream_parallel(replicated, None)
     assert done is not None  # the two-process path ran (no fallback)
     _, columns = done
     one = load_trace(replicated, cache=False, parallel=False)
@@ -251,9 +251,9 @@ def test_two_processes_fall_back_on_cuts_inside_events(tmp_path, monkeypatch):
         b.cpu("aten::mm", i * 1000 + 10, 50, nested=[{"a": 1}, {"b": 2}])
         b.kernel("gemm", i * 1000 + 100, 100, launch_ts=i * 1000 + 20)
     path = b.write(tmp_path / "rank0.json")
-    monkeypatch.setattr(loader, "_BATCH", 64)
-    monkeypatch.setattr(loader, "_PIECE", 64)
-    assert loader._stream_parallel(path, None) is None  # a batch cut inside an event
+    monkeypatch.setattr(parallel, "BATCH", 64)
+    monkeypatch.setattr(events, "PIECE", 64)
+    assert parallel.stream_parallel(path, None) is None  # a batch cut inside an event
     _same(load_trace(path, cache=False, parallel=True), _whole(path))
 
 

@@ -60,7 +60,7 @@ def test_the_set_up_is_recognized_and_said(path, parallelism, offload, float8):
     payload = r.to_json()["config"]["setup"]
     assert payload["value"]["description"] == setup.describe()
     assert payload["source"] and payload["evidence"]
-    from fsdp_trace.present.view import config_lines
+    from fsdp_trace.present.configuration import config_lines
 
     lines = {label: (value, source) for label, value, source in config_lines(r.config)}
     assert lines["set-up"][0] == setup.describe()

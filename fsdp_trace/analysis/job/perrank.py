@@ -262,7 +262,7 @@ def _raw(path: Path | Url) -> int:
     """Bytes of JSON to decode (for a URL: its size as listed, gzip estimated)."""
     if not is_url(path):
         return raw_size(path)  # type: ignore[arg-type]
-    from fsdp_trace.analysis.read.loader import GZIP_RATIO_GUESS
+    from fsdp_trace.analysis.read.text import GZIP_RATIO_GUESS
 
     size = max(0, path.size)  # type: ignore[union-attr]
     return size * GZIP_RATIO_GUESS if str(path).endswith(".gz") else size

@@ -228,7 +228,16 @@ def _sources(kind: str) -> list[Path]:
     # Shared by the loader and the analysis: the vocabulary, run.json reading, the errors.
     shared = [analysis.parent / name for name in ("vocab.py", "runrecord.py", "errors.py")]
     if kind == "trace":
-        names = ("loader.py", "trace.py", "validate.py", "cache.py")
+        names = (
+            "loader.py",
+            "text.py",
+            "events.py",
+            "columns.py",
+            "parallel.py",
+            "trace.py",
+            "validate.py",
+            "cache.py",
+        )
         return [read / name for name in names] + [analysis / "classify.py", *shared]
     return sorted(analysis.rglob("*.py")) + shared  # the loader, the analysis, the results
 

@@ -266,7 +266,7 @@ def _check_before_copy(fs: Any, path: str, url: str) -> None:
     """What can be told before the object is copied here, refused before it is: an archive
     member that expands past the ratio no trace has (a zip bomb: its sizes are in the
     archive's directory), and a first byte no trace starts with."""
-    from fsdp_trace.analysis.read.loader import GZIP_MAX_RATIO, GZIP_RATIO_FLOOR
+    from fsdp_trace.analysis.read.text import GZIP_MAX_RATIO, GZIP_RATIO_FLOOR
 
     try:
         info = fs.info(path)

@@ -1,0 +1,440 @@
+"""Decoded events into columns: each piece's structs become compact C arrays at once (C-level
+`map` over attribute getters, no per-event Python code); strings become categorical codes as
+they arrive; Python-stack events (with_stack traces hold ~9 of them per operator), flows and
+other non-complete events are dropped on the way. Timestamps stay exact floats (µs with ns
+fractions). `Columns.frame` makes the events' DataFrame (`fsdp_trace.analysis.read.readers`
+lists its columns)."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.analysis.read.events import COMPLETE, DROPPED_CATEGORIES, NO_ARGS, Args, Event
+from fsdp_trace.analysis.read.trace import MISSING
+
+_UNSEEN = object()  # a dict lookup's default: not seen before
+INT64 = 1 << 63
+
+# Collective arguments: on few events, kept sparse while loading (column, dtype kind).
+_RARE = (
+    ("collective_name", "cat"),
+    ("dtype", "cat"),
+    ("in_nelems", "int"),
+    ("out_nelems", "int"),
+    ("group_size", "int"),
+    ("pg_name", "cat"),
+    ("pg_desc", "cat"),
+    ("pg_ranks", "cat"),
+    ("seq", "int"),
+    ("grid", "raw"),
+    ("block", "raw"),
+)
+_DENSE_ARGS = ("correlation", "external_id", "sequence_number", "stream")
+_get = {name: attrgetter(name) for name in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+_get_arg = {name: attrgetter(name) for name in (*_DENSE_ARGS, *(r for r, _ in _RARE))}
+_get_rare = attrgetter(*(r for r, _ in _RARE))
+_get_dense = attrgetter(*_DENSE_ARGS)
+_get_input_dims = attrgetter("input_dims")
+
+# JSON names of the integer columns, for notices.
+INT_KEYS = {
+    "correlation": "correlation",
+    "external_id": "External id",
+    "sequence_number": "Sequence number",
+    "stream": "stream",
+    "in_nelems": "In msg nelems",
+    "out_nelems": "Out msg nelems",
+    "group_size": "Group size",
+    "seq": "Seq",
+}
+
+
+def fits(value: int) -> bool:
+    return -INT64 <= value < INT64
+
+
+class _IdMap:
+    """pid/tid values may be strings ('Spans', 'GPU 0'), or integers beyond int64; give them
+    stable negative ids."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, value: int | str) -> int:
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                return self.ids.setdefault(value, -2 - len(self.ids))
+        if fits(value):
+            return value
+        return self.ids.setdefault(str(value), -2 - len(self.ids))
+
+
+class Codes(dict):
+    """String -> code in order of first appearance."""
+
+    def __init__(self, watch: str | None = None) -> None:
+        super().__init__()
+        self.watch = watch
+        self.watched: set[int] = set()  # codes of strings starting with `watch`
+
+    def code(self, key: str) -> int:
+        code = self.get(key)
+        if code is None:
+            code = self[key] = len(self)
+            if self.watch is not None and key.startswith(self.watch):
+                self.watched.add(code)
+        return code
+
+    def codes(self, keys: list[str]) -> array:
+        """The codes of `keys` (a C-level dict lookup each; new strings are added)."""
+        found = list(map(self.get, keys))
+        try:
+            return array("i", found)
+        except TypeError:  # strings not seen before: coded once each, in order, then looked up
+            for key in dict.fromkeys(compress(keys, map(is_, found, repeat(None)))):
+                self.code(key)
+            return array("i", map(self.__getitem__, keys))
+
+    def categorical(self, codes: np.ndarray) -> pd.Categorical:
+        """The codes (in first-appearance order, -1 for None) as a Categorical whose categories
+        are sorted, as `pd.Categorical(values)` makes them."""
+        names = [k for k in self if k is not None]
+        if not names:
+            empty = pd.Index([], dtype=str)
+            return pd.Categorical.from_codes(np.full(codes.size, -1, np.int8), categories=empty)
+        categories = pd.Index(names, dtype=str)
+        order = np.argsort(np.asarray(names, dtype=object), kind="stable")
+        remap = np.full(len(self) + 1, -1, dtype=np.int32)
+        first = [self[k] for k in names]
+        remap[np.asarray(first, dtype=np.int64)[order]] = np.arange(len(names), dtype=np.int32)
+        codes = remap[codes]  # code -1 (None) reads remap[-1] == -1
+        return pd.Categorical.from_codes(_narrow(codes), categories=categories[order])
+
+
+def _sparse_categorical(n: int, rows: np.ndarray, values: list[str | None]) -> pd.Categorical:
+    """A text column holding `values` at `rows` (None elsewhere) as a Categorical with sorted
+    categories (as `Codes.categorical` makes them), its codes in the narrowest integer type
+    from the start: the column is mostly absent, and a full int32 array costs 4x the memory
+    traffic."""
+    names = sorted(v for v in dict.fromkeys(values) if v is not None)
+    lookup: dict[str | None, int] = {name: i for i, name in enumerate(names)}
+    lookup[None] = -1
+    dtype = next(
+        (d for d in (np.int8, np.int16, np.int32) if len(names) - 1 < np.iinfo(d).max), np.int64
+    )
+    codes = np.full(n, -1, dtype=dtype)
+    codes[rows] = np.fromiter(map(lookup.__getitem__, values), dtype, len(rows))
+    return pd.Categorical.from_codes(codes, categories=pd.Index(names, dtype=str))
+
+
+def _narrow(codes: np.ndarray) -> np.ndarray:
+    top = int(codes.max()) if codes.size else 0
+    for dtype in (np.int8, np.int16, np.int32):
+        if top < np.iinfo(dtype).max:
+            return codes.astype(dtype, copy=False)
+    return codes
+
+
+class Columns:
+    """Columns of the complete events, filled piece by piece from decoded structs."""
+
+    def __init__(
+        self, defer_metadata: bool = False, tables: tuple[Codes, Codes] | None = None
+    ) -> None:
+        self.defer_metadata = defer_metadata  # a batch: ids are given when batches merge
+        self.metadata: list[tuple[str, int | str, int | str, str]] = []
+        self.ts = array("d")
+        self.dur = array("d")
+        self.pid = array("q")
+        self.tid = array("q")
+        self.dense = {name: array("q") for name in _DENSE_ARGS}
+        self.cats, self.names = tables or (Codes(), Codes(watch="gloo:"))
+        self.cat_codes = array("i")
+        self.name_codes = array("i")
+        self.rare_rows = array("q")
+        self.rare: dict[str, list[Any]] = {name: [] for name, _ in _RARE}
+        self.has_collective = False
+        self.gloo: list[tuple[int, bytes, bytes]] = []  # (row, Input Dims, Input type)
+        self.string_ids: list[tuple[int, str, str]] = []  # (row, "pid"/"tid", value)
+        self.ids = _IdMap()
+        self.thread_names: dict[tuple[int, int], str] = {}
+        self.process_names: dict[int, str] = {}
+        self.raw_count = 0
+        self.python_events = 0  # with_stack's python_function events (dropped)
+        self.input_dims = False  # any operator carries `Input Dims` (record_shapes)
+        self.too_big: dict[str, int] = {}  # column -> integers beyond int64 read as absent
+        self.raw_text: dict[bytes, str | None] = {b"": None}  # launch shapes' text, decoded once
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def add(self, events: list[Event]) -> None:
+        """Take one piece of decoded events (in file order)."""
+        self.raw_count += len(events)
+        complete = list(compress(events, map(COMPLETE.__eq__, map(_get["ph"], events))))
+        if len(complete) != len(events):
+            metadata = [e for e in events if e.ph == "M"]
+            if metadata:
+                self._metadata(metadata)
+        events = complete
+        if not events:
+            return
+        cats = list(map(_get["cat"], events))
+        if "python_function" in cats or "Trace" in cats:  # DROPPED_CATEGORIES
+            self.python_events += cats.count("python_function")
+            keep = [c not in DROPPED_CATEGORIES for c in cats]
+            events = list(compress(events, keep))
+            cats = list(compress(cats, keep))
+        try:
+            ts = array("d", map(_get["ts"], events))
+        except TypeError:  # events without a timestamp are dropped
+            keep = [e.ts is not None for e in events]
+            events = list(compress(events, keep))
+            cats = list(compress(cats, keep))
+            ts = array("d", map(_get["ts"], events))
+        if not events:
+            return
+        row0 = len(self.ts)
+        self.ts += ts
+        try:
+            self.dur += array("d", map(_get["dur"], events))
+        except TypeError:
+            self.dur += array("d", [e.dur or 0.0 for e in events])
+        for attr, column in (("pid", self.pid), ("tid", self.tid)):
+            try:
+                column += array("q", map(_get[attr], events))
+            except (TypeError, OverflowError):  # strings, or integers beyond int64
+                column += array(
+                    "q",
+                    [
+                        self._thread_id(row0 + i, attr, getattr(e, attr))
+                        for i, e in enumerate(events)
+                    ],
+                )
+        self.cat_codes += self.cats.codes(cats)
+        name_codes = self.names.codes(list(map(_get["name"], events)))
+        self.name_codes += name_codes
+        args = list(map(_get["args"], events))
+        if None in args:
+            args = [NO_ARGS if a is None else a for a in args]
+        if not self.input_dims:
+            self.input_dims = any(map(_get_input_dims, args))
+        try:  # the four dense columns in one pass over the args, as rows of 4
+            dense = array("q", chain.from_iterable(map(_get_dense, args)))
+        except (TypeError, OverflowError):  # None, or integers beyond int64
+            for name in _DENSE_ARGS:
+                values = map(_get_arg[name], args)
+                self.dense[name] += array("q", [self._int(name, v) for v in values])
+        else:
+            rows = np.frombuffer(dense, dtype=np.int64).reshape(-1, len(_DENSE_ARGS))
+            for j, name in enumerate(_DENSE_ARGS):
+                self.dense[name].frombytes(rows[:, j].tobytes())
+        self._rare(args, row0)
+        if self.names.watched and not self.names.watched.isdisjoint(name_codes):
+            for i, code in enumerate(name_codes):
+                if code in self.names.watched and args[i].input_dims:
+                    a = args[i]
+                    self.gloo.append((row0 + i, bytes(a.input_dims), bytes(a.input_type)))
+
+    def _rare(self, args: list[Args], row0: int) -> None:
+        """Collective arguments of the events that carry a `Collective name` and of GPU events
+        (those with a stream), the only rows that read them; other rows keep them absent."""
+        n = len(args)
+        names = list(map(_get_arg["collective_name"], args))
+        named = names.count(None) != n
+        wanted = np.frombuffer(self.dense["stream"], dtype=np.int64)[row0 : row0 + n] >= 0
+        if named:
+            self.has_collective = True
+            wanted |= np.array(names, dtype=object) != None  # noqa: E711 (elementwise)
+        rows = np.flatnonzero(wanted)
+        if not rows.size:
+            return
+        self.rare_rows.frombytes((rows + row0).tobytes())
+        # One tuple of the rare fields per wanted row, transposed into one tuple per field.
+        fields = zip(*map(_get_rare, map(args.__getitem__, rows.tolist())), strict=True)
+        for (name, kind), values in zip(_RARE, fields, strict=True):
+            if kind == "raw":  # JSON text, as str: batches cross process boundaries
+                texts = list(map(bytes, values))
+                found = list(map(self.raw_text.get, texts, repeat(_UNSEEN, len(texts))))
+                if _UNSEEN in found:  # a text not seen before
+                    found = [self._raw_text(t) for t in texts]
+                self.rare[name] += found
+            elif kind == "int":
+                present = list(filter(None, values))  # zeros and absent ones fit anyway
+                if present and not (fits(max(present)) and fits(min(present))):
+                    values = tuple(None if v is None else self._int(name, v) for v in values)
+                self.rare[name] += values
+            else:
+                self.rare[name] += values
+
+    def _raw_text(self, raw: bytes) -> str | None:
+        """A launch shape's JSON text as a str (None when absent), decoded once per text."""
+        text = self.raw_text.get(raw, _UNSEEN)
+        if text is _UNSEEN:
+            text = self.raw_text[raw] = raw.decode()
+        return text  # type: ignore[return-value]
+
+    def _int(self, name: str, value: int | None) -> int:
+        """An integer argument as stored: absent (MISSING) when missing or beyond int64."""
+        if value is None:
+            return MISSING
+        if fits(value):
+            return value
+        self.too_big[name] = self.too_big.get(name, 0) + 1
+        return MISSING
+
+    def _thread_id(self, row: int, attr: str, value: int | str) -> int:
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                # Strings get negative ids after every metadata event's (as they always have).
+                self.string_ids.append((row, attr, value))
+                return 0
+        if fits(value):
+            return value
+        self.string_ids.append((row, attr, str(value)))  # beyond int64: an id like a string's
+        return 0
+
+    def _metadata(self, events: list[Event]) -> None:
+        for event in events:
+            a = event.args
+            if a is None or a.name is None:
+                continue
+            if self.defer_metadata:
+                self.metadata.append((event.name, event.pid, event.tid, a.name))
+            else:
+                self._name_thread(event.name, event.pid, event.tid, a.name)
+
+    def _name_thread(self, kind: str, pid: int | str, tid: int | str, name: str) -> None:
+        if kind == "thread_name":
+            self.thread_names[(self.ids(pid), self.ids(tid))] = name
+        elif kind == "process_name":
+            self.process_names[self.ids(pid)] = name
+
+    @classmethod
+    def merge(cls, batches: list[Columns]) -> Columns:
+        """Batches (in file order) as one set of columns, exactly as if loaded in one go."""
+        out = cls()
+        for batch in batches:  # metadata first: its string ids come before the events'
+            for item in batch.metadata:
+                out._name_thread(*item)
+        offset = 0
+        parts: dict[str, list[np.ndarray]] = {}
+        rare_rows = []
+        remaps: dict[int, np.ndarray] = {}  # per string table (batches of a process share one)
+
+        def remap(local: list[str] | Codes, codes: Codes) -> np.ndarray:
+            if id(local) not in remaps:
+                remaps[id(local)] = np.array([codes.code(k) for k in local] + [-1], np.int32)
+            return remaps[id(local)]
+
+        for batch in batches:
+            n = len(batch)
+            out.raw_count += batch.raw_count
+            out.python_events += batch.python_events
+            for name, count in batch.too_big.items():
+                out.too_big[name] = out.too_big.get(name, 0) + count
+            out.input_dims = out.input_dims or batch.input_dims
+            if not n:
+                continue
+            for attr, dtype in (
+                ("ts", np.float64),
+                ("dur", np.float64),
+                ("pid", np.int64),
+                ("tid", np.int64),
+            ):
+                parts.setdefault(attr, []).append(np.frombuffer(getattr(batch, attr), dtype))
+            for name in _DENSE_ARGS:
+                parts.setdefault(name, []).append(np.frombuffer(batch.dense[name], np.int64))
+            for attr, codes in (("cat_codes", out.cats), ("name_codes", out.names)):
+                local = getattr(batch, "cats" if attr == "cat_codes" else "names")
+                parts.setdefault(attr, []).append(
+                    remap(local, codes)[np.frombuffer(getattr(batch, attr), np.int32)]
+                )
+            rare_rows.append(np.frombuffer(batch.rare_rows, np.int64) + offset)
+            for name, _ in _RARE:
+                out.rare[name] += batch.rare[name]
+            out.has_collective |= batch.has_collective
+            out.gloo += [(row + offset, d, t) for row, d, t in batch.gloo]
+            out.string_ids += [(row + offset, a, v) for row, a, v in batch.string_ids]
+            offset += n
+        if offset:
+            out.ts, out.dur, out.pid, out.tid = (
+                np.concatenate(parts[a]) for a in ("ts", "dur", "pid", "tid")
+            )
+            out.dense = {name: np.concatenate(parts[name]) for name in _DENSE_ARGS}
+            out.cat_codes = np.concatenate(parts["cat_codes"])
+            out.name_codes = np.concatenate(parts["name_codes"])
+            out.rare_rows = np.concatenate(rare_rows)
+        return out
+
+    def frame(self) -> pd.DataFrame:
+        """The columns as a DataFrame; strings become categoricals (few distinct names)."""
+        pid = np.frombuffer(self.pid, dtype=np.int64)
+        tid = np.frombuffer(self.tid, dtype=np.int64)
+        for row, attr, value in self.string_ids:
+            (pid if attr == "pid" else tid)[row] = self.ids(value)
+        ts = np.frombuffer(self.ts, dtype=np.float64)
+        dur = np.frombuffer(self.dur, dtype=np.float64)
+        columns: dict[str, Any] = {
+            "ts": ts,
+            "dur": dur,
+            "pid": pid,
+            "tid": tid,
+            "cat": self.cats.categorical(np.frombuffer(self.cat_codes, dtype=np.int32)),
+            "name": self.names.categorical(np.frombuffer(self.name_codes, dtype=np.int32)),
+            **{name: np.frombuffer(self.dense[name], dtype=np.int64) for name in _DENSE_ARGS},
+            "end": ts + dur,
+        }
+        if self.has_collective:
+            rows = np.frombuffer(self.rare_rows, dtype=np.int64)
+            for name, kind in _RARE:
+                values = self.rare[name]
+                if kind == "int":
+                    column = np.full(len(ts), MISSING, dtype=np.int64)
+                    column[rows] = [MISSING if v is None else v for v in values]
+                    columns[name] = column
+                else:
+                    columns[name] = _sparse_categorical(len(ts), rows, values)
+        frame = pd.DataFrame(columns, copy=False)
+        if self.names.watched:
+            frame["cpu_coll_bytes"] = _gloo_payload(len(ts), self.gloo)
+        return frame
+
+
+_GLOO_SIZES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4}
+
+
+def _gloo_payload(n: int, rows: list[tuple[int, bytes, bytes]]) -> np.ndarray:
+    """Bytes of CPU (gloo) collectives, from their recorded input shapes and types."""
+    nbytes = np.full(n, MISSING, dtype=np.int64)
+    for row, raw_dims, raw_types in rows:
+        try:
+            dims = msgspec.json.decode(raw_dims)
+            types = msgspec.json.decode(raw_types) if raw_types else []
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+            continue
+        if not (isinstance(dims, list) and dims and isinstance(dims[0], list)):
+            continue
+        shape = dims[0]
+        if not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < INT64 for d in shape
+        ):
+            continue  # not a shape: left unknown
+        numel = math.prod(shape)
+        kind = types[0] if isinstance(types, list) and types else "float"
+        size = _GLOO_SIZES.get(kind, 4) if isinstance(kind, str) else 4
+        if numel * size < INT64:
+            nbytes[row] = numel * size
+    return nbytes
