@@ -271,7 +271,7 @@ def test_the_cli_names_every_knob_the_replay_takes():
 
 
 # Pairs of real captures where one knob differs: (measured run, the change, the run that has
-# it). whatif-1gpu: one H100 (benchmarks/gpu_captures_f.sh); the rest: two H100s.
+# it). whatif-1gpu: one H100 (benchmarks/gpu_runs_1gpu.sh); the rest: two H100s.
 W = "whatif-1gpu/"
 REAL_PAIRS = [
     (W + "gpt-small-b16-ac0", Knobs(ac_coverage=1.0), W + "gpt-small-b16-ac1"),

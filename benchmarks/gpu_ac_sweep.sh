@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Third GPU session (device tool, `nvidia-h200-x2`, carry .whl with plotly+narwhals+msgspec):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-#   PYTHONPATH=/tmp/site bash benchmarks/gpu_captures_d.sh
+#   PYTHONPATH=/tmp/site bash benchmarks/gpu_ac_sweep.sh
 # The AC-coverage sweep (kept small: run.json files and the plot), and a tuned GPU-bound capture.
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-} FSDP_TRACE_QUIET=1 PYTHONUNBUFFERED=1

@@ -2,8 +2,8 @@
 # Fourth GPU session (device tool, `nvidia-h100-x1`: one GPU; the multi-GPU kinds were
 # withheld). The package is carried as committed:
 #   rm -rf .gpu && mkdir .gpu && git archive HEAD fsdp_trace | tar -x -C .gpu
-#   cp benchmarks/gpu_captures_f.sh .gpu/ && cd .gpu && PYTHONPATH=$PWD bash gpu_captures_f.sh pairs
-#   ... bash gpu_captures_f.sh tune
+#   cp benchmarks/gpu_runs_1gpu.sh .gpu/ && cd .gpu && PYTHONPATH=$PWD bash gpu_runs_1gpu.sh pairs
+#   ... bash gpu_runs_1gpu.sh tune
 # pairs: what-if validation pairs on one GPU, one knob changed at a time (activation-checkpoint
 # coverage, local batch), 30 un-profiled timed steps each and the host probe (the host's own
 # speed, for the replay); gpt-small b16 captured twice (run-to-run noise). Timing traces and

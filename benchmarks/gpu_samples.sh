@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU captures behind sample_traces/ and benchmarks/results/, run on the device tool's
 # `nvidia-h200-x2` (2x H200, NVLink) from the repository root:
-#     bash benchmarks/gpu_captures.sh
+#     bash benchmarks/gpu_samples.sh
 # `python3 -m fsdp_trace` is `fsdp-trace` without installing the package (the GPU image has
 # torch, typer and rich; nothing else is needed to capture). Every run is a plain
 # `fsdp-trace capture`; its run.json records the equivalent command (`command`, rebuilt from the
@@ -27,7 +27,7 @@ cap() {  # cap DIR [env VAR=VALUE ...] -- capture args
 }
 
 # --- sample traces: a small GPT (8 blocks), 2 GPUs without and with full AC, 1-GPU baseline
-# (batch 4; the shipped sample_traces/gpt-small-* are the batch-16 runs of gpu_captures_c.sh)
+# (batch 4; the shipped sample_traces/gpt-small-* are the batch-16 runs of gpu_samples_gpu_bound.sh)
 S=$R/samples
 cap $S/gpt-small-1gpu -- --model gpt-small --nproc-per-node 1
 cap $S/gpt-small-2gpu -- --model gpt-small --nproc-per-node 2 --baseline $S/gpt-small-1gpu

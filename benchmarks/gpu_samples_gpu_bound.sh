@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Second GPU session (device tool, `nvidia-h200-x2`, carry .whl with plotly+narwhals+msgspec):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-#   PYTHONPATH=/tmp/site bash benchmarks/gpu_captures_c.sh
+#   PYTHONPATH=/tmp/site bash benchmarks/gpu_samples_gpu_bound.sh
 # GPU-bound sample traces (batch 16), tuned benchmark variants, and the AC-coverage sweep.
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-} FSDP_TRACE_QUIET=1 PYTHONUNBUFFERED=1
