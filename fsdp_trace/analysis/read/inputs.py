@@ -1,13 +1,19 @@
 """What the user pointed at, as runs: each run is the traces of one training job (one rank
 each, timing and optionally detailed), with its run.json when it has one. A run is the unit
-of the cross-rank view, the inferred configuration and the diagnosis."""
+of the cross-rank view, the inferred configuration and the diagnosis.
+
+`resolve` is the one pass from the user's paths to `Inputs`: each path is opened (a trace
+file, or a folder), each folder walked (`_walk`), each run folder found read (`capture_run`).
+The walk and the run reader see a folder through `Folder`: `LocalFolder` here, and
+`remote.UrlFolder` (fsspec) for a URL, so local and URL inputs are found and refused alike."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from fsdp_trace.analysis.read import readers, remote
 from fsdp_trace.analysis.read.readers import OWN_RECORDS, SUMMARY
@@ -16,13 +22,16 @@ from fsdp_trace.errors import UserError
 from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
 from fsdp_trace.vocab import Source
 
+# A trace file: a local path, or an object named by a URL.
+File = Path | remote.Url
+
 
 @dataclass(frozen=True)
 class TraceInput:
     """One trace file to analyze (a local path, or a URL: `fsdp_trace.analysis.read.remote`), and
     what kind of trace it is."""
 
-    path: Path | remote.Url
+    path: File
     source: str = Source.TRACE
 
 
@@ -37,56 +46,142 @@ class RunInput:
     sources: list[str] = field(default_factory=list)  # the user's paths behind it
 
 
-def is_trace_file(path: Path) -> bool:
-    return (
-        path.is_file() and path.name.endswith(readers.suffixes()) and path.name not in OWN_RECORDS
-    )
+class Folder(Protocol):
+    """A folder the inputs may be in, as the walk (`_walk`) and the run reader (`capture_run`)
+    see it: `LocalFolder` here, `remote.UrlFolder` behind an fsspec URL. Both kinds are found
+    and read by the same code, so a layout means the same runs and files wherever it lies."""
+
+    @property
+    def where(self) -> Path | remote.Url:
+        """What runs and messages name it by."""
+        ...
+
+    def key(self) -> str:
+        """Its identity in one walk: a folder reached again (a link loop) is read once."""
+        ...
+
+    def same_as(self, other: Path | remote.Url) -> bool:
+        """Whether `other`, named otherwise, is this folder (a local symbolic link)."""
+        ...
+
+    def holds_run(self) -> bool:
+        """Whether it has a run.json (then it is a run: nothing below is searched)."""
+        ...
+
+    def entries(self) -> tuple[Sequence[tuple[str, File]], Sequence[tuple[str, Folder]]]:
+        """Its files and subfolders, each with its name; a UserError when it cannot be read."""
+        ...
+
+    def read_run(self) -> RunRecord: ...
+
+    def leads_out(self, name: str) -> bool:
+        """Whether a name its run.json gives leads out of it (a run.json is input, not trusted)."""
+        ...
+
+    def named(self, name: str) -> str:
+        """How messages name the file `name` in it."""
+        ...
+
+    def members(self) -> Callable[[str], File | None]:
+        """A lookup of its files by name (relative, `/`-separated): the file, None if absent."""
+        ...
+
+    def kept(self) -> list[str]:
+        """Names of the files it has, for the message of a run whose traces are all absent."""
+        ...
 
 
-def _rank_key(path: Path) -> tuple[int, str]:
-    rank = rank_from_name(path)
-    return (rank if rank is not None else 1 << 30, path.name)
+class LocalFolder:
+    """A local folder, as `Folder`. A folder or entry that cannot be examined makes the folder
+    unreadable (`Path.is_file` raises PermissionError in a folder we cannot search)."""
 
+    def __init__(self, path: Path) -> None:
+        self.where = path
 
-def _inside(folder: Path, name: str) -> Path:
-    """`folder / name`, refused when the name leads out of `folder` (a run.json is input, not
-    trusted): an absolute path or `..`. Symbolic links inside the folder are the user's own."""
-    path = folder / name
-    base = os.path.abspath(folder)
-    if os.path.isabs(name) or os.path.commonpath([base, os.path.abspath(path)]) != base:
-        raise UserError(
-            f"{folder / RUN_FILE}: lists the trace {name!r}, which is outside the run "
-            "directory: refused (a run.json names its traces relative to its own folder)"
-        )
-    return path
+    def _unreadable(self, exc: OSError) -> UserError:
+        return UserError(f"{self.where}: cannot read the folder ({exc.strerror or exc})")
 
+    def key(self) -> str:
+        return os.path.realpath(self.where)
 
-def capture_run(path: Path) -> RunInput:
-    """A capture run directory: its timing traces (all of them must be there) and the
-    detailed ones that are (users delete them to save space)."""
-    run = read_run(path)
-    timing = [TraceInput(_inside(path, f), Source.TIMING) for f in run.files.timing]
-    missing = [str(t.path) for t in timing if not t.path.is_file()]
-    if timing and len(missing) == len(timing):
+    def same_as(self, other: Path | remote.Url) -> bool:
+        return isinstance(other, Path) and os.path.samefile(self.where, other)
+
+    def holds_run(self) -> bool:
         try:
-            kept = [p.name for p in path.iterdir() if p.is_file()]
+            return (self.where / RUN_FILE).exists()
+        except OSError as exc:
+            raise self._unreadable(exc) from None
+
+    def entries(self) -> tuple[list[tuple[str, Path]], list[tuple[str, LocalFolder]]]:
+        try:
+            listed = sorted(self.where.iterdir())
+            files = [(p.name, p) for p in listed if p.is_file()]
+            folders = [(p.name, LocalFolder(p)) for p in listed if p.is_dir()]
+        except OSError as exc:
+            raise self._unreadable(exc) from None
+        return files, folders
+
+    def read_run(self) -> RunRecord:
+        return read_run(self.where)
+
+    def leads_out(self, name: str) -> bool:
+        """Absolute, or out through `..`; symbolic links inside the folder are the user's own."""
+        base = os.path.abspath(self.where)
+        inside = os.path.abspath(self.where / name)
+        return os.path.isabs(name) or os.path.commonpath([base, inside]) != base
+
+    def named(self, name: str) -> str:
+        return str(self.where / name)
+
+    def members(self) -> Callable[[str], Path | None]:
+        return lambda name: path if (path := self.where / name).is_file() else None
+
+    def kept(self) -> list[str]:
+        try:
+            return [p.name for p in self.where.iterdir() if p.is_file()]
         except OSError:
-            kept = [RUN_FILE]
-        raise _left_out(path, len(timing), kept)
+            return [RUN_FILE]
+
+
+def capture_run(folder: Folder) -> RunInput:
+    """A capture run folder: its timing traces (all of them must be there) and the detailed
+    ones that are (users delete them to save space)."""
+    run = folder.read_run()
+    member = folder.members()
+    timing = [member(name) for name in _inside(folder, run.files.timing)]
+    missing = [folder.named(n) for n, f in zip(run.files.timing, timing, strict=True) if f is None]
+    if timing and len(missing) == len(timing):
+        raise _left_out(folder.where, len(timing), folder.kept())
     if missing or not timing:
         raise UserError(
-            f"{path}: run.json lists timing traces that are missing: {', '.join(missing[:3])}"
+            f"{folder.where}: run.json lists timing traces that are missing: "
+            f"{', '.join(missing[:3])}"
             if missing
-            else f"{path}: run.json lists no timing traces: re-run the capture"
+            else f"{folder.where}: run.json lists no timing traces: re-run the capture"
         )
-    detailed = [TraceInput(_inside(path, f), Source.DETAILED) for f in run.files.detailed]
+    detailed = [member(name) for name in _inside(folder, run.files.detailed)]
+    where = folder.where
     return RunInput(
-        path.name or str(path),
-        timing + [t for t in detailed if t.path.is_file()],
+        where.name or str(where),
+        [TraceInput(f, Source.TIMING) for f in timing if f is not None]
+        + [TraceInput(f, Source.DETAILED) for f in detailed if f is not None],
         run,
-        path,
-        [str(path)],
+        where,
+        [str(where)],
     )
+
+
+def _inside(folder: Folder, names: list[str]) -> list[str]:
+    """`names`, refused (a one-line error) when one leads out of `folder`: the one check, and
+    the one message, for local and URL runs alike."""
+    for name in names:
+        if folder.leads_out(name):
+            raise UserError(
+                f"{folder.named(RUN_FILE)}: lists the trace {name!r}, which is outside the run "
+                "directory: refused (a run.json names its traces relative to its own folder)"
+            )
+    return names
 
 
 def _left_out(where: object, listed: int, kept: list[str]) -> UserError:
@@ -100,43 +195,6 @@ def _left_out(where: object, listed: int, kept: list[str]) -> UserError:
     )
 
 
-def _name_inside(folder: str, name: str) -> str:
-    """A run.json's trace name, refused when it leads out of its (URL) folder."""
-    parts = name.split("/")
-    if name.startswith("/") or ".." in parts or remote.is_url(name):
-        raise UserError(
-            f"{folder}/{RUN_FILE}: lists the trace {name!r}, which is outside the run "
-            "directory: refused (a run.json names its traces relative to its own folder)"
-        )
-    return name
-
-
-def capture_run_url(folder: remote.Url) -> RunInput:
-    """A capture run directory named by a URL, as `capture_run` reads a local one."""
-    run = remote.read_run_file(folder)
-    present = remote.listed_files(folder)  # name relative to the folder -> size
-
-    def traces(names: list[str], source: str) -> list[TraceInput]:
-        return [
-            TraceInput(remote.Url(folder.child(n).url, present.get(n, -1)), source)
-            for n in names
-            if _name_inside(folder.url, n) in present
-        ]
-
-    timing = traces(run.files.timing, Source.TIMING)
-    missing = [folder.child(n).url for n in run.files.timing if n not in present]
-    if run.files.timing and not timing:
-        raise _left_out(folder, len(run.files.timing), list(present))
-    if missing or not timing:
-        raise UserError(
-            f"{folder}: run.json lists timing traces that are missing: {', '.join(missing[:3])}"
-            if missing
-            else f"{folder}: run.json lists no timing traces: re-run the capture"
-        )
-    detailed = traces(run.files.detailed, Source.DETAILED)
-    return RunInput(folder.name or folder.url, timing + detailed, run, folder, [folder.url])
-
-
 # How deep below a given folder run directories and traces are looked for (a sweep's folder,
 # torchtitan's profile_traces/iteration_N/, a parent of several runs).
 SEARCH_DEPTH = 3
@@ -148,36 +206,44 @@ class Inputs:
     content (`fsdp_trace.analysis.read.grouping`)."""
 
     runs: list[RunInput]
-    loose: list[Path | remote.Url]
-    sources: dict[Path | remote.Url, str]  # each loose file → the user's path that named it
+    loose: list[File]
+    sources: dict[File, str]  # each loose file → the user's path that named it
     # Runs found below a given folder that cannot be analyzed, one line each (a folder of
     # many runs analyzes those it can); a run named itself is an error instead.
     skipped: list[str] = field(default_factory=list)
 
 
+def _rank_order(entry: tuple[str, File]) -> tuple[int, str]:
+    rank = rank_from_name(Path(entry[0]))
+    return (rank if rank is not None else 1 << 30, entry[0])
+
+
 def _walk(
-    folder: Path, depth: int, skipped: list[str], seen: set[str] | None = None
-) -> tuple[list[Path], list[Path]]:
-    """Capture run folders and loose trace files at or below `folder`; a subfolder that
-    cannot be read is said in `skipped` (`folder` itself: an error). A folder reached again
-    through a symbolic link (a link to a folder above it, a loop) is read once."""
-    seen = set() if seen is None else seen
-    real = os.path.realpath(folder)
-    if real in seen:
+    folder: Folder, depth: int, skipped: list[str], seen: set[str]
+) -> tuple[list[Folder], list[File]]:
+    """Capture run folders and loose trace files (rank-ordered) at or below `folder`, at most
+    `depth` folders down: a folder with run.json is a run, a folder with traces is not
+    searched further, hidden folders are not searched. A subfolder that cannot be read is
+    said in `skipped` (`folder` itself: an error); one reached again is read once."""
+    key = folder.key()
+    if key in seen:
         return [], []
-    seen.add(real)
-    try:  # Path.exists/is_file/is_dir raise PermissionError in a folder we cannot search
-        if (folder / RUN_FILE).exists():
-            return [folder], []
-        entries = sorted(folder.iterdir())
-        files = sorted((p for p in entries if is_trace_file(p)), key=_rank_key)
-        subfolders = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
-    except OSError as exc:
-        raise UserError(f"{folder}: cannot read the folder ({exc.strerror or exc})") from None
-    if files or depth == 0:
-        return [], files
-    runs, loose = [], []
-    for sub in subfolders:
+    seen.add(key)
+    if folder.holds_run():
+        return [folder], []
+    files, subfolders = folder.entries()
+    traces = [
+        file
+        for name, file in sorted(files, key=_rank_order)
+        if name.endswith(readers.suffixes()) and name not in OWN_RECORDS
+    ]
+    if traces or depth == 0:
+        return [], traces
+    runs: list[Folder] = []
+    loose: list[File] = []
+    for name, sub in sorted(subfolders, key=lambda entry: entry[0]):
+        if name.startswith("."):
+            continue
         try:
             r, f = _walk(sub, depth - 1, skipped, seen)
         except UserError as exc:
@@ -188,80 +254,81 @@ def _walk(
     return runs, loose
 
 
+def _open_local(path: Path) -> Path | LocalFolder:
+    """A local path as a trace file (of a format some reader takes) or a folder."""
+    try:
+        exists, is_file, is_dir = path.exists(), path.is_file(), path.is_dir()
+    except OSError as exc:  # in a folder we cannot search: PermissionError
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not exists:
+        raise UserError(f"{path}: no such file or directory")
+    if is_file:
+        readers.reader_for(path)  # a format some reader takes, else a one-line error
+        return path
+    if is_dir:
+        return LocalFolder(path)
+    raise UserError(f"{path}: not a regular file or a folder")
+
+
+def _file_key(file: File) -> str:
+    """A file's identity: one file is analyzed once, however named (a local path resolved)."""
+    return file.url if isinstance(file, remote.Url) else os.path.realpath(file)
+
+
 def resolve(paths: str | Path | Sequence[str | Path]) -> Inputs:
-    """The capture runs and loose trace files behind `paths`."""
+    """The capture runs and loose trace files behind `paths`, local or URLs, in one pass:
+    each path opened (a file, or a folder walked), each run found read."""
     if isinstance(paths, str | Path):
         paths = [paths]
     if not paths:
         raise UserError("no input: give trace files, run directories or trace directories")
     runs: list[RunInput] = []
-    loose: list[Path | remote.Url] = []
-    sources: dict[Path | remote.Url, str] = {}
+    loose: list[File] = []
+    sources: dict[File, str] = {}
     skipped: list[str] = []
-    real_files: set[str] = set()
+    files_seen: set[str] = set()
 
-    def add(folder, read, given) -> None:
-        """The run in `folder`, read by `read`; one found below the given path that cannot
-        be read is said in `skipped`."""
-        if any(folder == r.run_dir for r in runs):
+    def add(folder: Folder, given: Path | remote.Url) -> None:
+        """The run in `folder`; one found below the given path that cannot be read is said
+        in `skipped`."""
+        if any(folder.where == r.run_dir for r in runs):
             return
-        if isinstance(folder, Path) and any(
-            isinstance(r.run_dir, Path) and os.path.samefile(folder, r.run_dir) for r in runs
-        ):
+        if any(r.run_dir is not None and folder.same_as(r.run_dir) for r in runs):
             return  # the same folder under another name (a symbolic link)
         try:
-            run = read(folder)
+            run = capture_run(folder)
         except UserError as exc:
-            if folder == given:
+            if folder.where == given:
                 raise
             skipped.append(exc.message)
             return
         if any(r.name == run.name for r in runs):  # a/run and b/run: by their path
-            run.name = getattr(folder, "url", None) or str(folder)
+            run.name = str(folder.where)
         runs.append(run)
 
     for raw in paths:
-        if remote.is_url(raw):  # found through its fsspec filesystem
-            url_runs, url_files = remote.find(str(raw), SEARCH_DEPTH)
-            if not url_runs and not url_files:
-                raise UserError(
-                    f"{raw}: no .json/.json.gz traces and no run.json here or "
-                    f"{SEARCH_DEPTH} folders below"
-                )
-            for folder in url_runs:
-                add(folder, capture_run_url, remote.Url(str(raw).rstrip("/")))
-            for file in url_files:
-                if file not in sources:
-                    loose.append(file)
-                    sources[file] = str(raw)
-            continue
-        path = Path(raw)
-        try:
-            exists, is_file, is_dir = path.exists(), path.is_file(), path.is_dir()
-        except OSError as exc:  # in a folder we cannot search: PermissionError
-            raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        if not exists:
-            raise UserError(f"{path}: no such file or directory")
-        if is_file:
-            readers.reader_for(path)  # a format some reader takes, else a one-line error
-            found_runs, found = [], [path]
-        elif is_dir:
-            found_runs, found = _walk(path, SEARCH_DEPTH, skipped)
-            if not found_runs and not found:
-                raise UserError(
-                    f"{path}: no .json/.json.gz traces and no run.json here or "
-                    f"{SEARCH_DEPTH} folders below"
-                )
+        if remote.is_url(raw):
+            named, given = str(raw), remote.Url(str(raw).rstrip("/"))
+            found = remote.open_url(named, SEARCH_DEPTH)
         else:
-            raise UserError(f"{path}: not a regular file or a folder")
+            given = Path(raw)
+            named, found = str(given), _open_local(given)
+        if isinstance(found, Path | remote.Url):
+            found_runs, found_files = [], [found]
+        else:
+            found_runs, found_files = _walk(found, SEARCH_DEPTH, skipped, set())
+            if not found_runs and not found_files:
+                raise UserError(
+                    f"{named}: no .json/.json.gz traces and no run.json here or "
+                    f"{SEARCH_DEPTH} folders below"
+                )
         for folder in found_runs:
-            add(folder, capture_run, path)
-        for file in found:
-            real = os.path.realpath(file)
-            if file not in sources and real not in real_files:  # a file once, however named
-                real_files.add(real)
+            add(folder, given)
+        for file in found_files:
+            if (key := _file_key(file)) not in files_seen:
+                files_seen.add(key)
                 loose.append(file)
-                sources[file] = str(path)
+                sources[file] = named
     if not runs and not loose:
         more = f" (and {len(skipped) - 1} more runs cannot be analyzed)" if len(skipped) > 1 else ""
         raise UserError(skipped[0] + more)

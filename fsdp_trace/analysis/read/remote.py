@@ -23,11 +23,14 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsdp_trace.errors import UserError
+
+if TYPE_CHECKING:
+    from fsdp_trace.runrecord import RunRecord
 
 # `proto://…` or an fsspec chain `cache::proto://…`.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(::[A-Za-z][A-Za-z0-9+.\-]*)*://")
@@ -122,102 +125,132 @@ def _io_error(url: str, exc: Exception, doing: str = "cannot read") -> UserError
     return UserError(f"{url}: {doing} ({type(exc).__name__}: {_first_line(exc)})")
 
 
-# --- finding the traces behind a URL ---------------------------------------------------------
+# --- a folder behind a URL ------------------------------------------------------------------
 
 
-def find(url: str, depth: int) -> tuple[list[Url], list[Url]]:
-    """Run folders (holding run.json) and loose trace files at or below `url`, as the local
-    walk finds them (`fsdp_trace.analysis.read.inputs`): a folder with run.json is a run, a folder
-    with traces is not searched further, and at most `depth` folders down."""
+class _Entry(NamedTuple):
+    """One object of a listing: its last name part, and its size in bytes (-1 unknown)."""
+
+    name: str
+    is_folder: bool
+    size: int
+
+
+def _entry(name: str, item: dict[str, Any]) -> _Entry:
+    return _Entry(name, item.get("type") == "directory", int(item.get("size") or -1))
+
+
+def open_url(url: str, depth: int) -> Url | UrlFolder:
+    """What a URL names: a trace file (of a format some reader takes), or a folder, listed
+    once down to `depth` folders below it (and the files in the deepest): what the walk in
+    `fsdp_trace.analysis.read.inputs` reads, one object per call for a whole tree."""
     from fsdp_trace.analysis.read import readers
-    from fsdp_trace.analysis.read.readers import OWN_RECORDS
-    from fsdp_trace.analysis.read.trace import rank_from_name
-    from fsdp_trace.runrecord import RUN_FILE
 
     fs, root = filesystem(url)
     try:
         info = fs.info(root)
         if info.get("type") != "directory":
             readers.reader_for(Path(Url(url).name))  # a format some reader takes
-            return [], [Url(url, int(info.get("size") or -1))]
+            return Url(url, int(info.get("size") or -1))
         listing = fs.find(root, maxdepth=depth + 1, withdirs=True, detail=True)
     except Exception as exc:
         raise _io_error(url, exc, "cannot list") from None
     base = root.rstrip("/")
-    folders: dict[str, list[tuple[str, dict]]] = {}
+    tree: dict[str, list[_Entry]] = {}
     for name, item in listing.items():
         name = name.rstrip("/")
         if name == base or not name.startswith(base + "/"):
             continue
         parent, _, leaf = name.rpartition("/")
-        folders.setdefault(parent, [])
-        if item.get("type") == "directory":
-            folders.setdefault(name, [])
-        folders[parent].append((leaf, item))
+        entry = _entry(leaf, item)
+        tree.setdefault(parent, []).append(entry)
+        if entry.is_folder:
+            tree.setdefault(name, [])
+    return UrlFolder(fs, base, tree)
 
-    def to_url(name: str, size: int = -1) -> Url:
-        if _is_local(fs):
+
+class UrlFolder:
+    """A folder behind a URL, as `fsdp_trace.analysis.read.inputs.Folder` (the walk and the
+    run reader read local and URL folders alike): listed from `open_url`'s one listing, and
+    a run folder's own files listed once more, all the way down, when its run is read."""
+
+    def __init__(self, fs: Any, path: str, tree: dict[str, list[_Entry]]) -> None:
+        self._fs, self._path, self._tree = fs, path, tree
+        self._listed: dict[str, int] | None = None  # a run folder's files -> sizes
+        self.where = self._url(path)
+
+    def _url(self, name: str, size: int = -1) -> Url:
+        if _is_local(self._fs):
             return Url("file://" + name, size)
-        return Url(fs.unstrip_protocol(name), size)
+        return Url(self._fs.unstrip_protocol(name), size)
 
-    def walk(folder: str, left: int) -> tuple[list[Url], list[Url]]:
-        entries = sorted(folders.get(folder, []))
-        if any(leaf == RUN_FILE and item.get("type") != "directory" for leaf, item in entries):
-            return [to_url(folder)], []
-        files = [
-            to_url(f"{folder}/{leaf}", int(item.get("size") or -1))
-            for leaf, item in entries
-            if item.get("type") != "directory"
-            and leaf.endswith(readers.suffixes())
-            and leaf not in OWN_RECORDS
-        ]
-        if files or left == 0:
-            rank = lambda u: r if (r := rank_from_name(Path(u.name))) is not None else 1 << 30  # noqa: E731
-            return [], sorted(files, key=lambda u: (rank(u), u.name))
-        runs: list[Url] = []
-        loose: list[Url] = []
-        for leaf, item in entries:
-            if item.get("type") == "directory" and not leaf.startswith("."):
-                r, f = walk(f"{folder}/{leaf}", left - 1)
-                runs += r
-                loose += f
-        return runs, loose
+    def key(self) -> str:
+        return self.where.url
 
-    return walk(base, depth)
+    def same_as(self, other: Path | Url) -> bool:
+        return False  # one name per object: equal URLs are the same folder
 
+    def holds_run(self) -> bool:
+        from fsdp_trace.runrecord import RUN_FILE
 
-def read_run_file(folder: Url):  # -> RunRecord
-    """A URL run folder's run.json, with the local reader's checks and messages."""
-    from fsdp_trace.runrecord import RUN_FILE, RUN_FILE_MAX_BYTES, parse_run
+        return any(e.name == RUN_FILE and not e.is_folder for e in self._tree.get(self._path, []))
 
-    where = folder.child(RUN_FILE).url
-    fs, path = filesystem(where)
-    try:
-        size = int(fs.info(path).get("size") or 0)
-        if size > RUN_FILE_MAX_BYTES:
-            raise UserError(
-                f"{where}: over {RUN_FILE_MAX_BYTES >> 20} MB, not a run.json fsdp-trace wrote "
-                "(those are a few KB): re-run the capture or remove the file"
-            )
-        text = fs.cat_file(path)
-    except Exception as exc:
-        raise _io_error(where, exc) from None
-    return parse_run(text, where)
+    def entries(self) -> tuple[list[tuple[str, Url]], list[tuple[str, UrlFolder]]]:
+        files: list[tuple[str, Url]] = []
+        folders: list[tuple[str, UrlFolder]] = []
+        for e in self._tree.get(self._path, []):
+            path = f"{self._path}/{e.name}"
+            if e.is_folder:
+                folders.append((e.name, UrlFolder(self._fs, path, self._tree)))
+            else:
+                files.append((e.name, self._url(path, e.size)))
+        return files, folders
 
+    def read_run(self) -> RunRecord:
+        """Its run.json, with the local reader's checks and messages."""
+        from fsdp_trace.runrecord import RUN_FILE, RUN_FILE_MAX_BYTES, parse_run
 
-def listed_files(folder: Url) -> dict[str, int]:
-    """Files at or below a URL folder (names relative to it, `/`-separated), and their sizes."""
-    fs, path = filesystem(folder.url)
-    base = path.rstrip("/") + "/"
-    try:
-        items = fs.find(path, detail=True)
-    except Exception as exc:
-        raise _io_error(folder.url, exc, "cannot list") from None
-    return {
-        name[len(base) :]: int(item.get("size") or -1)
-        for name, item in items.items()
-        if name.startswith(base) and item.get("type") != "directory"
-    }
+        where = self.named(RUN_FILE)
+        fs, path = filesystem(where)
+        try:
+            size = int(fs.info(path).get("size") or 0)
+            if size > RUN_FILE_MAX_BYTES:
+                raise UserError(
+                    f"{where}: over {RUN_FILE_MAX_BYTES >> 20} MB, not a run.json fsdp-trace "
+                    "wrote (those are a few KB): re-run the capture or remove the file"
+                )
+            text = fs.cat_file(path)
+        except Exception as exc:
+            raise _io_error(where, exc) from None
+        return parse_run(text, where)
+
+    def leads_out(self, name: str) -> bool:
+        """Whether a run.json's trace name leaves this folder: object stores take `..` as a
+        name, so any `..`, a rooted name or a URL is refused."""
+        return name.startswith("/") or ".." in name.split("/") or is_url(name)
+
+    def named(self, name: str) -> str:
+        return self.where.child(name).url
+
+    def members(self) -> Callable[[str], Url | None]:
+        """Its files at any depth, listed once (names relative to it, `/`-separated)."""
+        fs, path = filesystem(self.where.url)
+        base = path.rstrip("/") + "/"
+        try:
+            items = fs.find(path, detail=True)
+        except Exception as exc:
+            raise _io_error(self.where.url, exc, "cannot list") from None
+        listed: dict[str, int] = {}
+        for name, item in items.items():
+            entry = _entry(name[len(base) :], item)
+            if name.startswith(base) and not entry.is_folder:
+                listed[entry.name] = entry.size
+        self._listed = listed
+        return lambda name: Url(self.named(name), listed[name]) if name in listed else None
+
+    def kept(self) -> list[str]:
+        """The files `members` listed."""
+        return list(self._listed or {})
 
 
 # --- reading one trace ----------------------------------------------------------------------
