@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 DASH = "—"
+# A CPU (gloo) run's scaling efficiency, as every view and the gate say it.
+CPU_SCALING = "not meaningful on CPU: every rank shares the host's cores"
 
 
 def finite(value: Any) -> bool:
@@ -84,3 +87,9 @@ def ranks_text(ranks: Sequence[int], limit: int = 6) -> str:
         return ""
     shown = ", ".join(map(str, ranks[:limit])) + (", …" if len(ranks) > limit else "")
     return f"{agree(len(ranks), 'rank', 'ranks')} {shown}"
+
+
+def short_name(run: Any) -> str:
+    """'r2/ac0.50-2gpu': a run by its folder and name (repeats differ by their folder)."""
+    path = Path(str(run))
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name

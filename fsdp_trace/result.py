@@ -245,7 +245,3 @@ class Result:
         from fsdp_trace.present.payload import to_json
 
         return to_json(self)
-
-
-def timing_ranks(run: RunAnalysis) -> list[RankAnalysis]:
-    return [r for r in run.ranks if r.source != Source.DETAILED]

@@ -399,3 +399,9 @@ def _type_name(tp: Any) -> str:
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+def on_cpu(record: RunRecord) -> bool:
+    """A CPU run: device "cpu" (or, where run.json names none, the gloo backend)."""
+    world = record.world
+    return world.device == "cpu" or (world.device is None and world.backend == "gloo")

@@ -16,7 +16,7 @@ import pandas as pd
 
 from fsdp_trace import atomic
 from fsdp_trace.errors import UserError
-from fsdp_trace.fmt import plural
+from fsdp_trace.fmt import plural, short_name
 from fsdp_trace.printable import printable
 from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
 from fsdp_trace.vocab import Source
@@ -481,12 +481,6 @@ def _fill_efficiency(table: pd.DataFrame) -> pd.DataFrame:
     table["baseline"] = names
     table["baseline_alloc_retries"] = pd.array(retries, dtype="Int64")
     return table
-
-
-def short_name(run: Any) -> str:
-    """'r2/ac0.50-2gpu': a run by its folder and name (repeats differ by their folder)."""
-    path = Path(str(run))
-    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
 
 
 def _coverages(rows: pd.DataFrame) -> str:

@@ -17,104 +17,36 @@ is a parameter (`Capture`), so the loop runs the same with real captures and in 
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdp_trace import atomic
 from fsdp_trace.errors import UserError
 from fsdp_trace.runrecord import RunRecord, read_run
+from fsdp_trace.trials import (
+    ON_CPU,
+    ONE_GPU,
+    READ_FORMATS,
+    TUNE_FILE,
+    Role,
+    Trial,
+    TuneResult,
+    describe,
+)
 
-TUNE_FILE = "tune.json"
-# 2: gains on the anchored statistic (`speed`), efficiency against the baseline of the same
-# batch. A format-1 file is read, and `remeasure` recomputes its figures from the runs.
-TUNE_FORMAT = 2
-READ_FORMATS = (1, 2)
+if TYPE_CHECKING:
+    from fsdp_trace.present.tune import TuneView
+
 # A knob's gain is kept when it is beyond the noise: the eager run against its repeat, and
 # no less than twice the standard error of a difference of two runs' step statistics.
 SE_FACTOR = 2.0
-# Why a row has no scaling efficiency, where that is the same for every row of the tune.
-ONE_GPU = "a 1-GPU tune has no scaling efficiency (it is tokens/s/GPU on N GPUs ÷ that on 1)"
-ON_CPU = "a CPU run's timing says nothing about scaling"
 # The options that change a step's tokens: a 1-GPU baseline is comparable only at the same.
 BATCH_OPTIONS = ("batch_size", "seq_len", "grad_accum")
-
-
-class Role(str, enum.Enum):
-    """What a run in the tuning loop is for."""
-
-    BASELINE = "1-GPU baseline"
-    EAGER = "eager"
-    REPEAT = "eager, repeated (noise)"
-    TRIAL = "trial"
-
-
-@dataclass
-class Trial:
-    """One capture of the loop and what it measured against the run kept before it."""
-
-    name: str  # its run directory, under the tune folder
-    role: Role
-    knob: str = ""  # the change tried ("reshard_after_forward=false"); "" for the base runs
-    rule: str = ""  # the finding that named it, or "a standard FSDP2 knob"
-    changes: dict[str, Any] = field(default_factory=dict)  # capture options it changed
-    against: str = ""  # the kept run it is measured against
-    tokens_per_s_per_gpu: float | None = None  # run.json's (its median step)
-    predicted_pct: float | None = None  # `speed` vs `against`, by the replay
-    predicted_uncertainty_pct: float | None = None
-    measured_pct: float | None = None  # `speed` vs `against`, measured (`gain_pct`)
-    kept: bool = False
-    failed: str = ""  # why the capture failed (e.g. out of memory): nothing measured
-    speed: float | None = None  # tokens/s/GPU at the `statistic` step: what gains compare
-    statistic: str = ""  # the step statistic `speed` is on: "p10", or "median" without one
-    efficiency: float | None = None  # tokens/s/GPU ÷ the 1-GPU baseline's at the same batch
-    baseline: str = ""  # the baseline run `efficiency` is against
-    no_efficiency: str = ""  # why `efficiency` is blank
-
-
-@dataclass
-class TuneResult:
-    """The loop's outcome: every run in order, the noise, what was kept, why it stopped."""
-
-    trials: list[Trial]
-    noise_pct: float | None
-    kept: dict[str, Any]
-    stopped: str
-    nproc: int
-    notes: list[str] = field(default_factory=list)  # e.g. why nothing was predicted
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": TUNE_FORMAT,
-            "nproc": self.nproc,
-            "noise_pct": self.noise_pct,
-            "kept": self.kept,
-            "stopped": self.stopped,
-            "notes": self.notes,
-            "trials": [{**asdict(t), "role": t.role.value} for t in self.trials],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TuneResult:
-        known = {f.name for f in fields(Trial)}
-        trials = [
-            Trial(**{**{k: v for k, v in t.items() if k in known}, "role": Role(t["role"])})
-            for t in data["trials"]
-        ]
-        return cls(
-            trials, data["noise_pct"], data["kept"], data["stopped"], data["nproc"], data["notes"]
-        )
-
-    def trial(self, name: str) -> Trial | None:
-        return next((t for t in self.trials if t.name == name), None)
-
-    def of_role(self, role: Role) -> Trial | None:
-        return next((t for t in self.trials if t.role is role), None)
 
 
 # A capture: (config, processes) → the run directory it wrote; raises CaptureFailed.
@@ -311,17 +243,6 @@ def remeasure(result: TuneResult, folder: Path) -> TuneResult:
 def _note(result: TuneResult, note: str) -> None:
     if note not in result.notes:
         result.notes.append(note)
-
-
-def describe(changes: dict[str, Any]) -> str:
-    """Capture changes as the what-if knobs write them: "batch_size=64, ac_coverage=0.5"."""
-
-    def text(value: Any) -> str:
-        if isinstance(value, bool):
-            return str(value).lower()
-        return f"{value:g}" if isinstance(value, float) else str(value)
-
-    return ", ".join(f"{k}={text(v)}" for k, v in changes.items()) or "(nothing)"
 
 
 def identity(changes: dict[str, Any]) -> tuple:
@@ -611,3 +532,13 @@ def launcher_capture(rendezvous) -> Capture:
         return Path(cfg.out)
 
     return run
+
+
+def folder_view(result: TuneResult, folder: Path) -> TuneView:
+    """The view of a tuning folder: its runs' figures read back (`sweep.run_table`)."""
+    from fsdp_trace.present.tune import tune_view
+    from fsdp_trace.sweep import run_table
+
+    runs = [folder / t.name for t in result.trials if not t.failed]
+    figures = run_table(runs, notify=None)
+    return tune_view(result, folder, figures)

@@ -249,7 +249,7 @@ def test_checksum_is_what_catches_a_flipped_payload_byte(cache_dir, trace_file):
     with pytest.raises(ValueError, match="checksum"):
         cache._decode(raw, loader.Trace, "trace")
     # Re-sealed with a matching checksum, the same bytes decode to different timestamps.
-    hasher = cache._checksum_hasher()
+    hasher = cache.checksum_hasher()
     hasher.update(bytes(data[cache._PREFIX.size :]))
     struct.pack_into("<Q", data, 8, hasher.intdigest())
     forged = cache._decode(np.frombuffer(bytes(data), dtype=np.uint8).copy(), loader.Trace, "trace")

@@ -428,7 +428,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     def boom(self):
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(pf._RankWriter, "_cpu_threads", boom)
+    monkeypatch.setattr(pf.RankWriter, "_cpu_threads", boom)
     with pytest.raises(RuntimeError):
         write_perfetto(result, out / "old.pftrace")
     assert [p.name for p in out.iterdir()] == ["old.pftrace"]

@@ -122,6 +122,36 @@ def test_kernels_read_again_are_the_fresh_analysis(tmp_path):
         assert r.n_kernels == len(again)
 
 
+def test_kernels_read_again_in_a_fresh_process_from_a_pickled_result(tmp_path, monkeypatch):
+    """A saved result, unpickled where nothing was analyzed (the job stage not imported),
+    still reads its ranks' kernels again: the record finds the reader on first use."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("FSDP_TRACE_CACHE_DIR", str(tmp_path / "cache"))
+    result = fsdp_trace.analyze(GPT, detailed=False, cache=True)
+    assert all(r.kernel_table is None for r in result.only.ranks)  # read again, not held
+    saved = tmp_path / "result.pkl"
+    saved.write_bytes(pickle.dumps(result))
+    script = (
+        "import pickle, sys\n"
+        "result = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "assert 'fsdp_trace.analysis.job.perrank' not in sys.modules\n"
+        "print([len(r.load_kernels()) for r in result.only.ranks])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(saved)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str([r.n_kernels for r in result.only.ranks])
+
+
 def test_kernels_are_read_again_as_the_run_was_asked_to_cache(tmp_path, monkeypatch):
     """A run analyzed without the cache reads its kernels again without it (nothing
     written); one analyzed with it reads them from the entry its analysis wrote."""

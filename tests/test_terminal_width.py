@@ -116,7 +116,8 @@ def test_whatif_ranking_keeps_its_knobs(width):
 @pytest.mark.parametrize("width", [80, 120])
 def test_tune_table_keeps_its_runs(width):
     from fsdp_trace import tune as tuning
-    from fsdp_trace.present.tune import folder_view, numeric
+    from fsdp_trace.present.tune import numeric
+    from fsdp_trace.tune import folder_view
 
     folder = SAMPLES / "tune-1gpu"
     view = folder_view(tuning.read_tune(folder), folder)

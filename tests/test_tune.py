@@ -245,7 +245,8 @@ def test_target_refuses_what_is_not_an_efficiency(text):
 
 
 def test_the_table_rows_are_the_loop_s_runs(tmp_path):
-    from fsdp_trace.present.tune import folder_view, markdown
+    from fsdp_trace.present.tune import markdown
+    from fsdp_trace.tune import folder_view
 
     capture = ScriptedCapture(
         SAMPLES / "cpu-gloo-2proc",
@@ -283,7 +284,8 @@ def test_gains_and_noise_are_measured_on_the_10th_percentile_step(tmp_path):
     assert eager.tokens_per_s_per_gpu == pytest.approx(900.0)  # run.json's, shown as it is
     assert eager.statistic == "p10" and eager.speed == pytest.approx(1000.0)
     # Every Δ can be recomputed from the table's p10 column.
-    from fsdp_trace.present.tune import SPEED, folder_view
+    from fsdp_trace.present.tune import SPEED
+    from fsdp_trace.tune import folder_view
 
     rows = rows_of(folder_view(result, tmp_path / "t"))
     column = {name: float(row[SPEED].replace(",", "")) for name, row in rows.items()}
@@ -295,7 +297,8 @@ def test_gains_and_noise_are_measured_on_the_10th_percentile_step(tmp_path):
 
 
 def test_without_a_10th_percentile_the_median_is_used_and_said(tmp_path):
-    from fsdp_trace.present.tune import SPEED, folder_view
+    from fsdp_trace.present.tune import SPEED
+    from fsdp_trace.tune import folder_view
 
     class NoP10(ScriptedCapture):
         def __call__(self, cfg, nproc):
@@ -325,7 +328,7 @@ def test_the_statistic_is_the_one_the_replay_predicts():
 
 
 def test_a_1gpu_tune_shows_no_efficiency_and_says_why_once(tmp_path, monkeypatch):
-    from fsdp_trace.present.tune import folder_view
+    from fsdp_trace.tune import folder_view
 
     predicting(monkeypatch, [(Knobs(batch_scale=2.0), 15.0)])
     capture = ScriptedCapture(
@@ -344,7 +347,7 @@ def test_a_kept_batch_change_is_measured_against_a_baseline_at_its_batch(tmp_pat
     """Twice the batch on 2 GPUs is 1000 tok/s/GPU, the old 1-GPU baseline's 1000: against
     it, efficiency 100 % and the target met by the batch alone. Against 1 GPU at the new
     batch (2000) it is 50 %: the loop goes on."""
-    from fsdp_trace.present.tune import folder_view
+    from fsdp_trace.tune import folder_view
 
     predicting(monkeypatch, [(Knobs(batch_size=32), 20.0), (Knobs(keep_last_unsharded=True), 5.0)])
 
@@ -391,7 +394,7 @@ def test_a_kept_batch_change_is_measured_against_a_baseline_at_its_batch(tmp_pat
 
 
 def test_a_batch_change_not_kept_has_no_efficiency(tmp_path, monkeypatch):
-    from fsdp_trace.present.tune import folder_view
+    from fsdp_trace.tune import folder_view
 
     predicting(monkeypatch, [(Knobs(batch_scale=2.0), 20.0)])
     capture = ScriptedCapture(GPU, lambda cfg, nproc, count: 1000.0 if nproc == 1 else 800.0)

@@ -304,7 +304,7 @@ class RankAnalysis:
         no cache entry of the analysis readable by its key on this machine."""
         if self._at_hand() is not None:
             return False
-        return _reader.parses(self.reread)
+        return _kernel_reader().parses(self.reread)
 
     def without_kernels(
         self, cache: bool, entry: str | None = None, stamp: str | None = None
@@ -449,9 +449,9 @@ def _changed(rank: RankAnalysis) -> Exception:
 
 
 class KernelReader(Protocol):
-    """How a rank's kernels are read again: the read stage's (`fsdp_trace.analysis.job.pertrace`
+    """How a rank's kernels are read again: the job stage's (`fsdp_trace.analysis.job.perrank`
     hands it down with `set_kernel_reader` when imported), so the records import nothing
-    above them."""
+    above them at import time."""
 
     def read(self, rank: RankAnalysis, again: Reread, cache: bool) -> pd.DataFrame | None:
         """The kernel table (None: the trace changed since it was analyzed)."""
@@ -460,12 +460,22 @@ class KernelReader(Protocol):
         """Whether reading them again would parse the trace (no trusted cache entry)."""
 
 
-_reader: KernelReader
+_reader: KernelReader | None = None
 
 
 def set_kernel_reader(reader: KernelReader) -> None:
     global _reader
     _reader = reader
+
+
+def _kernel_reader() -> KernelReader:
+    """The reader perrank hands down; imported here on first use where nothing has yet (a
+    result unpickled in a process that never analyzed: the one import upward a record makes,
+    named in tests/test_architecture.py)."""
+    if _reader is None:
+        import fsdp_trace.analysis.job.perrank  # noqa: F401  (sets the reader on import)
+    assert _reader is not None
+    return _reader
 
 
 def _read_kernels(rank: RankAnalysis, cache: bool | None) -> pd.DataFrame:
@@ -475,7 +485,7 @@ def _read_kernels(rank: RankAnalysis, cache: bool | None) -> pd.DataFrame:
     global _last
     again = rank.reread or Reread(str(rank.source), True)
     cache = again.cache if cache is None else cache and again.cache
-    table = _reader.read(rank, again, cache)
+    table = _kernel_reader().read(rank, again, cache)
     if table is None or len(table) != rank.n_kernels:
         raise _changed(rank)
     _last = (weakref.ref(rank, _forget), table)

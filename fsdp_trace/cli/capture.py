@@ -302,8 +302,8 @@ def tune(
     from fsdp_trace import tune as tuning
     from fsdp_trace.capture.launcher import CaptureFailed
     from fsdp_trace.capture.outputs import out_dir_problem
-    from fsdp_trace.present.tune import folder_view
     from fsdp_trace.render import tune as tune_render
+    from fsdp_trace.tune import folder_view
 
     with user_errors("tune"):
         if render_only:
@@ -347,8 +347,8 @@ def render_tune(folder: Path, extra: list[str]) -> None:
     """`tune --render-only`: the tune folder's figures recomputed from its runs (run.json and
     analysis.json or traces), written and printed as after the loop; nothing is captured."""
     from fsdp_trace import tune as tuning
-    from fsdp_trace.present.tune import folder_view
     from fsdp_trace.render import tune as tune_render
+    from fsdp_trace.tune import folder_view
 
     if extra:
         raise UserError(

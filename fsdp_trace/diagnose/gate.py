@@ -18,7 +18,9 @@ import numpy as np
 
 from fsdp_trace.diagnose.finding import FindingKind
 from fsdp_trace.errors import UserError
+from fsdp_trace.fmt import CPU_SCALING
 from fsdp_trace.result import RunAnalysis
+from fsdp_trace.runrecord import on_cpu
 
 OPS = {
     ">": operator.gt,
@@ -223,13 +225,8 @@ def values(condition: Condition, analysis: RunAnalysis) -> list[tuple[str, float
         if analysis.run is None:
             raise _unavailable(condition, "it comes from run.json: analyze a capture run directory")
         figure = getattr(analysis.run.figures, metric.column, None)
-        if condition.metric == "scaling_efficiency" and figure is not None:
-            from fsdp_trace.present.headline import CPU_SCALING, on_cpu
-
-            if on_cpu(analysis.run):
-                raise _unavailable(
-                    condition, f"a CPU (gloo) run: scaling efficiency is {CPU_SCALING}"
-                )
+        if condition.metric == "scaling_efficiency" and figure is not None and on_cpu(analysis.run):
+            raise _unavailable(condition, f"a CPU (gloo) run: scaling efficiency is {CPU_SCALING}")
         if figure is None:
             hint = RUN_HINTS.get(condition.metric, "the capture did not record it")
             raise _unavailable(condition, f"run.json has no {metric.column} ({hint})")

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdp_trace import fmt
-from fsdp_trace.runrecord import RunRecord
+from fsdp_trace.fmt import CPU_SCALING
+from fsdp_trace.runrecord import RunRecord, on_cpu
 from fsdp_trace.vocab import MeshKind
 
 
@@ -43,13 +44,6 @@ def description(record: RunRecord) -> str:
 
 # What a CPU (gloo) run shows for a scaling efficiency that run.json may still hold (captures
 # before the capture stopped computing it on CPU): not a figure.
-CPU_SCALING = "not meaningful on CPU: every rank shares the host's cores"
-
-
-def on_cpu(record: RunRecord) -> bool:
-    """A CPU run: device "cpu" (or, where run.json names none, the gloo backend)."""
-    world = record.world
-    return world.device == "cpu" or (world.device is None and world.backend == "gloo")
 
 
 def figures(record: RunRecord) -> list[Figure]:

@@ -15,7 +15,7 @@ from fsdp_trace import fmt
 from fsdp_trace.fmt import plural
 from fsdp_trace.present.compare import CPU_EFFICIENCY, on_cpu
 from fsdp_trace.present.view import Table
-from fsdp_trace.tune import ON_CPU, ONE_GPU, Role, Trial, TuneResult, describe
+from fsdp_trace.trials import ON_CPU, ONE_GPU, Role, Trial, TuneResult, describe
 
 
 def _tried(trial: Trial, nproc: int, cpu: bool, baselines: int) -> str:
@@ -215,12 +215,3 @@ def table_lines(view: TuneView) -> list[str]:
     lines.append("|" + "|".join("---:" if numeric(h) else "---" for h in table.headers) + "|")
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in table.rows]
     return lines
-
-
-def folder_view(result: TuneResult, folder: Path) -> TuneView:
-    """The view of a tuning folder: its runs' figures read back (`sweep.run_table`)."""
-    from fsdp_trace.sweep import run_table
-
-    runs = [folder / t.name for t in result.trials if not t.failed]
-    figures = run_table(runs, notify=None)
-    return tune_view(result, folder, figures)

@@ -15,8 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from fsdp_trace import atomic
-from fsdp_trace.fmt import plural
-from fsdp_trace.sweep import short_name
+from fsdp_trace.fmt import plural, short_name
 
 PANELS = (
     ("scaling_efficiency", "Scaling efficiency (vs 1 GPU)", ".0%"),

@@ -625,7 +625,7 @@ def _attribution_notices(labels: bool, coll: pd.DataFrame, setup: setup_mod.SetU
         return [
             "FSDP1 (the FullyShardedDataParallel class): its labels name no module, so its "
             "units are named by forward order (root, unit 1 … unit N) and each collective is "
-            "attributed by the order of FSDP1's hooks (analysis/rank/fsdp1.py)"
+            "attributed by the order of FSDP1's hooks"
         ]
     if not labels:
         return [

@@ -133,7 +133,7 @@ def stamp(path: str | Path | Url) -> str | None:
     return f"{info.st_size}-{info.st_mtime_ns}"
 
 
-def lookup_for(trace: TraceInput, cache: bool):  # -> _Lookup | remote.UrlLookup
+def lookup_for(trace: TraceInput, cache: bool):  # -> _Lookup | UrlLookup
     """The cache lookup of one trace, local file or URL (fsspec imported only for a URL)."""
     if is_url(trace.path):
         return UrlLookup.of(str(trace.path), trace.source, cache)
@@ -384,7 +384,7 @@ class UrlLookup:
             except UserError as exc:
                 raise UserError(remote.as_url(exc.message, local, self.url)) from None
             except OSError as exc:
-                raise remote._io_error(self.url, exc) from None
+                raise remote.io_error(self.url, exc) from None
             trace.path = self.url
             trace.notices = [remote.as_url(n, local, self.url) for n in trace.notices]
             result = analyze_trace(trace, self.source)

@@ -81,7 +81,7 @@ try:  # a declared dependency; the fallback keeps a broken install working, only
     def _content_hasher():
         return xxhash.xxh3_128()
 
-    def _checksum_hasher():
+    def checksum_hasher():
         return xxhash.xxh3_64()
 
     HASH_NAME = "xxh3"
@@ -90,7 +90,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     def _content_hasher():
         return hashlib.blake2b(digest_size=16)
 
-    def _checksum_hasher():
+    def checksum_hasher():
         return hashlib.blake2b(digest_size=8)
 
     HASH_NAME = "b2b"
@@ -210,7 +210,7 @@ def code_version(kind: str) -> str | None:
     and a hash of the source files; None (no caching) when the sources cannot be read."""
     from fsdp_trace import __version__
 
-    hasher = _checksum_hasher()
+    hasher = checksum_hasher()
     versions = (__version__, trace_mod.FORMAT_VERSION, np.__version__, pd.__version__)
     hasher.update(repr((*versions, msgspec.__version__, kind)).encode())
     try:
@@ -387,7 +387,7 @@ class AnalysisEntry(_Entry):
             content = content or content_hash(path)
         except OSError:
             return None
-        hasher = _checksum_hasher()
+        hasher = checksum_hasher()
         hasher.update(json.dumps(params, sort_keys=True, default=repr).encode())
         name = f"analysis-{code}-{content}-{hasher.hexdigest()[:16]}{SUFFIX}"
         return cls(directory() / name, "analysis")
@@ -429,7 +429,7 @@ def _encode(obj: Any, kind: str, fh: BinaryIO, key: str = "") -> None:
         {"kind": kind, "key": key, "code": code_version(kind), "fields": fields, "arrays": layout}
     )
     header += b" " * (-(_PREFIX.size + len(header)) % _ALIGN)
-    checksum = _checksum_hasher()
+    checksum = checksum_hasher()
     fh.write(_PREFIX.pack(MAGIC, 0, len(header)))
     for chunk in _chunks(header, arrays):
         checksum.update(chunk)
@@ -452,7 +452,7 @@ def _decode(data: np.ndarray, cls: type, kind: str, key: str | None = None) -> A
     magic, checksum, size = _PREFIX.unpack_from(data)
     if magic != MAGIC:
         raise ValueError("not a cache entry")
-    hasher = _checksum_hasher()
+    hasher = checksum_hasher()
     hasher.update(memoryview(data)[_PREFIX.size :])
     if hasher.intdigest() != checksum:
         raise ValueError("checksum mismatch: a damaged entry")

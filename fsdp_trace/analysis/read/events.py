@@ -9,16 +9,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
 from fsdp_trace.analysis.read.text import BLOCK, LOOKAHEAD
 from fsdp_trace.analysis.read.trace import MISSING
 from fsdp_trace.errors import UserError
-
-if TYPE_CHECKING:
-    from fsdp_trace.analysis.read.columns import Columns
 
 PIECE = 256 << 10  # bytes of events decoded at a time: the structs of a piece stay in cache
 
@@ -157,7 +154,16 @@ def check_one_events_key(path: Path, texts: list[bytes]) -> None:
         )
 
 
-def add_all(columns: Columns, events: list[Event]) -> None:
+class Sink(Protocol):
+    """Where decoded events go, piece by piece (`fsdp_trace.analysis.read.columns.Columns`):
+    named here so the decoding knows nothing of the columns."""
+
+    raw_count: int  # events taken so far: decoding errors count from it
+
+    def add(self, events: list[Event]) -> None: ...
+
+
+def add_all(columns: Sink, events: list[Event]) -> None:
     for i in range(0, len(events), 2048):
         columns.add(events[i : i + 2048])
 
@@ -166,7 +172,7 @@ class Pieces:
     """Cuts the `traceEvents` text into pieces at event boundaries and decodes them.
     `offset`: where in the file the text given to `decode` next starts."""
 
-    def __init__(self, path: Path, columns: Columns, offset: int = 0) -> None:
+    def __init__(self, path: Path, columns: Sink, offset: int = 0) -> None:
         self.path = path
         self.columns = columns
         self.size = PIECE

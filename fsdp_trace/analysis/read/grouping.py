@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.vocab import Source
 
 # How far apart (on the absolute clock) two traces of one profile may start and end: ranks
 # on other hosts run on other clocks (NTP keeps them within milliseconds), and a rank's window
@@ -169,9 +168,3 @@ def run_name(paths: list[Path], taken: set[str]) -> str:
     while f"{name} #{n}" in taken:
         n += 1
     return f"{name} #{n}"
-
-
-def source_of(a: RankAnalysis, detailed: bool) -> str:
-    if detailed:
-        return Source.DETAILED
-    return a.source if a.source == Source.TIMING else Source.TRACE

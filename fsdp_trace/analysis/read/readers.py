@@ -33,11 +33,12 @@ from pathlib import Path
 from fsdp_trace.analysis.read.trace import Trace
 from fsdp_trace.errors import UserError
 from fsdp_trace.runrecord import RUN_FILE
+from fsdp_trace.trials import TUNE_FILE
 
 # fsdp-trace's own records, never traces: run.json, a sweep point's analysis.json
-# (sweep.SUMMARY_FILE), tune's table (tune.TUNE_FILE).
+# (sweep.SUMMARY_FILE), tune's table.
 SUMMARY = "analysis.json"
-OWN_RECORDS = frozenset({RUN_FILE, SUMMARY, "tune.json"})
+OWN_RECORDS = frozenset({RUN_FILE, SUMMARY, TUNE_FILE})
 
 
 @dataclass(frozen=True)

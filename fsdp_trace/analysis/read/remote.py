@@ -115,7 +115,7 @@ def _is_local(fs: Any) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
-def _io_error(url: str, exc: Exception, doing: str = "cannot read") -> UserError:
+def io_error(url: str, exc: Exception, doing: str = "cannot read") -> UserError:
     """A one-line error for a failed remote call (permissions, credentials, network): the
     backends raise their own exception types, so any is turned into one line here."""
     if isinstance(exc, UserError):
@@ -154,7 +154,7 @@ def open_url(url: str, depth: int) -> Url | UrlFolder:
             return Url(url, int(info.get("size") or -1))
         listing = fs.find(root, maxdepth=depth + 1, withdirs=True, detail=True)
     except Exception as exc:
-        raise _io_error(url, exc, "cannot list") from None
+        raise io_error(url, exc, "cannot list") from None
     base = root.rstrip("/")
     tree: dict[str, list[_Entry]] = {}
     for name, item in listing.items():
@@ -211,7 +211,7 @@ class UrlFolder:
         from fsdp_trace.runrecord import RUN_FILE, RUN_FILE_MAX_BYTES, parse_run
 
         where = self.named(RUN_FILE)
-        fs, path = filesystem(where)
+        fs, path = self._fs, f"{self._path}/{RUN_FILE}"  # the filesystem it was listed with
         try:
             size = int(fs.info(path).get("size") or 0)
             if size > RUN_FILE_MAX_BYTES:
@@ -221,7 +221,7 @@ class UrlFolder:
                 )
             text = fs.cat_file(path)
         except Exception as exc:
-            raise _io_error(where, exc) from None
+            raise io_error(where, exc) from None
         return parse_run(text, where)
 
     def leads_out(self, name: str) -> bool:
@@ -232,25 +232,28 @@ class UrlFolder:
     def named(self, name: str) -> str:
         return self.where.child(name).url
 
+    def _files(self) -> dict[str, int]:
+        """Its files at any depth (names relative to it, `/`-separated) and their sizes,
+        listed once, with the filesystem it was listed with."""
+        if self._listed is None:
+            base = self._path.rstrip("/") + "/"
+            try:
+                items = self._fs.find(self._path, detail=True)
+            except Exception as exc:
+                raise io_error(self.where.url, exc, "cannot list") from None
+            self._listed = {}
+            for name, item in items.items():
+                entry = _entry(name[len(base) :], item)
+                if name.startswith(base) and not entry.is_folder:
+                    self._listed[entry.name] = entry.size
+        return self._listed
+
     def members(self) -> Callable[[str], Url | None]:
-        """Its files at any depth, listed once (names relative to it, `/`-separated)."""
-        fs, path = filesystem(self.where.url)
-        base = path.rstrip("/") + "/"
-        try:
-            items = fs.find(path, detail=True)
-        except Exception as exc:
-            raise _io_error(self.where.url, exc, "cannot list") from None
-        listed: dict[str, int] = {}
-        for name, item in items.items():
-            entry = _entry(name[len(base) :], item)
-            if name.startswith(base) and not entry.is_folder:
-                listed[entry.name] = entry.size
-        self._listed = listed
+        listed = self._files()
         return lambda name: Url(self.named(name), listed[name]) if name in listed else None
 
     def kept(self) -> list[str]:
-        """The files `members` listed."""
-        return list(self._listed or {})
+        return list(self._files())
 
 
 # --- reading one trace ----------------------------------------------------------------------
@@ -259,17 +262,17 @@ class UrlFolder:
 def fingerprint(url: str) -> str | None:
     """What the filesystem says identifies this version of the object (URL, size, version),
     hashed; None when it reports no version (then the downloaded content keys the cache)."""
-    from fsdp_trace.analysis.read.cache import _checksum_hasher
+    from fsdp_trace.analysis.read.cache import checksum_hasher
 
     fs, path = filesystem(url)
     try:
         info = fs.info(path)
     except Exception as exc:
-        raise _io_error(url, exc) from None
+        raise io_error(url, exc) from None
     version = next((info[k] for k in _VERSION_KEYS if info.get(k) not in (None, "")), None)
     if version is None:
         return None
-    hasher = _checksum_hasher()
+    hasher = checksum_hasher()
     hasher.update(json.dumps([url, info.get("size"), str(version)]).encode())
     return f"url-{hasher.hexdigest()}-{info.get('size')}"
 
@@ -289,7 +292,7 @@ def local_copy(url: str) -> Iterator[Path]:
         try:
             fs.get_file(path, str(target))
         except Exception as exc:
-            raise _io_error(url, exc) from None
+            raise io_error(url, exc) from None
         yield target
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -306,7 +309,7 @@ def _check_before_copy(fs: Any, path: str, url: str) -> None:
         with fs.open(path, "rb") as handle:
             head = handle.read(64)
     except Exception as exc:
-        raise _io_error(url, exc) from None
+        raise io_error(url, exc) from None
     size, packed = info.get("size"), info.get("compress_size")
     sized = isinstance(size, int) and isinstance(packed, int) and packed > 0
     if sized and size > GZIP_RATIO_FLOOR and size > GZIP_MAX_RATIO * packed:

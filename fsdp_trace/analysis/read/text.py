@@ -94,21 +94,6 @@ def open_trace(path: Path):
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def read_bytes(path: Path, limit: int = LOOKAHEAD) -> bytes:
-    """The file's JSON text, gunzipped when it is gzip (by magic bytes, whatever the suffix):
-    at most `limit` bytes of it (a longer text is refused: never a whole file in memory)."""
-    check_path(path)
-    parts, size = [], 0
-    for block in utf8_checked(path, read_blocks(path, None)):
-        parts.append(block)
-        size += len(block)
-        if size > limit:
-            raise UserError(
-                f"{path}: over {limit >> 20} MB of JSON, more than this reader holds at once"
-            )
-    return b"".join(parts)
-
-
 def read_blocks(path: Path, on_progress: Callable[[int], None] | None) -> Iterator[bytes]:
     """The file's (gunzipped) bytes in blocks, read ahead on a helper thread."""
     raw = open_trace(path)  # closed by the reader thread

@@ -35,8 +35,8 @@ from typing import Any
 
 from fsdp_trace.atomic import atomic_open
 from fsdp_trace.errors import UserError
-from fsdp_trace.render.perfetto.file import _Writer
-from fsdp_trace.render.perfetto.ranks import _RankWriter
+from fsdp_trace.render.perfetto.file import Writer
+from fsdp_trace.render.perfetto.ranks import RankWriter
 
 
 def write_perfetto(
@@ -66,9 +66,9 @@ def write_perfetto(
         atomic_open(path, "wb", buffering=1 << 20) as handle,
         tempfile.TemporaryFile(prefix=f".{path.name}.", suffix=".spill", dir=path.parent) as spill,
     ):
-        writer = _Writer(handle, spill)
+        writer = Writer(handle, spill)
         for index, rank in enumerate(items):
-            per_rank.append(_RankWriter(writer, rank, index, cache).write(cpu=cpu))
+            per_rank.append(RankWriter(writer, rank, index, cache).write(cpu=cpu))
         writer.finish()
     slices: dict[str, int] = {}
     for item in per_rank:

@@ -1,6 +1,6 @@
 """The .pftrace file: every track descriptor, then the interned strings, then every event in
 timestamp order across all tracks and ranks, spilled to a file beside the output while made
-(`_Writer`); slices that do not nest go to extra lanes (`_assign_lanes`)."""
+(`Writer`); slices that do not nest go to extra lanes (`assign_lanes`)."""
 
 from __future__ import annotations
 
@@ -16,38 +16,38 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
 )
 
 from fsdp_trace.render.perfetto.wire import (
-    _BEGIN_TYPE,
-    _CLEARED,
-    _COPY_EVENTS,
-    _COUNTER,
-    _END_TYPE,
-    _EXPLICIT,
-    _NEEDS_FLAGS,
-    _SEQUENCE,
-    _SHORT_FRAMES,
-    _TAG_CATEGORY,
-    _TAG_FLOW,
-    _TAG_NAME,
-    _TAG_TERMINATING,
-    _TAG_TIMESTAMP,
-    _TAG_TRACK,
-    _TAG_TRACK_EVENT,
+    BEGIN_TYPE,
+    CLEARED,
+    COPY_EVENTS,
+    COUNTER,
+    END_TYPE,
+    EXPLICIT_ORDERING,
     INTERNED_PER_PACKET,
+    NEEDS_FLAGS,
+    SEQUENCE,
     SEQUENCE_ID,
+    SHORT_FRAMES,
+    TAG_CATEGORY,
+    TAG_FLOW,
+    TAG_NAME,
+    TAG_TERMINATING,
+    TAG_TIMESTAMP,
+    TAG_TRACK,
+    TAG_TRACK_EVENT,
     TID_BASE,
-    _Arg,
-    _Bulk,
-    _frame,
+    Arg,
+    Bulk,
+    packet_header,
 )
 
 
-def _nesting_sequence(
+def nesting_sequence(
     ts: np.ndarray, end: np.ndarray, lane: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The order to make the begin and end events of slices in, each lane's strictly nested:
     by time; at one time, ends first (inner ones first), then begins (outer ones first),
     then zero-length slices, each begun and ended. Returns (slice, is_end) per event, or
-    None when some lane's slices do not nest (they must go to more lanes: `_assign_lanes`).
+    None when some lane's slices do not nest (they must go to more lanes: `assign_lanes`).
     Checked exactly: matching each end with the latest open begin of its lane (a stack, done
     as pairs per depth level) must pair every slice with itself."""
     one_lane = not lane.any()
@@ -87,7 +87,7 @@ def _nesting_sequence(
     return slices, is_end
 
 
-def _assign_lanes(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+def assign_lanes(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Lane of each slice where they do not all nest: the first lane whose open slices it
     nests in (in start order, parents first), a new one when none."""
     lane = np.zeros(ts.size, dtype=np.int64)
@@ -108,7 +108,7 @@ def _assign_lanes(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     return lane
 
 
-class _Writer:
+class Writer:
     """Writes TracePackets: track descriptors straight to the output; events to a spill file,
     copied to the output in timestamp order by `finish`; strings interned per table, their
     definitions written once, between the descriptors and the events."""
@@ -139,7 +139,7 @@ class _Writer:
         packet = TracePacket()
         packet.trusted_packet_sequence_id = SEQUENCE_ID
         if self._first:
-            packet.sequence_flags = _CLEARED
+            packet.sequence_flags = CLEARED
             packet.first_packet_on_sequence = True
             self._first = False
         return packet
@@ -148,7 +148,7 @@ class _Writer:
     def _framed(packet: TracePacket) -> bytes:
         data = packet.SerializeToString()
         size = len(data)
-        return (_SHORT_FRAMES[size] if size < 16384 else _frame(size)) + data
+        return (SHORT_FRAMES[size] if size < 16384 else packet_header(size)) + data
 
     def _emit(self, packet: TracePacket) -> None:
         """A packet for the output now (descriptors, interned data)."""
@@ -177,8 +177,8 @@ class _Writer:
         offsets, sizes = offsets[order], sizes[order]
         with mmap.mmap(self._spill.fileno(), 0, access=mmap.ACCESS_READ) as spilled:
             data = np.frombuffer(spilled, dtype=np.uint8)
-            for first in range(0, order.size, _COPY_EVENTS):
-                chunk = slice(first, first + _COPY_EVENTS)
+            for first in range(0, order.size, COPY_EVENTS):
+                chunk = slice(first, first + COPY_EVENTS)
                 start, size = offsets[chunk], sizes[chunk]
                 ends = np.cumsum(size)
                 # Byte k of the chunk's output comes from the spill at k - (its event's output
@@ -214,7 +214,7 @@ class _Writer:
         name: np.ndarray,
         category: np.ndarray,
         sequence: tuple[np.ndarray, np.ndarray],
-        args: Sequence[tuple[int, _Arg]] = (),
+        args: Sequence[tuple[int, Arg]] = (),
         terminating: Sequence[np.ndarray] = (),
         flows: Sequence[np.ndarray] = (),
     ) -> None:
@@ -222,33 +222,33 @@ class _Writer:
         `end` (ns), its lane's `track` uuid, `name` and `category` iids; `args`: (name iid,
         values) per debug annotation; `flows` / `terminating`: flow ids (0: none), one array
         per flow a slice may start / end. `sequence` (slices, is_end): the order the events
-        are made in (`_nesting_sequence`), which the timestamp sort keeps at equal times."""
+        are made in (`nesting_sequence`), which the timestamp sort keeps at equal times."""
         n = ts.size
         if not n:
             return
-        event = _Bulk(n)
-        event.varint(_TAG_CATEGORY, category)
+        event = Bulk(n)
+        event.varint(TAG_CATEGORY, category)
         for name_iid, arg in args:
             arg.add_to(event, name_iid)
-        event.const(_BEGIN_TYPE)
-        event.varint(_TAG_NAME, name)
-        event.varint(_TAG_TRACK, track)
+        event.const(BEGIN_TYPE)
+        event.varint(TAG_NAME, name)
+        event.varint(TAG_TRACK, track)
         for ids in flows:
-            event.fixed64(_TAG_FLOW, ids.astype(np.uint64), ids != 0)
+            event.fixed64(TAG_FLOW, ids.astype(np.uint64), ids != 0)
         for ids in terminating:
-            event.fixed64(_TAG_TERMINATING, ids.astype(np.uint64), ids != 0)
-        begins = _Bulk(n)
-        begins.varint(_TAG_TIMESTAMP, ts)
-        begins.const(_SEQUENCE)
-        begins.message(_TAG_TRACK_EVENT, event)
-        begins.const(_NEEDS_FLAGS)
-        ending = _Bulk(n)
-        ending.const(_END_TYPE)
-        ending.varint(_TAG_TRACK, track)
-        ends = _Bulk(n)
-        ends.varint(_TAG_TIMESTAMP, end)
-        ends.const(_SEQUENCE)
-        ends.message(_TAG_TRACK_EVENT, ending)
+            event.fixed64(TAG_TERMINATING, ids.astype(np.uint64), ids != 0)
+        begins = Bulk(n)
+        begins.varint(TAG_TIMESTAMP, ts)
+        begins.const(SEQUENCE)
+        begins.message(TAG_TRACK_EVENT, event)
+        begins.const(NEEDS_FLAGS)
+        ending = Bulk(n)
+        ending.const(END_TYPE)
+        ending.varint(TAG_TRACK, track)
+        ends = Bulk(n)
+        ends.varint(TAG_TIMESTAMP, end)
+        ends.const(SEQUENCE)
+        ends.message(TAG_TRACK_EVENT, ending)
         offsets = []
         for bulk in (begins, ends):
             data, offset, size = bulk.encode()
@@ -326,7 +326,7 @@ class _Writer:
         if order is not None:
             d.sibling_order_rank = order
         if explicit_children:
-            d.child_ordering = _EXPLICIT
+            d.child_ordering = EXPLICIT_ORDERING
         self._emit(packet)
         self.tracks += 1
         return uuid
@@ -366,7 +366,7 @@ class _Writer:
         packet = self._packet()
         packet.timestamp = ts
         e = packet.track_event
-        e.type = _COUNTER
+        e.type = COUNTER
         e.track_uuid = track
         e.double_counter_value = value
         self._spill_event(ts, packet)

@@ -1,4 +1,4 @@
-"""What each rank's tracks hold (`_RankWriter`): GPU streams, CPU threads, the exposed
+"""What each rank's tracks hold (`RankWriter`): GPU streams, CPU threads, the exposed
 communication, the FSDP collectives named at a glance (`collective_name`), flows from each
 all-gather to its consumer, the exposed-µs counter; the names and categories they use."""
 
@@ -16,8 +16,8 @@ from fsdp_trace.analysis import classify
 from fsdp_trace.analysis.rank.analyze import CpuSlices
 from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.render.perfetto.file import _assign_lanes, _nesting_sequence, _Writer
-from fsdp_trace.render.perfetto.wire import PID_BASE, _Arg, to_ns
+from fsdp_trace.render.perfetto.file import Writer, assign_lanes, nesting_sequence
+from fsdp_trace.render.perfetto.wire import PID_BASE, Arg, to_ns
 
 # Categories of the slices written (tests and UI queries select by them).
 CAT_KERNEL = {"compute": "kernel", "comm": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
@@ -98,10 +98,10 @@ def collective_name(
     return " · ".join(parts)
 
 
-class _RankWriter:
+class RankWriter:
     """Everything of one RankAnalysis under one process track."""
 
-    def __init__(self, writer: _Writer, rank: RankAnalysis, index: int, cache: bool = True) -> None:
+    def __init__(self, writer: Writer, rank: RankAnalysis, index: int, cache: bool = True) -> None:
         self.w = writer
         self.rank = rank
         self.cache = cache  # kernels and CPU threads are read again (the cache when allowed)
@@ -208,9 +208,9 @@ class _RankWriter:
         n = len(exposed)
         steps = exposed["step"] if "step" in exposed else np.full(n, None, dtype=object)
         args = [
-            (self.w.arg_name("step"), _Arg(self.w, steps)),
-            (self.w.arg_name("dur_us"), _Arg(self.w, e_us - s_us)),
-            (self.w.arg_name("collectives"), _Arg(self.w, [x or None for x in labels])),
+            (self.w.arg_name("step"), Arg(self.w, steps)),
+            (self.w.arg_name("dur_us"), Arg(self.w, e_us - s_us)),
+            (self.w.arg_name("collectives"), Arg(self.w, [x or None for x in labels])),
         ]
         titles = [f"exposed {x}" if x else "exposed" for x in labels]
         tracks = np.zeros(n, dtype=np.int64)
@@ -243,7 +243,7 @@ class _RankWriter:
         ]
         arg_names = {"algbw_gbps": "algbw_GBps", "busbw_gbps": "busbw_GBps"}
         args = [
-            (self.w.arg_name(arg_names.get(key, key)), _Arg(self.w, coll[key], integral=True))
+            (self.w.arg_name(arg_names.get(key, key)), Arg(self.w, coll[key], integral=True))
             for key in COLLECTIVE_ARGS
         ]
         flow_ids = np.zeros(n, dtype=np.int64)
@@ -290,7 +290,7 @@ class _RankWriter:
             np.array([CAT_KERNEL.get(k, "kernel") for k in kinds.tolist()], dtype=object)
         )
         args = [
-            (self.w.arg_name(name), _Arg(self.w, kernels[name]))
+            (self.w.arg_name(name), Arg(self.w, kernels[name]))
             for name in ("kind", "step", "block", "phase", "correlation")
             if name in kernels
         ]
@@ -353,10 +353,10 @@ class _RankWriter:
         (rows, is_end)."""
         ts, end = starts[rows], ends[rows]
         lane = np.zeros(rows.size, dtype=np.int64)
-        sequence = _nesting_sequence(ts, end, lane)
+        sequence = nesting_sequence(ts, end, lane)
         if sequence is None:
-            lane = _assign_lanes(ts, end)
-            sequence = _nesting_sequence(ts, end, lane)
+            lane = assign_lanes(ts, end)
+            sequence = nesting_sequence(ts, end, lane)
             assert sequence is not None, "lanes always nest"
         uuids = [uuid0]
         for k in range(1, int(lane.max()) + 1):

@@ -1,6 +1,6 @@
 """The Perfetto protobuf wire format as the writer emits it: timestamps in ns
 (`to_ns`), packet framing, the TrackEvent types, and the bulk encoder that writes many
-slices' begin and end packets at once with numpy (`_Bulk`), with their arguments (`_Arg`)."""
+slices' begin and end packets at once with numpy (`Bulk`), with their arguments (`Arg`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from fsdp_trace.errors import UserError
 
 
 class _Interning(Protocol):
-    """What `_Arg` needs of the file's writer (`file._Writer`): its interned strings."""
+    """What `Arg` needs of the file's writer (`file._Writer`): its interned strings."""
 
     _strings: dict[str, int]
 
@@ -30,15 +30,15 @@ class _Interning(Protocol):
 
 SEQUENCE_ID = 1  # trusted_packet_sequence_id: one writer, one sequence
 INTERNED_PER_PACKET = 10_000  # interned strings per packet (keeps each packet small)
-_COPY_EVENTS = 1 << 17  # events copied to the output at a time (bounds the gather's memory)
+COPY_EVENTS = 1 << 17  # events copied to the output at a time (bounds the gather's memory)
 PID_BASE = 1000  # synthetic pids (one per analyzed trace) and tids (globally unique)
 TID_BASE = 100_000
 
 _BEGIN = TrackEvent.TYPE_SLICE_BEGIN
 _END = TrackEvent.TYPE_SLICE_END
-_COUNTER = TrackEvent.TYPE_COUNTER
-_CLEARED = TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-_EXPLICIT = TrackDescriptor.ChildTracksOrdering.Value("EXPLICIT")
+COUNTER = TrackEvent.TYPE_COUNTER
+CLEARED = TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+EXPLICIT_ORDERING = TrackDescriptor.ChildTracksOrdering.Value("EXPLICIT")
 
 
 # A Perfetto timestamp is an unsigned 64-bit ns count; kept below 2^63 so that it also fits
@@ -62,7 +62,7 @@ def to_ns(us: np.ndarray | float) -> np.ndarray:
     return np.rint(ns).astype(np.int64)
 
 
-def _frame(size: int) -> bytes:
+def packet_header(size: int) -> bytes:
     """Header of one `Trace.packet` entry: field 1, wire type 2, varint length."""
     out = bytearray(b"\x0a")
     while size > 0x7F:
@@ -72,24 +72,24 @@ def _frame(size: int) -> bytes:
     return bytes(out)
 
 
-_SHORT_FRAMES = [_frame(n) for n in range(1 << 14)]
+SHORT_FRAMES = [packet_header(n) for n in range(1 << 14)]
 
 # -- bulk encoding ---------------------------------------------------------------------------
 # Most packets (every CPU and GPU slice's begin and end) are encoded many at a time with numpy,
 # in the wire format protobuf itself writes (fields in number order, unpacked repeated fields;
 # tests decode them with perfetto's protos). Tags of the fields written that way:
-_TAG_TIMESTAMP = b"\x40"  # TracePacket.timestamp = 8, varint
-_SEQUENCE = bytes([0x50, SEQUENCE_ID])  # TracePacket.trusted_packet_sequence_id = 10
-_TAG_TRACK_EVENT = b"\x5a"  # TracePacket.track_event = 11, length-delimited
-_NEEDS_FLAGS = bytes([0x68, TracePacket.SEQ_NEEDS_INCREMENTAL_STATE])  # sequence_flags = 13
-_TAG_CATEGORY = b"\x18"  # TrackEvent.category_iids = 3
+TAG_TIMESTAMP = b"\x40"  # TracePacket.timestamp = 8, varint
+SEQUENCE = bytes([0x50, SEQUENCE_ID])  # TracePacket.trusted_packet_sequence_id = 10
+TAG_TRACK_EVENT = b"\x5a"  # TracePacket.track_event = 11, length-delimited
+NEEDS_FLAGS = bytes([0x68, TracePacket.SEQ_NEEDS_INCREMENTAL_STATE])  # sequence_flags = 13
+TAG_CATEGORY = b"\x18"  # TrackEvent.category_iids = 3
 _TAG_ANNOTATION = b"\x22"  # TrackEvent.debug_annotations = 4
-_BEGIN_TYPE = bytes([0x48, _BEGIN])  # TrackEvent.type = 9
-_END_TYPE = bytes([0x48, _END])
-_TAG_NAME = b"\x50"  # TrackEvent.name_iid = 10
-_TAG_TRACK = b"\x58"  # TrackEvent.track_uuid = 11
-_TAG_FLOW = b"\xf9\x02"  # TrackEvent.flow_ids = 47, fixed64
-_TAG_TERMINATING = b"\x81\x03"  # TrackEvent.terminating_flow_ids = 48, fixed64
+BEGIN_TYPE = bytes([0x48, _BEGIN])  # TrackEvent.type = 9
+END_TYPE = bytes([0x48, _END])
+TAG_NAME = b"\x50"  # TrackEvent.name_iid = 10
+TAG_TRACK = b"\x58"  # TrackEvent.track_uuid = 11
+TAG_FLOW = b"\xf9\x02"  # TrackEvent.flow_ids = 47, fixed64
+TAG_TERMINATING = b"\x81\x03"  # TrackEvent.terminating_flow_ids = 48, fixed64
 _TAG_ARG_NAME = b"\x08"  # DebugAnnotation.name_iid = 1
 _TAG_ARG_BOOL = b"\x10"  # bool_value = 2
 _TAG_ARG_INT = b"\x20"  # int_value = 4 (int64: negative values take 10 bytes)
@@ -114,7 +114,7 @@ def _varint_len(values: np.ndarray) -> np.ndarray | int:
     return out
 
 
-class _Bulk:
+class Bulk:
     """N protobuf messages of one layout, encoded at once: a list of parts (a field's tag and
     value, or constant bytes), each present in all messages or in those of a mask.
 
@@ -137,7 +137,7 @@ class _Bulk:
         """8 little-endian bytes: a double's, or an unsigned integer's (fixed64)."""
         self.parts.append(("fixed64", tag, np.ascontiguousarray(values).view(np.uint64), present))
 
-    def message(self, tag: bytes, inner: _Bulk, present: np.ndarray | None = None) -> None:
+    def message(self, tag: bytes, inner: Bulk, present: np.ndarray | None = None) -> None:
         """A length-delimited field holding `inner`'s message (one per message of this)."""
         self.parts.append(("message", tag, inner, present))
 
@@ -176,7 +176,7 @@ class _Bulk:
     def encode(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The messages framed as `Trace.packet` entries: (bytes, each one's offset, each
         one's size). Messages of one group lie together (offsets are not in message order)."""
-        framed = _Bulk(self.n)
+        framed = Bulk(self.n)
         framed.message(b"\x0a", self)
         atoms, total = framed.atoms()
         sizes = np.broadcast_to(np.asarray(total, dtype=np.int64), (self.n,))
@@ -225,7 +225,7 @@ def _put_varint(block: np.ndarray, col: int, width: int, values: np.ndarray) -> 
         block[:, col + k] = part
 
 
-class _Arg:
+class Arg:
     """One debug annotation over many slices, split by the type each value takes: a string
     (interned), an integer, a double or a bool; None and NaN leave it out."""
 
@@ -305,7 +305,7 @@ class _Arg:
             return self.DOUBLE, float(value)
         return self.STRING, writer._intern(writer._strings, str(value))
 
-    def add_to(self, event: _Bulk, name_iid: int) -> None:
+    def add_to(self, event: Bulk, name_iid: int) -> None:
         """This annotation in `event` (a TrackEvent bulk), for the slices that have it."""
         names = np.full(self.n, name_iid, dtype=np.int64)
         for kind, tag in (
@@ -317,7 +317,7 @@ class _Arg:
             mask = self.kind == kind
             if not mask.any():
                 continue
-            inner = _Bulk(self.n)
+            inner = Bulk(self.n)
             inner.varint(_TAG_ARG_NAME, names)
             if kind == self.DOUBLE:
                 inner.fixed64(tag, self.double)
