@@ -137,17 +137,3 @@ def per_step_rows(step: np.ndarray, key: np.ndarray, first: bool) -> np.ndarray:
     if first:
         return order[np.concatenate([[0], change])]
     return order[np.concatenate([change - 1, [ordered.size - 1]])]
-
-
-def median(values: np.ndarray) -> float:
-    """`Series.median()`: NaN skipped, NaN when nothing is left."""
-    values = np.asarray(values, dtype=np.float64)
-    values = values[~np.isnan(values)]
-    return float(np.median(values)) if values.size else float("nan")
-
-
-def total(values: np.ndarray) -> float:
-    """`Series.sum()`: NaN counted as 0 where it stands (numpy's pairwise sum over the same
-    positions, so the same bits), 0 for none."""
-    values = np.asarray(values, dtype=np.float64)
-    return float(np.where(np.isnan(values), 0.0, values).sum())

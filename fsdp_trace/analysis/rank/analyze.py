@@ -578,6 +578,17 @@ def _configured_group_sizes(trace: Trace, comm_events: pd.DataFrame, n: int) -> 
     return np.array([sizes.get(str(v), np.nan) if v is not None else np.nan for v in names])
 
 
+def most_frequent(values: np.ndarray) -> object | None:
+    """`value_counts().index[0]`: the most frequent value that is not missing, the first seen
+    among equals (None for none)."""
+    values = values[pd.notna(values)]
+    if values.size == 0:
+        return None
+    codes, uniques = pd.factorize(values)  # in order of first appearance, as value_counts
+    counts = np.bincount(codes, minlength=len(uniques))
+    return uniques[iv.descending_order(counts, kind="quicksort")[0]]
+
+
 def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int, str]:
     """Name each stream by what runs on it (stream ids are not stable across runs)."""
     roles: dict[int, str] = {}
@@ -589,10 +600,12 @@ def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int,
     total = np.bincount(code, minlength=streams.size)
     comm = np.bincount(code, weights=kind == Kind.COMM, minlength=streams.size)
     compute = np.bincount(code, weights=kind == Kind.COMPUTE, minlength=streams.size)
+    coll_stream = collectives["stream"].to_numpy()
+    coll_type = collectives["collective"].to_numpy()
     for i, stream in enumerate(streams.tolist()):
         if comm[i] > 0:
-            types = collectives.loc[collectives["stream"] == stream, "collective"].value_counts()
-            roles[int(stream)] = f"{types.index[0]} (NCCL)" if len(types) else "communication"
+            busiest = most_frequent(coll_type[coll_stream == stream])
+            roles[int(stream)] = f"{busiest} (NCCL)" if busiest is not None else "communication"
         elif compute[i] >= total[i] / 2:
             roles[int(stream)] = Kind.COMPUTE.value
         else:

@@ -270,16 +270,22 @@ class ThreadUnion:
 
 def fsdp_labels(cpu: pd.DataFrame) -> pd.DataFrame:
     """FSDP2 record-function labels with their kind and unit path, one row per label."""
-    is_fsdp = name_mask(cpu["name"], lambda n: n.startswith("FSDP::"))
-    labels = cpu.loc[is_fsdp, ["pid", "tid", "ts", "end", "name"]].copy()
-    distinct = {n: parse_fsdp_label(n) for n in labels["name"].astype(str).unique()}
-    parsed = labels["name"].astype(str).map(distinct)
-    labels = labels[parsed.notna().to_numpy()]
-    parsed = parsed[parsed.notna()]
-    labels["kind"] = [p[0] for p in parsed]
-    labels["fqn"] = [p[1] for p in parsed]
-    labels["fqn_raw"] = [p[2] for p in parsed]
-    return labels.reset_index(drop=True)
+    rows = np.flatnonzero(name_mask(cpu["name"], lambda n: n.startswith("FSDP::")))
+    names = cpu["name"].array[rows]
+    texts = [str(n) for n in names]  # a few hundred labels a step
+    distinct = {t: parse_fsdp_label(t) for t in set(texts)}
+    parsed = [distinct[t] for t in texts]
+    kept = np.array([p is not None for p in parsed], dtype=bool)
+    parsed = [p for p in parsed if p is not None]
+    return pd.DataFrame(
+        {
+            **{c: cpu[c].to_numpy()[rows[kept]] for c in ("pid", "tid", "ts", "end")},
+            "name": names[kept],
+            "kind": [p[0] for p in parsed],
+            "fqn": [p[1] for p in parsed],
+            "fqn_raw": [p[2] for p in parsed],
+        }
+    )
 
 
 def name_mask(names: pd.Series, fn) -> np.ndarray:
@@ -287,20 +293,41 @@ def name_mask(names: pd.Series, fn) -> np.ndarray:
     if isinstance(names.dtype, pd.CategoricalDtype):
         values = names.array
         codes = values.codes
-        if codes.size * 4 < len(values.categories):  # few rows: the categories they use
+        texts = _category_texts(values.categories)
+        if codes.size * 4 < len(texts):  # few rows: the categories they use
             used, where = np.unique(codes, return_inverse=True)
-            texts = [str(c) for c in values.categories[used[used >= 0]].tolist()]
-            found = ([fn("nan")] if used.size and used[0] < 0 else []) + [fn(t) for t in texts]
+            found = ([fn("nan")] if used.size and used[0] < 0 else []) + [
+                fn(texts[i]) for i in used[used >= 0].tolist()
+            ]
             return np.array(found, dtype=bool)[where.reshape(codes.shape)]
-        lookup = np.array([bool(fn(str(c))) for c in values.categories] + [fn("nan")], bool)
+        lookup = np.array([bool(fn(t)) for t in texts] + [fn("nan")], bool)
         return lookup[codes]
     return names.astype(str).map(fn).to_numpy(dtype=bool)
 
 
-def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
+# The categories of the name column read last and their text: a trace's slices share its
+# categories, and a dozen string tests read them (reading a pandas Index is ~1 µs a value).
+_texts_of: tuple[pd.Index, list[str]] | None = None
+
+
+def _category_texts(categories: pd.Index) -> list[str]:
+    """`[str(c) for c in categories]`, made once per categories object."""
+    global _texts_of
+    last = _texts_of
+    if last is None or last[0] is not categories:
+        last = (categories, [str(c) for c in categories.tolist()])
+        _texts_of = last
+    return last[1]
+
+
+WINDOW_COLUMNS = ("pid", "tid", "fqn", "w_start", "w_end")
+
+
+def block_windows(labels: pd.DataFrame) -> dict[str, np.ndarray]:
     """Where each unit's own compute is launched: forward between the end of
     `pre_forward (X)` and the start of `post_forward (X)`; backward between the end of
-    `pre_backward (X)` and the start of its first `post_backward_*` (same thread)."""
+    `pre_backward (X)` and the start of its first `post_backward_*` (same thread). One array
+    per column: pid, tid, fqn, w_start, w_end and phase."""
     pieces = []
     for phase, opener, closers in (
         (Phase.FORWARD.value, {PRE_FORWARD}, {POST_FORWARD}),
@@ -327,33 +354,36 @@ def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
             close = labels.iloc[closes][["pid", "tid", "fqn", "ts"]]
             open_ = open_.rename(columns={"end": "w_start"}).sort_values("w_start")
             close = close.rename(columns={"ts": "w_end"}).sort_values("w_end")
-            paired = pd.merge_asof(
+            merged = pd.merge_asof(
                 open_,
                 close,
                 left_on="w_start",
                 right_on="w_end",
                 by=["pid", "tid", "fqn"],
                 direction="forward",
-            )
-            paired = paired.dropna(subset=["w_end"])
-        paired["phase"] = phase
+            ).dropna(subset=["w_end"])
+            paired = {c: merged[c].to_numpy() for c in WINDOW_COLUMNS}
+        paired["phase"] = np.full(paired["w_start"].size, phase, dtype=object)
         pieces.append(paired)
     if not pieces:
-        return pd.DataFrame(columns=["pid", "tid", "fqn", "w_start", "w_end", "phase"])
-    return pd.concat(pieces, ignore_index=True)
+        empty = (np.int64, np.int64, object, np.float64, np.float64, object)
+        return {c: np.empty(0, t) for c, t in zip((*WINDOW_COLUMNS, "phase"), empty, strict=True)}
+    return {c: np.concatenate([p[c] for p in pieces]) for c in pieces[0]}
 
 
 def _first_close_after(
     labels: pd.DataFrame, opens: np.ndarray, closes: np.ndarray
-) -> pd.DataFrame | None:
+) -> dict[str, np.ndarray] | None:
     """The opening labels (rows `opens`; sorted by their end, `w_start`), each with the start
     (`w_end`) of the first closing label (rows `closes`) of the same pid, tid and unit at or
     after it, those without one left out: `merge_asof(open_, close, by=[pid, tid, fqn],
-    direction="forward")` then `dropna(w_end)`, in numpy. None where a key or time is NaN."""
+    direction="forward")` then `dropna(w_end)`, in numpy, a column each (`WINDOW_COLUMNS`).
+    None where a key or time is NaN."""
     rows = np.concatenate([opens, closes])
     group = np.zeros(rows.size, dtype=np.int64)
-    for column in ("pid", "tid", "fqn"):
-        codes, uniques = pd.factorize(labels[column].to_numpy()[rows])
+    keys = {column: labels[column].to_numpy() for column in ("pid", "tid", "fqn")}
+    for values in keys.values():
+        codes, uniques = pd.factorize(values[rows])
         if (codes < 0).any():
             return None
         group = pd.factorize(group * max(len(uniques), 1) + codes)[0].astype(np.int64)
@@ -372,10 +402,11 @@ def _first_close_after(
     safe = np.minimum(at, closes.size - 1)
     matched = (at < closes.size) & (close_group[order][safe] == open_group)
     chosen = opens[by_start][matched]
-    paired = labels.iloc[chosen][["pid", "tid", "fqn"]].reset_index(drop=True)
-    paired["w_start"] = start[by_start][matched]
-    paired["w_end"] = end[order][safe][matched]
-    return paired
+    return {
+        **{column: values[chosen] for column, values in keys.items()},
+        "w_start": start[by_start][matched],
+        "w_end": end[order][safe][matched],
+    }
 
 
 @dataclass

@@ -153,9 +153,8 @@ def _optimizer_impl(names: pd.Series, codes, ts, is_op, cpu_ctx: CpuContext) -> 
     """ "fused" or "foreach" where the optimizer step's operators show it, else ""."""
     inside = np.zeros(len(names), dtype=bool)
     inside[is_op] = cpu_ctx.optimizer.contains(codes[is_op], ts[is_op])
-    step_names = set(names.array[inside]) | {
-        n for n in set(names.array) if isinstance(n, str) and n.startswith("Optimizer.step#")
-    }
+    step = name_mask(names, lambda n: n.startswith("Optimizer.step#"))
+    step_names = set(names.array[inside | step])
     if any(FUSED_STEP.match(str(n)) for n in step_names):
         return "fused"
     if any(FOREACH_STEP.match(str(n)) for n in step_names):

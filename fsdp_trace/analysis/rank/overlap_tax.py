@@ -12,6 +12,8 @@ from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.vocab import NON_BLOCK_UNITS, Kind
 
 TAX_MIN_LAUNCHES = 3  # launches of an op with and without NCCL beside it, each
+# The kernel columns an op is measured on.
+MEASURED = ("ts", "end", "dur", "name", "grid", "block_dim", "phase", "step", "block")
 
 
 def op_tax(r: RankAnalysis, blocks: set[str]) -> pd.DataFrame:
@@ -43,8 +45,13 @@ def op_blocks(kernels: pd.DataFrame) -> list[str]:
     k = kernels
     if k.empty or "grid" not in k or "block_dim" not in k:
         return []
-    ok = (k["kind"] == Kind.COMPUTE) & k["grid"].notna() & k["block_dim"].notna()
-    return sorted(str(b) for b in k.loc[ok, "block"].dropna().unique())
+    blocks = k["block"].to_numpy()[_measurable(k, k["kind"].to_numpy() == Kind.COMPUTE)]
+    return sorted(str(b) for b in pd.unique(blocks[pd.notna(blocks)]))
+
+
+def _measurable(k: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """`rows` of the kernels whose launch shape (grid and block) is known."""
+    return rows & pd.notna(k["grid"].to_numpy()) & pd.notna(k["block_dim"].to_numpy())
 
 
 def moving(collectives: pd.DataFrame) -> iv.Intervals | None:
@@ -56,9 +63,11 @@ def moving(collectives: pd.DataFrame) -> iv.Intervals | None:
     if c is None or c.empty or "dur_us" not in c:
         return None
     keys = [c["collective"].astype(str), c["bytes"].fillna(-1.0), c["group_size"].fillna(-1.0)]
-    shortest = c.groupby(keys, sort=False, observed=True)["dur_us"].transform("min")
+    code, first = iv.first_seen_codes(keys)
+    dur = c["dur_us"].to_numpy(dtype=np.float64)
+    shortest = -iv.group_max(code, -dur, first.size)[code]  # groupby(keys).transform("min")
     end = c["end_us"].to_numpy(dtype=np.float64)
-    start = np.maximum(c["start_us"].to_numpy(dtype=np.float64), end - shortest.to_numpy())
+    start = np.maximum(c["start_us"].to_numpy(dtype=np.float64), end - shortest)
     return iv.union(start, end)
 
 
@@ -77,20 +86,21 @@ def measure(
     k = kernels
     if k.empty or "grid" not in k or "block_dim" not in k:
         return pd.DataFrame()
-    comm = k[k["kind"] == Kind.COMM]
-    compute = k[
-        (k["kind"] == Kind.COMPUTE)
-        & k["block"].isin(blocks)
-        & k["grid"].notna()
-        & k["block_dim"].notna()
-    ].sort_values("ts", kind="stable")
-    if comm.empty or compute.empty:
+    kind = k["kind"].to_numpy()
+    is_comm = kind == Kind.COMM
+    chosen = _measurable(k, (kind == Kind.COMPUTE) & k["block"].isin(blocks).to_numpy())
+    if not is_comm.any() or not chosen.any():
         return pd.DataFrame()
-    comm_u = iv.union(comm["ts"].to_numpy(), comm["end"].to_numpy())
+    ts = k["ts"].to_numpy()
+    rows = np.flatnonzero(chosen)
+    rows = rows[np.argsort(ts[rows], kind="stable")]  # sort_values("ts", kind="stable")
+    compute = pd.DataFrame({c: k[c].array[rows] for c in MEASURED}, index=k.index[rows])
+    comm_ts, comm_end = ts[is_comm], k["end"].to_numpy()[is_comm]
+    comm_u = iv.union(comm_ts, comm_end)
     if transfer is not None:
         comm_u = iv.intersect(comm_u, transfer)
     # "alone": no NCCL kernel at all beside it, moving data or waiting
-    idle_u = iv.union(comm["ts"].to_numpy(), comm["end"].to_numpy())
+    idle_u = iv.union(comm_ts, comm_end)
     dur = compute["dur"].to_numpy(dtype=np.float64)
     shared = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), comm_u)
     frac = np.divide(shared, dur, out=np.zeros_like(dur), where=dur > 0)

@@ -15,7 +15,7 @@ from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank.kernel_figures import backward_end
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose import busbw as reference
-from fsdp_trace.diagnose.context import Context, median, ms, pct, per_step_rows, total
+from fsdp_trace.diagnose.context import Context, ms, pct, per_step_rows
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.fmt import agree, plural
@@ -78,10 +78,10 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
         ]
         block = ag["block"].to_numpy()
         nbytes = ag["bytes"].to_numpy(dtype=np.float64)
-        exposed = median(ag["exposed_net_us"].to_numpy()[first])
+        exposed = iv.median(ag["exposed_net_us"].to_numpy()[first])
         step = ctx.step_us(r)
-        block_bytes = median(nbytes[forward[np.isin(block[forward], list(blocks))]])
-        unit_bytes = median(nbytes[first])
+        block_bytes = iv.median(nbytes[forward[np.isin(block[forward], list(blocks))]])
+        unit_bytes = iv.median(nbytes[first])
         big_root = _mode(block[first]) == ROOT and unit_bytes >= ROOT_SIZE_RATIO * block_bytes
         if (
             exposed >= FIRST_AG_EXPOSED * step
@@ -171,9 +171,9 @@ def last_unit_regathered(ctx: Context) -> Finding | None:
         same = first_bwd[block[first_bwd] == block[last_fwd]]
         if same.size < max(1, steps.size // 2):
             continue
-        transfer = median(ag["net_us"].to_numpy()[same])
+        transfer = iv.median(ag["net_us"].to_numpy()[same])
         exposed_net = ag["exposed_net_us"].to_numpy()[same]
-        exposed = median(np.where(np.isnan(exposed_net), 0.0, exposed_net))  # gloo: no overlap
+        exposed = iv.median(np.where(np.isnan(exposed_net), 0.0, exposed_net))  # gloo: no overlap
         step = ctx.step_us(r)
         if transfer >= REGATHER_MIN * step and (worst is None or transfer > worst[3]):
             matched = bool(ag["matched"].to_numpy()[same].all())
@@ -233,7 +233,7 @@ def reduction_tail(ctx: Context) -> Finding | None:
         per = iv.group_sum(
             np.where(in_tail, row, -1), c["exposed_net_us"].to_numpy(), len(r.backward_end)
         )
-        exposed, step = median(per), ctx.step_us(r)
+        exposed, step = iv.median(per), ctx.step_us(r)
         if exposed >= TAIL_EXPOSED * step and (worst is None or exposed > worst[1]):
             worst = (r, exposed, step)
     if worst is None:
@@ -392,7 +392,7 @@ def communication_bound(ctx: Context) -> Finding | None:
     for r in ctx.gpu_ranks:
         ag = ctx.gathers(r)
         bound_rows = np.isin(ag["block"].to_numpy(), list(bound_names))
-        exposed.append(total(ag["exposed_net_us"].to_numpy()[bound_rows]) / max(len(r.steps), 1))
+        exposed.append(iv.total(ag["exposed_net_us"].to_numpy()[bound_rows]) / max(len(r.steps), 1))
     cost = min(float(np.median(exposed)) if exposed else excess, excess)
     knobs, cli = ["a larger local batch or sequence"], ["--batch-size"]
     checkpointed = set(ctx.config.checkpointed.value or [])

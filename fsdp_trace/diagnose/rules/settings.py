@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.diagnose.context import Context, ms, pct, total
+from fsdp_trace.analysis.intervals import total
+from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.fmt import agree, plural
