@@ -73,3 +73,11 @@ def test_most_frequent_is_value_counts_first():
         values = kinds[rng.integers(0, kinds.size, int(rng.integers(0, 12)))]
         counts = pd.Series(values).value_counts()
         assert most_frequent(values) == (counts.index[0] if len(counts) else None)
+
+
+def test_value_counts_equal_pandas():
+    rng = np.random.default_rng(19)
+    units = np.array(["", "layers.0", "layers.1", "root"], dtype=object)
+    for _ in range(200):
+        values = units[rng.integers(0, units.size, int(rng.integers(0, 20)))]
+        assert iv.value_counts(values) == pd.Series(values).value_counts().to_dict()

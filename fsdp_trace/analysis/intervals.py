@@ -254,6 +254,12 @@ def descending_order(values: np.ndarray, kind: str = "stable") -> np.ndarray:
     return np.concatenate([ranked, np.flatnonzero(missing)])
 
 
+def value_counts(values: np.ndarray) -> dict:
+    """Each distinct value (sortable, none missing) → how many times it occurs."""
+    distinct, n = np.unique(values, return_counts=True)
+    return dict(zip(distinct.tolist(), n.tolist(), strict=True))
+
+
 def median(values) -> float:
     """`Series.median()`: NaN skipped, NaN when nothing is left."""
     values = np.asarray(values, dtype=np.float64)

@@ -20,13 +20,27 @@ from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import Collective, Device
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Some rows of a frame, read a column at a time as an array (no frame copied)."""
+
+    frame: pd.DataFrame
+    rows: np.ndarray
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        return self.frame[column].to_numpy()[self.rows]
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+
 @dataclass
 class Context:
     analysis: object  # fsdp_trace.result.RunAnalysis (not imported: it imports the diagnosis)
     # Each rank's `collectives(rank)` and `gathers(rank)`, made once (by id: ranks are not
     # hashable); several rules read them, and each pandas step costs ~1 ms over any size.
     _collectives: dict[int, pd.DataFrame] = field(default_factory=dict, init=False, repr=False)
-    _gathers: dict[int, pd.DataFrame] = field(default_factory=dict, init=False, repr=False)
+    _gathers: dict[int, Rows] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def record(self) -> RunRecord | None:
@@ -78,12 +92,12 @@ class Context:
             self._collectives[id(rank)] = made
         return made
 
-    def gathers(self, rank: RankAnalysis) -> pd.DataFrame:
-        """The rank's all-gathers of `collectives(rank)`, in order. Made once per rank."""
+    def gathers(self, rank: RankAnalysis) -> Rows:
+        """The rank's all-gathers among `collectives(rank)`, in order. Made once per rank."""
         made = self._gathers.get(id(rank))
         if made is None:
             c = self.collectives(rank)
-            made = c[c["collective"] == Collective.ALL_GATHER]
+            made = Rows(c, np.flatnonzero(c["collective"].to_numpy() == Collective.ALL_GATHER))
             self._gathers[id(rank)] = made
         return made
 

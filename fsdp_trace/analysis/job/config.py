@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pandas.api.types import union_categoricals
 
 from fsdp_trace.analysis.rank import context
 from fsdp_trace.analysis.rank import setup as setup_mod
@@ -226,21 +225,22 @@ def _collectives(ranks: list[RankAnalysis]) -> pd.DataFrame:
     """Every rank's collectives at once, as read here: only the `READ` columns, and each text
     column that no rank misses a value of as one categorical over every rank's values
     (categories sorted: grouped and sorted as the strings; a byte per row where the strings
-    take a pointer). On a large run this table is the client's peak."""
-    frames = [r.collectives[[c for c in READ if c in r.collectives]] for r in ranks]
-    frames = [f for f in frames if len(f)]
+    take a pointer). On a large run this table is the client's peak. Column by column: no
+    copy of any rank's frame."""
+    frames = [r.collectives for r in ranks if len(r.collectives)]
     if not frames:
         return pd.DataFrame()
+    read = [c for c in READ if any(c in f for f in frames)]
     text = [
-        name
-        for name in frames[0].columns
-        if all(name in f and _is_text(f[name]) and not f[name].isna().any() for f in frames)
+        c for c in read if all(c in f and _is_text(f[c]) and not f[c].isna().any() for f in frames)
     ]
-    coll = _concat([f.drop(columns=text) for f in frames])
-    for name in text:
-        coll[name] = union_categoricals(
-            [pd.Categorical(f[name]) for f in frames], sort_categories=True
-        )
+    rest = [c for c in read if c not in text]
+    if all(c in f for f in frames for c in rest):
+        coll = pd.DataFrame({c: pd.concat([f[c] for f in frames], ignore_index=True) for c in rest})
+    else:  # ranks without some column: aligned as concat aligns frames
+        coll = _concat([f[[c for c in rest if c in f]] for f in frames])
+    for c in text:  # its categories sorted, as union_categoricals(sort_categories=True)
+        coll[c] = pd.Categorical(pd.concat([f[c] for f in frames], ignore_index=True))
     return coll
 
 

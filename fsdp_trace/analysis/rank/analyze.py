@@ -264,11 +264,12 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     recompute_us = _windowed_lengths(
         iv.union(ts_arr[is_recompute], end_arr[is_recompute]), starts, ends
     )
-    per_step_counts = k.groupby(["step", "kind"]).size().unstack(fill_value=0)
+    k_step = k["step"].to_numpy()
 
     def count(kind: int) -> np.ndarray:
-        column = per_step_counts.get(kind, pd.Series(0, index=per_step_counts.index))
-        return column.reindex(windows["step"]).fillna(0).to_numpy(dtype=np.int64)
+        """Per window, its kernels of `kind`."""
+        per_step = iv.value_counts(k_step[kind_arr == kind])
+        return np.array([per_step.get(s, 0) for s in windows["step"].tolist()], dtype=np.int64)
 
     idle_us = step_us - figures["busy_us"]
     with np.errstate(invalid="ignore", divide="ignore"):

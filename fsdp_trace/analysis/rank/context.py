@@ -238,12 +238,14 @@ def _recomputing(
         return np.where(pd.isna(found), "", found).astype(object)
 
     back, fwd = units(in_backward), units(in_forward)
-    counts_back = pd.Series(back).value_counts()
-    counts_fwd = pd.Series(fwd).value_counts()
-    share = counts_back / counts_fwd.reindex(counts_back.index).fillna(0).replace(0, np.nan)
+    forward_ops = iv.value_counts(fwd)
     # no forward ops to compare with (reentrant checkpointing runs forward without grad):
     # everything re-run in backward is the forward
-    keep_units = set(share[(share >= RECOMPUTE_SHARE) | share.isna()].index)
+    keep_units = {
+        unit
+        for unit, n in iv.value_counts(back).items()
+        if not forward_ops.get(unit) or n / forward_ops[unit] >= RECOMPUTE_SHARE
+    }
     keep = np.ones(len(code), dtype=bool)
     keep[np.flatnonzero(in_backward)] = np.isin(back, list(keep_units))
     return keep
@@ -485,47 +487,48 @@ class CpuContext:
         the unit's backward (activation checkpointing). The run's configuration is inferred
         from this table (`fsdp_trace.analysis.job.config`)."""
         table = self.label_table
-        wanted = table["kind"].isin(FACT_KINDS).to_numpy()
+        label_kind = table["kind"].to_numpy()
+        wanted = np.isin(label_kind, list(FACT_KINDS))
         ops = self.recompute_ops
         idx = self.windows.innermost(self.keys, ops["thread"].to_numpy(), ops["ts"].to_numpy())
         units = self.windows.fqn_at(idx)
         found = pd.notna(units)
-        rows = pd.DataFrame(
-            {
-                "kind": np.concatenate(
-                    [table["kind"].to_numpy()[wanted], np.full(int(found.sum()), RECOMPUTE_FACT)]
-                ),
-                "unit": np.concatenate([table["fqn"].to_numpy()[wanted], units[found]]),
-                "ts": np.concatenate(
-                    [table["ts"].to_numpy()[wanted], ops["ts"].to_numpy()[found]]
-                ).astype(np.float64),
-            }
-        )
+        kind = np.concatenate([label_kind[wanted], np.full(int(found.sum()), RECOMPUTE_FACT)])
+        unit = np.concatenate([table["fqn"].to_numpy()[wanted], units[found]])
+        ts = np.concatenate([table["ts"].to_numpy()[wanted], ops["ts"].to_numpy()[found]])
+        ts = ts.astype(np.float64)
         if cpu_steps.empty:
-            rows["step"] = 0
+            step = np.zeros(ts.size, dtype=np.int64)
         else:
             from fsdp_trace.analysis.rank.steps import step_of_time
 
-            rows["step"] = step_of_time(cpu_steps, rows["ts"].to_numpy())
-            rows = rows[rows["step"] >= 0]
-        if rows.empty:
+            step = step_of_time(cpu_steps, ts)
+            inside = step >= 0
+            kind, unit, ts, step = kind[inside], unit[inside], ts[inside], step[inside]
+        if ts.size == 0:
             return pd.DataFrame(columns=FACT_COLUMNS)
         # `groupby(["step", "kind", "unit"], sort=True).agg(count=size, first_ts=min)`, in
         # numpy: each column's codes in sorted order, combined, order the groups as it does.
-        combined = np.zeros(len(rows), dtype=np.int64)
-        dropped = np.zeros(len(rows), dtype=bool)
-        for column in ("step", "kind", "unit"):
-            codes, uniques = pd.factorize(rows[column], sort=True)
+        combined = np.zeros(ts.size, dtype=np.int64)
+        dropped = np.zeros(ts.size, dtype=bool)
+        for column in (step, kind, unit):
+            codes, uniques = pd.factorize(column, sort=True)
             dropped |= codes < 0
             combined = combined * (len(uniques) + 1) + codes + 1
         kept = np.flatnonzero(~dropped)
         groups, first, where = np.unique(combined[kept], return_index=True, return_inverse=True)
         first_ts = np.full(groups.size, np.nan)
-        np.fmin.at(first_ts, where, rows["ts"].to_numpy(dtype=np.float64)[kept])
-        out = rows.iloc[kept[first]][["step", "kind", "unit"]].reset_index(drop=True)
-        out["count"] = np.bincount(where, minlength=groups.size).astype(np.int64)
-        out["first_ts"] = first_ts
-        return out[FACT_COLUMNS]
+        np.fmin.at(first_ts, where, ts[kept])
+        head = kept[first]
+        return pd.DataFrame(
+            {
+                "step": step[head],
+                "kind": kind[head],
+                "unit": unit[head],
+                "count": np.bincount(where, minlength=groups.size).astype(np.int64),
+                "first_ts": first_ts,
+            }
+        )
 
 
 # The label kinds the facts table counts, and its columns.

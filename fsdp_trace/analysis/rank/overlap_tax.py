@@ -4,6 +4,9 @@ slower by this rate)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -94,7 +97,7 @@ def measure(
     ts = k["ts"].to_numpy()
     rows = np.flatnonzero(chosen)
     rows = rows[np.argsort(ts[rows], kind="stable")]  # sort_values("ts", kind="stable")
-    compute = pd.DataFrame({c: k[c].array[rows] for c in MEASURED}, index=k.index[rows])
+    compute = {c: k[c].array[rows] for c in MEASURED}  # a frame only where pandas measures
     comm_ts, comm_end = ts[is_comm], k["end"].to_numpy()[is_comm]
     comm_u = iv.union(comm_ts, comm_end)
     if transfer is not None:
@@ -107,10 +110,10 @@ def measure(
     touched = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), idle_u)
     if not np.isnan(dur).any():
         return _ops(compute, dur, frac > 0.5, touched == 0)
-    return _ops_frame(compute, dur, frac, touched)
+    return _ops_frame(pd.DataFrame(compute, index=k.index[rows]), dur, frac, touched)
 
 
-def _first_seen(columns: list[pd.Series]) -> np.ndarray:
+def _first_seen(columns: list) -> np.ndarray:
     """A number per row for each distinct combination of `columns` (NaN a value like any
     other), in order of first appearance: `groupby(columns, sort=False, dropna=False)
     .ngroup()`."""
@@ -122,10 +125,11 @@ def _first_seen(columns: list[pd.Series]) -> np.ndarray:
     return combined
 
 
-def _ops(compute: pd.DataFrame, dur: np.ndarray, with_: np.ndarray, alone: np.ndarray):
-    """`_ops_frame` in numpy (durations without NaN): the same table, to the bit."""
+def _ops(compute: Mapping[str, Any], dur: np.ndarray, with_: np.ndarray, alone: np.ndarray):
+    """`_ops_frame` in numpy (durations without NaN): the same table, to the bit. `compute`:
+    the measured kernels' columns (a frame, or arrays by name)."""
     shape = _first_seen([compute[c] for c in ("name", "grid", "block_dim", "phase")])
-    group = _first_seen([compute["step"], compute["block"], pd.Series(shape)])
+    group = _first_seen([compute["step"], compute["block"], shape])
     order = np.argsort(group, kind="stable")  # n-th launch: position in its group, in order
     runs = np.flatnonzero(np.diff(group[order], prepend=-1))
     nth = np.empty(group.size, dtype=np.int64)
@@ -145,27 +149,33 @@ def _ops(compute: pd.DataFrame, dur: np.ndarray, with_: np.ndarray, alone: np.nd
 
     k_with, median_with, n_with, row = per_key(with_)
     k_alone, median_alone, n_alone, _ = per_key(alone)
-    time_with = pd.Series(dur[with_]).groupby(key[with_]).sum().to_numpy()  # pandas' sum
+    time_with = iv.group_sum(np.searchsorted(k_with, key[with_]), dur[with_], k_with.size)
     _, at_with, at_alone = np.intersect1d(k_with, k_alone, return_indices=True)
     kept = (n_with[at_with] >= TAX_MIN_LAUNCHES) & (n_alone[at_alone] >= TAX_MIN_LAUNCHES)
     at_with, at_alone, row = at_with[kept], at_alone[kept], row[at_with[kept]]
-    ops = pd.DataFrame(
+    slowdown, added_us = _tax(median_with[at_with], median_alone[at_alone], time_with[at_with])
+    return pd.DataFrame(
         {
             # Text typed as a frame of the whole column types it (pandas 3: `str`).
-            "kernel": pd.Series(compute["name"].to_numpy()).array[row],
-            "phase": pd.Series(compute["phase"].to_numpy()).array[row],
+            "kernel": pd.Series(np.asarray(compute["name"])).array[row],
+            "phase": pd.Series(np.asarray(compute["phase"])).array[row],
             "median_with": median_with[at_with],
             "time_with": time_with[at_with],
             "n_with": n_with[at_with].astype(np.int64),
             "median_alone": median_alone[at_alone],
             "n_alone": n_alone[at_alone].astype(np.int64),
+            "slowdown": slowdown,
+            "added_us": added_us,
         },
         index=pd.MultiIndex.from_arrays([shape[row], nth[row]], names=["shape", "nth"]),
     )
-    ops["slowdown"] = ops["median_with"] / ops["median_alone"] - 1.0
-    # Time beside NCCL beyond what the same launches take alone: T − T / (1 + slowdown).
-    ops["added_us"] = ops["time_with"] * ops["slowdown"] / (1.0 + ops["slowdown"])
-    return ops
+
+
+def _tax(median_with, median_alone, time_with):
+    """Per op, its slowdown beside NCCL (median with / median alone − 1) and the time beside
+    NCCL beyond what the same launches take alone: T − T / (1 + slowdown)."""
+    slowdown = median_with / median_alone - 1.0
+    return slowdown, time_with * slowdown / (1.0 + slowdown)
 
 
 def _ops_frame(compute: pd.DataFrame, dur: np.ndarray, frac: np.ndarray, touched: np.ndarray):
@@ -202,9 +212,9 @@ def _ops_frame(compute: pd.DataFrame, dur: np.ndarray, frac: np.ndarray, touched
     )
     ops = beside.join(alone, how="inner")
     ops = ops[(ops["n_with"] >= TAX_MIN_LAUNCHES) & (ops["n_alone"] >= TAX_MIN_LAUNCHES)].copy()
-    ops["slowdown"] = ops["median_with"] / ops["median_alone"] - 1.0
-    # Time beside NCCL beyond what the same launches take alone: T − T / (1 + slowdown).
-    ops["added_us"] = ops["time_with"] * ops["slowdown"] / (1.0 + ops["slowdown"])
+    slowdown, added_us = _tax(ops["median_with"], ops["median_alone"], ops["time_with"])
+    ops["slowdown"] = slowdown
+    ops["added_us"] = added_us
     return ops
 
 

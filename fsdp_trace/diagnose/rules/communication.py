@@ -70,15 +70,13 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
     blocks = ctx.block_units()
     for r in ctx.gpu_ranks:
         ag = ctx.gathers(r)
-        forward = np.flatnonzero(ag["phase"].to_numpy() == Phase.FORWARD)
+        forward = np.flatnonzero(ag["phase"] == Phase.FORWARD)
         if forward.size == 0:
             continue
-        first = forward[
-            per_step_rows(ag["step"].to_numpy()[forward], ag["start_us"].to_numpy()[forward], True)
-        ]
-        block = ag["block"].to_numpy()
-        nbytes = ag["bytes"].to_numpy(dtype=np.float64)
-        exposed = iv.median(ag["exposed_net_us"].to_numpy()[first])
+        first = forward[per_step_rows(ag["step"][forward], ag["start_us"][forward], True)]
+        block = ag["block"]
+        nbytes = ag["bytes"].astype(np.float64)
+        exposed = iv.median(ag["exposed_net_us"][first])
         step = ctx.step_us(r)
         block_bytes = iv.median(nbytes[forward[np.isin(block[forward], list(blocks))]])
         unit_bytes = iv.median(nbytes[first])
@@ -88,7 +86,7 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
             and big_root
             and (worst is None or exposed > worst[1])
         ):
-            matched = bool(ag["matched"].to_numpy()[first].all())
+            matched = bool(ag["matched"][first].all())
             worst = (r.rank, exposed, step, unit_bytes, block_bytes, matched)
     if worst is None:
         return None
@@ -156,8 +154,8 @@ def last_unit_regathered(ctx: Context) -> Finding | None:
         if r.collectives.empty or r.steps.empty:
             continue
         ag = ctx.gathers(r)
-        block, phase = ag["block"].to_numpy(), ag["phase"].to_numpy()
-        step_of, start = ag["step"].to_numpy(), ag["start_us"].to_numpy()
+        block, phase = ag["block"], ag["phase"]
+        step_of, start = ag["step"], ag["start_us"]
         of_block = np.isin(block, blocks)
         fwd = np.flatnonzero(of_block & (phase == Phase.FORWARD))
         bwd = np.flatnonzero(of_block & (phase == Phase.BACKWARD))
@@ -171,12 +169,12 @@ def last_unit_regathered(ctx: Context) -> Finding | None:
         same = first_bwd[block[first_bwd] == block[last_fwd]]
         if same.size < max(1, steps.size // 2):
             continue
-        transfer = iv.median(ag["net_us"].to_numpy()[same])
-        exposed_net = ag["exposed_net_us"].to_numpy()[same]
+        transfer = iv.median(ag["net_us"][same])
+        exposed_net = ag["exposed_net_us"][same]
         exposed = iv.median(np.where(np.isnan(exposed_net), 0.0, exposed_net))  # gloo: no overlap
         step = ctx.step_us(r)
         if transfer >= REGATHER_MIN * step and (worst is None or transfer > worst[3]):
-            matched = bool(ag["matched"].to_numpy()[same].all())
+            matched = bool(ag["matched"][same].all())
             worst = (r.rank, str(block[same[0]]), exposed, transfer, step, matched)
     if worst is None:
         return None
@@ -391,8 +389,8 @@ def communication_bound(ctx: Context) -> Finding | None:
     exposed = []
     for r in ctx.gpu_ranks:
         ag = ctx.gathers(r)
-        bound_rows = np.isin(ag["block"].to_numpy(), list(bound_names))
-        exposed.append(iv.total(ag["exposed_net_us"].to_numpy()[bound_rows]) / max(len(r.steps), 1))
+        bound_rows = np.isin(ag["block"], list(bound_names))
+        exposed.append(iv.total(ag["exposed_net_us"][bound_rows]) / max(len(r.steps), 1))
     cost = min(float(np.median(exposed)) if exposed else excess, excess)
     knobs, cli = ["a larger local batch or sequence"], ["--batch-size"]
     checkpointed = set(ctx.config.checkpointed.value or [])
