@@ -22,19 +22,24 @@ MEASURED = ("ts", "end", "dur", "name", "grid", "block_dim", "phase", "step", "b
 def op_tax(r: RankAnalysis, blocks: set[str]) -> pd.DataFrame:
     """Per compute op of the transformer blocks, its median duration with NCCL beside it
     (over half of the kernel overlaps communication) and alone (none does): `measure` over
-    the rank's kernels, indexed by (shape, nth).
+    the rank's kernels, indexed by (shape, nth)."""
+    ops = op_table(r, blocks)
+    if ops.empty and "shape" not in ops:
+        return pd.DataFrame()
+    return ops.set_index(["shape", "nth"])
+
+
+def op_table(r: RankAnalysis, blocks: set[str]) -> pd.DataFrame:
+    """`op_tax` with shape and nth as columns, not its index (`OP_TAX_COLUMNS`; may be an
+    empty frame without them).
 
     Measured with the rank's analysis (`RankAnalysis.op_tax`) for its units named like
     blocks (`block_like`); where `blocks` selects other ops of this rank (a run.json naming
     other blocks), measured again from its kernels, read again."""
     chosen = {b for b in r.op_blocks if b in blocks}
     if chosen == set(r.op_tax_blocks):
-        ops = r.op_tax
-    else:
-        ops = measure(r.load_kernels(), blocks, moving(r.collectives)).reset_index()
-    if ops.empty and "shape" not in ops:
-        return pd.DataFrame()
-    return ops.set_index(["shape", "nth"])
+        return r.op_tax
+    return measure(r.load_kernels(), blocks, moving(r.collectives)).reset_index()
 
 
 def block_like(name: str) -> bool:
