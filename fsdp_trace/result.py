@@ -36,13 +36,14 @@ def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).reindex(columns=columns)
 
 
-def median_step(breakdown: pd.DataFrame) -> pd.Series | None:
-    """The step whose length is the median of a rank's steps (the lower middle one for an
-    even count): its parts add up to its step exactly, as a real step's do."""
-    if breakdown.empty:
+def median_step(steps: pd.DataFrame) -> int | None:
+    """The row of the step whose length (`step_us`) is the median of a rank's steps (the lower
+    middle one for an even count; equal lengths by step): its parts add up to its step
+    exactly, as a real step's do. None without steps."""
+    if steps.empty:
         return None
-    ordered = breakdown.sort_values(["step_us", "step"], kind="stable")
-    return ordered.iloc[(len(ordered) - 1) // 2]
+    order = np.lexsort((steps["step"].to_numpy(), steps["step_us"].to_numpy(dtype=np.float64)))
+    return int(order[(order.size - 1) // 2])  # as a stable sort_values(["step_us", "step"])
 
 
 @dataclass
@@ -98,15 +99,19 @@ class RunAnalysis:
         per-rank statistic every view and rule reads (cards, tables, costs)."""
         key = (id(rank), rank.rank, rank.source)
         if key not in self._median_steps:
-            frame = rank.steps.rename(columns={"compute_us": "all_compute_us"}).rename(
-                columns={"model_compute_us": "compute_us"}
-            )
-            row = median_step(frame.reindex(columns=["step", "step_us", *PARTS]))
-            if row is None or not np.isfinite(row["compute_us"]):
+            steps = rank.steps
+            row = median_step(steps)
+            # The parts as the breakdown names them: its compute is the model's.
+            source = {**{p: p for p in PARTS}, "compute_us": "model_compute_us"}
+            value = {
+                p: float(steps[c].iloc[row]) if row is not None and c in steps else np.nan
+                for p, c in {"step_us": "step_us", **source}.items()
+            }
+            if row is None or not np.isfinite(value["compute_us"]):
                 self._median_steps[key] = None
             else:
-                parts = {k: _float(row[k]) for k in ("step_us", *PARTS)}
-                self._median_steps[key] = {"step": int(row["step"]), **parts}
+                parts = {k: _float(value[k]) for k in ("step_us", *PARTS)}
+                self._median_steps[key] = {"step": int(steps["step"].iloc[row]), **parts}
         return self._median_steps[key]
 
     @property

@@ -357,7 +357,7 @@ def test_numpy_ways_equal_pandas_ways(path):
     ).dropna(subset=["w_end"])
     assert len(merged) > 0
     pd.testing.assert_frame_equal(
-        context._first_close_after(labels, opens, closes),
+        pd.DataFrame(context._first_close_after(labels, opens, closes)),
         merged.reset_index(drop=True),
         check_exact=True,
     )

@@ -243,6 +243,44 @@ def group_sum(codes: np.ndarray, values, n_groups: int, min_count: int = 0) -> n
     return total
 
 
+def descending_order(values: np.ndarray, kind: str = "stable") -> np.ndarray:
+    """The row order of `sort_values(ascending=False, kind=kind)` (pandas' `nargsort`, step by
+    step: the rows reversed, sorted ascending, reversed back), NaN last in their order. With
+    "stable": largest first, equal values in their order."""
+    values = np.asarray(values, dtype=np.float64)
+    missing = np.isnan(values)
+    rows = np.flatnonzero(~missing)[::-1]
+    ranked = rows[np.argsort(values[rows], kind=kind)][::-1]
+    return np.concatenate([ranked, np.flatnonzero(missing)])
+
+
+def value_counts(values: np.ndarray) -> dict:
+    """Each distinct value (sortable, none missing) → how many times it occurs."""
+    distinct, n = np.unique(values, return_counts=True)
+    return dict(zip(distinct.tolist(), n.tolist(), strict=True))
+
+
+def median(values) -> float:
+    """`Series.median()`: NaN skipped, NaN when nothing is left."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    return float(np.median(values)) if values.size else float("nan")
+
+
+def total(values) -> float:
+    """`Series.sum()`: NaN counted as 0 where it stands (numpy's pairwise sum over the same
+    positions, so the same bits), 0 for none."""
+    values = np.asarray(values, dtype=np.float64)
+    return float(np.where(np.isnan(values), 0.0, values).sum())
+
+
+def mean(values) -> float:
+    """`Series.mean()`: `total` over the values that are not NaN (NaN for none)."""
+    values = np.asarray(values, dtype=np.float64)
+    count = int((~np.isnan(values)).sum())
+    return total(values) / count if count else float("nan")
+
+
 def group_max(codes: np.ndarray, values, n_groups: int) -> np.ndarray:
     """`groupby(codes).max()` per group (codes -1 left out): NaN skipped, NaN for none."""
     values = np.asarray(values, dtype=np.float64)

@@ -403,8 +403,7 @@ def _compact(
             limits = np.iinfo(np.int32)
             if limits.min <= values.min() and values.max() <= limits.max:
                 out[name] = values.astype(np.int32)
-    for name in out.columns:
-        dtype = out[name].dtype
+    for name, dtype in out.dtypes.items():  # each column read only where it is text
         python_strings = isinstance(dtype, pd.StringDtype) and dtype.storage == "python"
         if not (python_strings or (isinstance(dtype, np.dtype) and dtype.kind == "O")):
             continue

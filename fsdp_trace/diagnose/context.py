@@ -6,7 +6,7 @@ profiler-distortion rule, never a timing rule."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -17,12 +17,30 @@ from fsdp_trace.analysis.job.crossrank import CrossRank
 from fsdp_trace.analysis.rank.context import display_name
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.runrecord import RunRecord
-from fsdp_trace.vocab import Device
+from fsdp_trace.vocab import Collective, Device
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Some rows of a frame, read a column at a time as an array (no frame copied)."""
+
+    frame: pd.DataFrame
+    rows: np.ndarray
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        return self.frame[column].to_numpy()[self.rows]
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
 
 
 @dataclass
 class Context:
     analysis: object  # fsdp_trace.result.RunAnalysis (not imported: it imports the diagnosis)
+    # Each rank's `collectives(rank)` and `gathers(rank)`, made once (by id: ranks are not
+    # hashable); several rules read them, and each pandas step costs ~1 ms over any size.
+    _collectives: dict[int, pd.DataFrame] = field(default_factory=dict, init=False, repr=False)
+    _gathers: dict[int, Rows] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def record(self) -> RunRecord | None:
@@ -61,14 +79,27 @@ class Context:
         """A rank's collectives with `net_us` (the cross-rank transfer time, the duration
         where unmatched), `exposed_net_us` (exposed transfer, the exposed share where
         unmatched) and `matched`: waiting for a late peer is the straggler's cost, not the
-        collective's."""
-        c = rank.collectives
-        matched = c["transfer_us"].notna().to_numpy()
-        return c.assign(
-            net_us=np.where(matched, c["transfer_us"], c["dur_us"]),
-            exposed_net_us=np.where(matched, c["exposed_transfer_us"], c["exposed_us"]),
-            matched=matched,
-        )
+        collective's. Made once per rank: read it, never change it."""
+        made = self._collectives.get(id(rank))
+        if made is None:
+            c = rank.collectives
+            matched = c["transfer_us"].notna().to_numpy()
+            made = c.assign(
+                net_us=np.where(matched, c["transfer_us"], c["dur_us"]),
+                exposed_net_us=np.where(matched, c["exposed_transfer_us"], c["exposed_us"]),
+                matched=matched,
+            )
+            self._collectives[id(rank)] = made
+        return made
+
+    def gathers(self, rank: RankAnalysis) -> Rows:
+        """The rank's all-gathers among `collectives(rank)`, in order. Made once per rank."""
+        made = self._gathers.get(id(rank))
+        if made is None:
+            c = self.collectives(rank)
+            made = Rows(c, np.flatnonzero(c["collective"].to_numpy() == Collective.ALL_GATHER))
+            self._gathers[id(rank)] = made
+        return made
 
     def unmatched_share(self) -> float:
         """Share of the timing GPU ranks' collectives with no cross-rank match, in a job of
@@ -108,13 +139,15 @@ def ms(us: float) -> str:
     return f"{us / 1e3:.2f} ms"
 
 
-def per_step(frame: pd.DataFrame, first: bool, column: str = "start_us") -> pd.DataFrame:
-    """One row per step: each step's earliest (first) or latest row by `column`."""
-    if frame.empty:
-        return frame
-    ordered = frame.sort_values(["step", column], kind="stable")
-    return (
-        ordered.groupby("step", sort=True).head(1)
-        if first
-        else ordered.groupby("step", sort=True).tail(1)
-    )
+def per_step_rows(step: np.ndarray, key: np.ndarray, first: bool) -> np.ndarray:
+    """Positions of one row per step, by step ascending: each step's earliest (`first`) or
+    latest row by `key` (ties: the earlier row first; NaN keys last), as a stable sort by
+    (step, key) and `groupby("step").head(1)` / `.tail(1)` pick them."""
+    if step.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((key, step))  # stable: equal (step, key) rows keep their order
+    ordered = step[order]
+    change = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    if first:
+        return order[np.concatenate([[0], change])]
+    return order[np.concatenate([change - 1, [ordered.size - 1]])]

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pandas.api.types import union_categoricals
 
 from fsdp_trace.analysis.rank import context
 from fsdp_trace.analysis.rank import setup as setup_mod
@@ -226,21 +225,22 @@ def _collectives(ranks: list[RankAnalysis]) -> pd.DataFrame:
     """Every rank's collectives at once, as read here: only the `READ` columns, and each text
     column that no rank misses a value of as one categorical over every rank's values
     (categories sorted: grouped and sorted as the strings; a byte per row where the strings
-    take a pointer). On a large run this table is the client's peak."""
-    frames = [r.collectives[[c for c in READ if c in r.collectives]] for r in ranks]
-    frames = [f for f in frames if len(f)]
+    take a pointer). On a large run this table is the client's peak. Column by column: no
+    copy of any rank's frame."""
+    frames = [r.collectives for r in ranks if len(r.collectives)]
     if not frames:
         return pd.DataFrame()
+    read = [c for c in READ if any(c in f for f in frames)]
     text = [
-        name
-        for name in frames[0].columns
-        if all(name in f and _is_text(f[name]) and not f[name].isna().any() for f in frames)
+        c for c in read if all(c in f and _is_text(f[c]) and not f[c].isna().any() for f in frames)
     ]
-    coll = _concat([f.drop(columns=text) for f in frames])
-    for name in text:
-        coll[name] = union_categoricals(
-            [pd.Categorical(f[name]) for f in frames], sort_categories=True
-        )
+    rest = [c for c in read if c not in text]
+    if all(c in f for f in frames for c in rest):
+        coll = pd.DataFrame({c: pd.concat([f[c] for f in frames], ignore_index=True) for c in rest})
+    else:  # ranks without some column: aligned as concat aligns frames
+        coll = _concat([f[[c for c in rest if c in f]] for f in frames])
+    for c in text:  # its categories sorted, as union_categoricals(sort_categories=True)
+        coll[c] = pd.Categorical(pd.concat([f[c] for f in frames], ignore_index=True))
     return coll
 
 
@@ -271,32 +271,44 @@ class _Labels:
         """Rank by rank; traces claiming one rank count as one rank, as grouping by rank
         counts them."""
         out = cls()
-        forward: dict[Any, list[pd.DataFrame]] = {}  # each rank's pre_forward facts
+        # The lowest labelled rank's pre_forward facts (only theirs are read).
+        lowest: Any = None
+        forward: list[pd.DataFrame] = []
         for r in ranks:
             facts = r.fsdp
             if not len(facts):
                 continue
             out.any = True
-            kind = facts["kind"]
-            rows = facts.loc[kind == context.RECOMPUTE_FACT, "unit"]
+            kind, unit = np.asarray(facts["kind"]), np.asarray(facts["unit"])
+            rows = unit[kind == context.RECOMPUTE_FACT]
             out.recompute |= {str(u) for u in rows if u not in NON_BLOCK_UNITS}
-            out.root = out.root or bool((facts["unit"] == ROOT).any())
+            out.root = out.root or bool((unit == ROOT).any())
             if r.rank is None:  # grouped by rank, a trace without one is left out
                 continue
-            roots = facts[kind == context.ROOT_PRE_FORWARD]
-            if len(roots):
-                sums = roots.groupby("step")["count"].sum()
+            step = facts["step"].to_numpy()
+            is_root = kind == context.ROOT_PRE_FORWARD
+            if is_root.any():
+                sums = _sum_per_step(step[is_root], facts["count"].to_numpy()[is_root])
                 seen = out.roots.get(r.rank)
                 out.roots[r.rank] = sums if seen is None else seen.add(sums, fill_value=0)
-            steps = np.unique(facts["step"].to_numpy())
+            steps = np.unique(step)
             out.steps[r.rank] = np.union1d(out.steps.get(r.rank, steps), steps)
-            pre = facts[kind == context.PRE_FORWARD]
-            if len(pre):
-                forward.setdefault(r.rank, []).append(pre)
+            is_pre = kind == context.PRE_FORWARD
+            if is_pre.any() and (lowest is None or r.rank <= lowest):
+                if r.rank != lowest:
+                    lowest, forward = r.rank, []
+                forward.append(facts[is_pre])
         if forward:
-            pre = pd.concat(forward[min(forward)])
+            pre = pd.concat(forward)
             out.first_forward = pre.groupby("unit")["first_ts"].min().reset_index()
         return out
+
+
+def _sum_per_step(step: np.ndarray, count: np.ndarray) -> pd.Series:
+    """`groupby("step")["count"].sum()` of integer counts: per step ascending, their sum."""
+    steps, where = np.unique(step, return_inverse=True)
+    sums = np.bincount(where, weights=count, minlength=steps.size).astype(np.int64)
+    return pd.Series(sums, index=pd.Index(steps, name="step"), name="count")
 
 
 def _n_steps(facts: _Labels, coll: pd.DataFrame) -> int:

@@ -264,11 +264,12 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     recompute_us = _windowed_lengths(
         iv.union(ts_arr[is_recompute], end_arr[is_recompute]), starts, ends
     )
-    per_step_counts = k.groupby(["step", "kind"]).size().unstack(fill_value=0)
+    k_step = k["step"].to_numpy()
 
     def count(kind: int) -> np.ndarray:
-        column = per_step_counts.get(kind, pd.Series(0, index=per_step_counts.index))
-        return column.reindex(windows["step"]).fillna(0).to_numpy(dtype=np.int64)
+        """Per window, its kernels of `kind`."""
+        per_step = iv.value_counts(k_step[kind_arr == kind])
+        return np.array([per_step.get(s, 0) for s in windows["step"].tolist()], dtype=np.int64)
 
     idle_us = step_us - figures["busy_us"]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -578,6 +579,17 @@ def _configured_group_sizes(trace: Trace, comm_events: pd.DataFrame, n: int) -> 
     return np.array([sizes.get(str(v), np.nan) if v is not None else np.nan for v in names])
 
 
+def most_frequent(values: np.ndarray) -> object | None:
+    """`value_counts().index[0]`: the most frequent value that is not missing, the first seen
+    among equals (None for none)."""
+    values = values[pd.notna(values)]
+    if values.size == 0:
+        return None
+    codes, uniques = pd.factorize(values)  # in order of first appearance, as value_counts
+    counts = np.bincount(codes, minlength=len(uniques))
+    return uniques[iv.descending_order(counts, kind="quicksort")[0]]
+
+
 def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int, str]:
     """Name each stream by what runs on it (stream ids are not stable across runs)."""
     roles: dict[int, str] = {}
@@ -589,10 +601,12 @@ def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int,
     total = np.bincount(code, minlength=streams.size)
     comm = np.bincount(code, weights=kind == Kind.COMM, minlength=streams.size)
     compute = np.bincount(code, weights=kind == Kind.COMPUTE, minlength=streams.size)
+    coll_stream = collectives["stream"].to_numpy()
+    coll_type = collectives["collective"].to_numpy()
     for i, stream in enumerate(streams.tolist()):
         if comm[i] > 0:
-            types = collectives.loc[collectives["stream"] == stream, "collective"].value_counts()
-            roles[int(stream)] = f"{types.index[0]} (NCCL)" if len(types) else "communication"
+            busiest = most_frequent(coll_type[coll_stream == stream])
+            roles[int(stream)] = f"{busiest} (NCCL)" if busiest is not None else "communication"
         elif compute[i] >= total[i] / 2:
             roles[int(stream)] = Kind.COMPUTE.value
         else:

@@ -31,27 +31,21 @@ def block_table(
         return empty_frame(BLOCK_COLUMNS)
     c = collectives
     # Groups as `groupby(["block", "phase", "collective"], sort=False)` makes them, summed as
-    # it sums them (`iv.group_sum`): a groupby's fixed cost, ~1 ms each, was most of a small
-    # rank's block table.
+    # it sums them (`iv.group_sum`), every column an array: a pandas step's fixed cost, ~1 ms
+    # each, was most of a small rank's block table.
     keys = [c["block"], c["phase"], c["collective"]]
     code, first = iv.first_seen_codes(keys)
     n = first.size
     dur = c["dur_us"].to_numpy(dtype=np.float64)
     nbytes = c["bytes"].to_numpy(dtype=np.float64)
     known = ~np.isnan(nbytes) & (dur > 0)
-    agg = pd.DataFrame(
-        {
-            "block": c["block"].array[first],
-            "phase": c["phase"].array[first],
-            "collective": c["collective"].array[first],
-            "count": np.bincount(code[code >= 0], minlength=n).astype(np.int64),
-            "exposed": iv.group_sum(code, c["exposed_us"].to_numpy(dtype=np.float64), n),
-            "bytes": iv.group_sum(code, nbytes, n, min_count=1),
-            "timed_bytes": iv.group_sum(code, np.where(known, nbytes, np.nan), n, min_count=1),
-            "timed_dur": iv.group_sum(code, np.where(known, dur, np.nan), n),
-            "group_size": iv.group_max(code, c["group_size"].to_numpy(dtype=np.float64), n),
-        }
-    )
+    block, phase, collective = (key.array[first] for key in keys)
+    count = np.bincount(code[code >= 0], minlength=n).astype(np.int64)
+    exposed = iv.group_sum(code, c["exposed_us"].to_numpy(dtype=np.float64), n)
+    total_bytes = iv.group_sum(code, nbytes, n, min_count=1)
+    timed_bytes = iv.group_sum(code, np.where(known, nbytes, np.nan), n, min_count=1)
+    timed_dur = iv.group_sum(code, np.where(known, dur, np.nan), n)
+    group_size = iv.group_max(code, c["group_size"].to_numpy(dtype=np.float64), n)
     # The union of each group's kernels.
     kept = code >= 0
     start_us = c["start_us"].to_numpy(dtype=np.float64)
@@ -60,65 +54,62 @@ def block_table(
         present, lengths, _ = iv.union_length_by_code(code[kept], start_us[kept], end_us[kept])
         time = np.full(n, np.nan)
         time[present] = lengths
-        agg["time"] = time
     else:
         union = iv.grouped_union_length(
             c["block"].astype(str) + "|" + c["phase"] + "|" + c["collective"],
             c["start_us"],
             c["end_us"],
         )
-        labels = agg["block"].astype(str) + "|" + agg["phase"] + "|" + agg["collective"]
-        agg["time"] = labels.map(union)
+        labels = pd.Series(block).astype(str) + "|" + pd.Series(phase) + "|" + collective
+        time = labels.map(union).to_numpy(dtype=np.float64)
     # Counts per unit and step over both phases (e.g. 2 all-gathers with reshard).
     unit_code, unit_first = iv.first_seen_codes([c["block"], c["collective"]])
     per_unit = np.bincount(unit_code[unit_code >= 0], minlength=unit_first.size) / n_steps
     unit_count = per_unit[unit_code[first]]
-    block_compute = iv.grouped_union_length_by_label(
+    by_label = iv.grouped_union_length_by_label(
         lambda b, p: f"{b}|{p}",
         [compute["block"].fillna("").astype(str), compute["phase"]],
         compute["ts"],
         compute["end"],
     )
+    block_compute = dict(zip(by_label.index.tolist(), by_label.tolist(), strict=True))
     # algbw over the kernels whose bytes and duration are known: Σ bytes / Σ duration. busbw
     # is that × the collective's bus factor, so the two stay in the nccl-tests ratio.
     with np.errstate(invalid="ignore", divide="ignore"):
-        algbw = (agg["timed_bytes"] / agg["timed_dur"].where(agg["timed_dur"] > 0)) * 1e6 / 1e9
-    factor = classify.bus_factors(agg["collective"], agg["group_size"])
+        algbw = (timed_bytes / np.where(timed_dur > 0, timed_dur, np.nan)) * 1e6 / 1e9
+    factor = classify.bus_factors(collective, group_size)
+    pairs = list(zip(block.tolist(), phase.tolist(), strict=True))
     recompute = np.array(
         [
             block_compute.get(f"{b}|{Phase.RECOMPUTE}", np.nan) / n_steps
             if p == Phase.BACKWARD
             else np.nan
-            for b, p in zip(agg["block"], agg["phase"], strict=True)
+            for b, p in pairs
         ],
         dtype=np.float64,
     )
-    out = pd.DataFrame(
-        {
-            "rank": rank,
-            "source": source,
-            "block": agg["block"],
-            "phase": agg["phase"],
-            "collective": agg["collective"],
-            "count_per_step": agg["count"] / n_steps,
-            "unit_count_per_step": unit_count,
-            "expected_per_step": np.nan,
-            "excess": np.nan,
-            "time_us_per_step": agg["time"] / n_steps,
-            "exposed_us_per_step": agg["exposed"] / n_steps,
-            "bytes_per_step": agg["bytes"] / n_steps,
-            "algbw_gbps": algbw,
-            "busbw_gbps": algbw * factor,
-            "compute_us_per_step": [
-                block_compute.get(f"{b}|{p}", np.nan) / n_steps
-                for b, p in zip(agg["block"], agg["phase"], strict=True)
-            ],
-            "recompute_us_per_step": recompute,
-        }
-    )
-    return out.sort_values("exposed_us_per_step", ascending=False, kind="stable").reset_index(
-        drop=True
-    )[BLOCK_COLUMNS]
+    columns = {
+        "block": block,
+        "phase": phase,
+        "collective": collective,
+        "count_per_step": count / n_steps,
+        "unit_count_per_step": unit_count,
+        "expected_per_step": np.full(n, np.nan),
+        "excess": np.full(n, np.nan),
+        "time_us_per_step": time / n_steps,
+        "exposed_us_per_step": exposed / n_steps,
+        "bytes_per_step": total_bytes / n_steps,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * factor,
+        "compute_us_per_step": np.array(
+            [block_compute.get(f"{b}|{p}", np.nan) / n_steps for b, p in pairs],
+            dtype=np.float64,
+        ),
+        "recompute_us_per_step": recompute,
+    }
+    order = iv.descending_order(columns["exposed_us_per_step"])
+    out = {name: values[order] for name, values in columns.items()}
+    return pd.DataFrame({"rank": rank, "source": source, **out})[BLOCK_COLUMNS]
 
 
 def phase_table(lengths: pd.Series, rank: int | None, source: str) -> pd.DataFrame:

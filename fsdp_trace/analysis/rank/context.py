@@ -238,12 +238,14 @@ def _recomputing(
         return np.where(pd.isna(found), "", found).astype(object)
 
     back, fwd = units(in_backward), units(in_forward)
-    counts_back = pd.Series(back).value_counts()
-    counts_fwd = pd.Series(fwd).value_counts()
-    share = counts_back / counts_fwd.reindex(counts_back.index).fillna(0).replace(0, np.nan)
+    forward_ops = iv.value_counts(fwd)
     # no forward ops to compare with (reentrant checkpointing runs forward without grad):
     # everything re-run in backward is the forward
-    keep_units = set(share[(share >= RECOMPUTE_SHARE) | share.isna()].index)
+    keep_units = {
+        unit
+        for unit, n in iv.value_counts(back).items()
+        if not forward_ops.get(unit) or n / forward_ops[unit] >= RECOMPUTE_SHARE
+    }
     keep = np.ones(len(code), dtype=bool)
     keep[np.flatnonzero(in_backward)] = np.isin(back, list(keep_units))
     return keep
@@ -270,16 +272,22 @@ class ThreadUnion:
 
 def fsdp_labels(cpu: pd.DataFrame) -> pd.DataFrame:
     """FSDP2 record-function labels with their kind and unit path, one row per label."""
-    is_fsdp = name_mask(cpu["name"], lambda n: n.startswith("FSDP::"))
-    labels = cpu.loc[is_fsdp, ["pid", "tid", "ts", "end", "name"]].copy()
-    distinct = {n: parse_fsdp_label(n) for n in labels["name"].astype(str).unique()}
-    parsed = labels["name"].astype(str).map(distinct)
-    labels = labels[parsed.notna().to_numpy()]
-    parsed = parsed[parsed.notna()]
-    labels["kind"] = [p[0] for p in parsed]
-    labels["fqn"] = [p[1] for p in parsed]
-    labels["fqn_raw"] = [p[2] for p in parsed]
-    return labels.reset_index(drop=True)
+    rows = np.flatnonzero(name_mask(cpu["name"], lambda n: n.startswith("FSDP::")))
+    names = cpu["name"].array[rows]
+    texts = [str(n) for n in names]  # a few hundred labels a step
+    distinct = {t: parse_fsdp_label(t) for t in set(texts)}
+    parsed = [distinct[t] for t in texts]
+    kept = np.array([p is not None for p in parsed], dtype=bool)
+    parsed = [p for p in parsed if p is not None]
+    return pd.DataFrame(
+        {
+            **{c: cpu[c].to_numpy()[rows[kept]] for c in ("pid", "tid", "ts", "end")},
+            "name": names[kept],
+            "kind": [p[0] for p in parsed],
+            "fqn": [p[1] for p in parsed],
+            "fqn_raw": [p[2] for p in parsed],
+        }
+    )
 
 
 def name_mask(names: pd.Series, fn) -> np.ndarray:
@@ -287,20 +295,41 @@ def name_mask(names: pd.Series, fn) -> np.ndarray:
     if isinstance(names.dtype, pd.CategoricalDtype):
         values = names.array
         codes = values.codes
-        if codes.size * 4 < len(values.categories):  # few rows: the categories they use
+        texts = _category_texts(values.categories)
+        if codes.size * 4 < len(texts):  # few rows: the categories they use
             used, where = np.unique(codes, return_inverse=True)
-            texts = [str(c) for c in values.categories[used[used >= 0]].tolist()]
-            found = ([fn("nan")] if used.size and used[0] < 0 else []) + [fn(t) for t in texts]
+            found = ([fn("nan")] if used.size and used[0] < 0 else []) + [
+                fn(texts[i]) for i in used[used >= 0].tolist()
+            ]
             return np.array(found, dtype=bool)[where.reshape(codes.shape)]
-        lookup = np.array([bool(fn(str(c))) for c in values.categories] + [fn("nan")], bool)
+        lookup = np.array([bool(fn(t)) for t in texts] + [fn("nan")], bool)
         return lookup[codes]
     return names.astype(str).map(fn).to_numpy(dtype=bool)
 
 
-def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
+# The categories of the name column read last and their text: a trace's slices share its
+# categories, and a dozen string tests read them (reading a pandas Index is ~1 µs a value).
+_texts_of: tuple[pd.Index, list[str]] | None = None
+
+
+def _category_texts(categories: pd.Index) -> list[str]:
+    """`[str(c) for c in categories]`, made once per categories object."""
+    global _texts_of
+    last = _texts_of
+    if last is None or last[0] is not categories:
+        last = (categories, [str(c) for c in categories.tolist()])
+        _texts_of = last
+    return last[1]
+
+
+WINDOW_COLUMNS = ("pid", "tid", "fqn", "w_start", "w_end")
+
+
+def block_windows(labels: pd.DataFrame) -> dict[str, np.ndarray]:
     """Where each unit's own compute is launched: forward between the end of
     `pre_forward (X)` and the start of `post_forward (X)`; backward between the end of
-    `pre_backward (X)` and the start of its first `post_backward_*` (same thread)."""
+    `pre_backward (X)` and the start of its first `post_backward_*` (same thread). One array
+    per column: pid, tid, fqn, w_start, w_end and phase."""
     pieces = []
     for phase, opener, closers in (
         (Phase.FORWARD.value, {PRE_FORWARD}, {POST_FORWARD}),
@@ -327,33 +356,36 @@ def block_windows(labels: pd.DataFrame) -> pd.DataFrame:
             close = labels.iloc[closes][["pid", "tid", "fqn", "ts"]]
             open_ = open_.rename(columns={"end": "w_start"}).sort_values("w_start")
             close = close.rename(columns={"ts": "w_end"}).sort_values("w_end")
-            paired = pd.merge_asof(
+            merged = pd.merge_asof(
                 open_,
                 close,
                 left_on="w_start",
                 right_on="w_end",
                 by=["pid", "tid", "fqn"],
                 direction="forward",
-            )
-            paired = paired.dropna(subset=["w_end"])
-        paired["phase"] = phase
+            ).dropna(subset=["w_end"])
+            paired = {c: merged[c].to_numpy() for c in WINDOW_COLUMNS}
+        paired["phase"] = np.full(paired["w_start"].size, phase, dtype=object)
         pieces.append(paired)
     if not pieces:
-        return pd.DataFrame(columns=["pid", "tid", "fqn", "w_start", "w_end", "phase"])
-    return pd.concat(pieces, ignore_index=True)
+        empty = (np.int64, np.int64, object, np.float64, np.float64, object)
+        return {c: np.empty(0, t) for c, t in zip((*WINDOW_COLUMNS, "phase"), empty, strict=True)}
+    return {c: np.concatenate([p[c] for p in pieces]) for c in pieces[0]}
 
 
 def _first_close_after(
     labels: pd.DataFrame, opens: np.ndarray, closes: np.ndarray
-) -> pd.DataFrame | None:
+) -> dict[str, np.ndarray] | None:
     """The opening labels (rows `opens`; sorted by their end, `w_start`), each with the start
     (`w_end`) of the first closing label (rows `closes`) of the same pid, tid and unit at or
     after it, those without one left out: `merge_asof(open_, close, by=[pid, tid, fqn],
-    direction="forward")` then `dropna(w_end)`, in numpy. None where a key or time is NaN."""
+    direction="forward")` then `dropna(w_end)`, in numpy, a column each (`WINDOW_COLUMNS`).
+    None where a key or time is NaN."""
     rows = np.concatenate([opens, closes])
     group = np.zeros(rows.size, dtype=np.int64)
-    for column in ("pid", "tid", "fqn"):
-        codes, uniques = pd.factorize(labels[column].to_numpy()[rows])
+    keys = {column: labels[column].to_numpy() for column in ("pid", "tid", "fqn")}
+    for values in keys.values():
+        codes, uniques = pd.factorize(values[rows])
         if (codes < 0).any():
             return None
         group = pd.factorize(group * max(len(uniques), 1) + codes)[0].astype(np.int64)
@@ -372,10 +404,11 @@ def _first_close_after(
     safe = np.minimum(at, closes.size - 1)
     matched = (at < closes.size) & (close_group[order][safe] == open_group)
     chosen = opens[by_start][matched]
-    paired = labels.iloc[chosen][["pid", "tid", "fqn"]].reset_index(drop=True)
-    paired["w_start"] = start[by_start][matched]
-    paired["w_end"] = end[order][safe][matched]
-    return paired
+    return {
+        **{column: values[chosen] for column, values in keys.items()},
+        "w_start": start[by_start][matched],
+        "w_end": end[order][safe][matched],
+    }
 
 
 @dataclass
@@ -454,47 +487,48 @@ class CpuContext:
         the unit's backward (activation checkpointing). The run's configuration is inferred
         from this table (`fsdp_trace.analysis.job.config`)."""
         table = self.label_table
-        wanted = table["kind"].isin(FACT_KINDS).to_numpy()
+        label_kind = table["kind"].to_numpy()
+        wanted = np.isin(label_kind, list(FACT_KINDS))
         ops = self.recompute_ops
         idx = self.windows.innermost(self.keys, ops["thread"].to_numpy(), ops["ts"].to_numpy())
         units = self.windows.fqn_at(idx)
         found = pd.notna(units)
-        rows = pd.DataFrame(
-            {
-                "kind": np.concatenate(
-                    [table["kind"].to_numpy()[wanted], np.full(int(found.sum()), RECOMPUTE_FACT)]
-                ),
-                "unit": np.concatenate([table["fqn"].to_numpy()[wanted], units[found]]),
-                "ts": np.concatenate(
-                    [table["ts"].to_numpy()[wanted], ops["ts"].to_numpy()[found]]
-                ).astype(np.float64),
-            }
-        )
+        kind = np.concatenate([label_kind[wanted], np.full(int(found.sum()), RECOMPUTE_FACT)])
+        unit = np.concatenate([table["fqn"].to_numpy()[wanted], units[found]])
+        ts = np.concatenate([table["ts"].to_numpy()[wanted], ops["ts"].to_numpy()[found]])
+        ts = ts.astype(np.float64)
         if cpu_steps.empty:
-            rows["step"] = 0
+            step = np.zeros(ts.size, dtype=np.int64)
         else:
             from fsdp_trace.analysis.rank.steps import step_of_time
 
-            rows["step"] = step_of_time(cpu_steps, rows["ts"].to_numpy())
-            rows = rows[rows["step"] >= 0]
-        if rows.empty:
+            step = step_of_time(cpu_steps, ts)
+            inside = step >= 0
+            kind, unit, ts, step = kind[inside], unit[inside], ts[inside], step[inside]
+        if ts.size == 0:
             return pd.DataFrame(columns=FACT_COLUMNS)
         # `groupby(["step", "kind", "unit"], sort=True).agg(count=size, first_ts=min)`, in
         # numpy: each column's codes in sorted order, combined, order the groups as it does.
-        combined = np.zeros(len(rows), dtype=np.int64)
-        dropped = np.zeros(len(rows), dtype=bool)
-        for column in ("step", "kind", "unit"):
-            codes, uniques = pd.factorize(rows[column], sort=True)
+        combined = np.zeros(ts.size, dtype=np.int64)
+        dropped = np.zeros(ts.size, dtype=bool)
+        for column in (step, kind, unit):
+            codes, uniques = pd.factorize(column, sort=True)
             dropped |= codes < 0
             combined = combined * (len(uniques) + 1) + codes + 1
         kept = np.flatnonzero(~dropped)
         groups, first, where = np.unique(combined[kept], return_index=True, return_inverse=True)
         first_ts = np.full(groups.size, np.nan)
-        np.fmin.at(first_ts, where, rows["ts"].to_numpy(dtype=np.float64)[kept])
-        out = rows.iloc[kept[first]][["step", "kind", "unit"]].reset_index(drop=True)
-        out["count"] = np.bincount(where, minlength=groups.size).astype(np.int64)
-        out["first_ts"] = first_ts
-        return out[FACT_COLUMNS]
+        np.fmin.at(first_ts, where, ts[kept])
+        head = kept[first]
+        return pd.DataFrame(
+            {
+                "step": step[head],
+                "kind": kind[head],
+                "unit": unit[head],
+                "count": np.bincount(where, minlength=groups.size).astype(np.int64),
+                "first_ts": first_ts,
+            }
+        )
 
 
 # The label kinds the facts table counts, and its columns.

@@ -111,12 +111,12 @@ def host_time(
         )
     n_steps = len(windows)
     own = _self_time(keys.key(codes[is_op], ts[is_op]), keys.key(codes[is_op], end[is_op]))
-    totals = (
-        pd.Series(own(op_time[is_op]) / n_steps)
-        .groupby(np.asarray(names.array[is_op], object))
-        .sum()
+    # Per operator name (sorted, as groupby's), its time in gaps; the top ones by time.
+    op_names, totals = _sum_by_name(
+        np.asarray(names.array[is_op], object), own(op_time[is_op]) / n_steps
     )
-    top = totals[totals > 0].sort_values(ascending=False).head(TOP_OPS)
+    positive = np.flatnonzero(totals > 0)
+    top = positive[iv.descending_order(totals[positive], kind="quicksort")][:TOP_OPS]
     whole: dict[str, list[float]] = {c: [] for c in CATEGORIES}
     host_steps: list[float] = []
     if main is not None and not cpu_steps.empty:
@@ -141,7 +141,7 @@ def host_time(
     return HostTime(
         idle_us=float(np.median(idle)),
         by_category={c: float(np.median(v)) for c, v in per_step.items()},
-        top_ops=[[str(n), float(v)] for n, v in top.items()],
+        top_ops=[[str(op_names[i]), float(totals[i])] for i in top.tolist()],
         events_per_step=events,
         main_by_category={c: float(np.median(v)) for c, v in whole.items() if v},
         host_steps=host_steps,
@@ -149,13 +149,19 @@ def host_time(
     )
 
 
+def _sum_by_name(names: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`Series(values).groupby(names).sum()`: the names sorted (missing ones left out), each
+    one's sum as pandas adds it."""
+    code, uniques = pd.factorize(names, sort=True)
+    return uniques, iv.group_sum(code.astype(np.int64), values, len(uniques))
+
+
 def _optimizer_impl(names: pd.Series, codes, ts, is_op, cpu_ctx: CpuContext) -> str:
     """ "fused" or "foreach" where the optimizer step's operators show it, else ""."""
     inside = np.zeros(len(names), dtype=bool)
     inside[is_op] = cpu_ctx.optimizer.contains(codes[is_op], ts[is_op])
-    step_names = set(names.array[inside]) | {
-        n for n in set(names.array) if isinstance(n, str) and n.startswith("Optimizer.step#")
-    }
+    step = name_mask(names, lambda n: n.startswith("Optimizer.step#"))
+    step_names = set(names.array[inside | step])
     if any(FUSED_STEP.match(str(n)) for n in step_names):
         return "fused"
     if any(FOREACH_STEP.match(str(n)) for n in step_names):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank import overlap_tax
 from fsdp_trace.analysis.rank.breakdown import kernel_parts
 from fsdp_trace.analysis.results import OP_TAX_COLUMNS, RankAnalysis
@@ -32,18 +33,16 @@ def attach(result: RankAnalysis) -> RankAnalysis:
     if k is None or k.empty or "fsdp" not in k:
         return result
     result.steps = result.steps.assign(**kernel_parts(k, result.steps))
-    compute = k[k["kind"] == Kind.COMPUTE]
+    # Each figure from arrays of the compute kernels (a pandas step costs ~1 ms on any size).
+    is_compute = k["kind"].to_numpy() == Kind.COMPUTE
+    dur = k["dur"].to_numpy(dtype=np.float64)[is_compute]
     result.n_kernels = len(k)
-    result.n_compute = len(compute)
-    result.compute_mean_us = float(compute["dur"].mean()) if len(compute) else None
-    per_name = compute.groupby(compute["name"].astype(str), observed=True)["dur"].sum()
-    top = per_name.sort_values(ascending=False).head(KERNEL_TIME_TOP) / max(len(result.steps), 1)
-    result.kernel_time = {str(k): float(v) for k, v in top.items()}
-    backward = compute[compute["phase"].isin([Phase.BACKWARD, Phase.RECOMPUTE])]
-    last = backward.groupby("step")["end"].max()
-    result.backward_end = pd.DataFrame(
-        {"step": last.index.to_numpy(dtype=np.int64), "end_us": last.to_numpy(dtype=np.float64)}
+    result.n_compute = int(is_compute.sum())
+    result.compute_mean_us = iv.mean(dur) if dur.size else None
+    result.kernel_time = _kernel_time(
+        k["name"].astype(str).to_numpy()[is_compute], dur, max(len(result.steps), 1)
     )
+    result.backward_end = _backward_end(k, is_compute)
     result.op_blocks = overlap_tax.op_blocks(k)
     result.op_tax_blocks = [b for b in result.op_blocks if overlap_tax.block_like(b)]
     ops = overlap_tax.measure(k, set(result.op_tax_blocks), overlap_tax.moving(result.collectives))
@@ -53,6 +52,25 @@ def attach(result: RankAnalysis) -> RankAnalysis:
         else pd.DataFrame(columns=OP_TAX_COLUMNS)
     )
     return result
+
+
+def _kernel_time(names: np.ndarray, dur: np.ndarray, n_steps: int) -> dict[str, float]:
+    """The `KERNEL_TIME_TOP` kernel names of most compute time, per step: `groupby(names)
+    ["dur"].sum()` (names sorted), `sort_values(ascending=False).head(KERNEL_TIME_TOP)`."""
+    code, uniques = pd.factorize(names, sort=True)
+    per_name = iv.group_sum(code, dur, len(uniques))
+    top = iv.descending_order(per_name, kind="quicksort")[:KERNEL_TIME_TOP]
+    return {str(uniques[i]): float(v) for i, v in zip(top, per_name[top] / n_steps, strict=True)}
+
+
+def _backward_end(k: pd.DataFrame, is_compute: np.ndarray) -> pd.DataFrame:
+    """Per step with backward (or recompute) compute, when its last such kernel ends:
+    `groupby("step")["end"].max()` as a frame (step, end_us)."""
+    phases = [Phase.BACKWARD.value, Phase.RECOMPUTE.value]
+    backward = is_compute & np.isin(k["phase"].to_numpy(), phases)
+    steps, where = np.unique(k["step"].to_numpy()[backward], return_inverse=True)
+    last = iv.group_max(where, k["end"].to_numpy(dtype=np.float64)[backward], steps.size)
+    return pd.DataFrame({"step": steps.astype(np.int64), "end_us": last})
 
 
 def backward_end(rank: RankAnalysis) -> pd.Series:

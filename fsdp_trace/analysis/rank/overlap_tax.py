@@ -4,6 +4,9 @@ slower by this rate)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -12,24 +15,31 @@ from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.vocab import NON_BLOCK_UNITS, Kind
 
 TAX_MIN_LAUNCHES = 3  # launches of an op with and without NCCL beside it, each
+# The kernel columns an op is measured on.
+MEASURED = ("ts", "end", "dur", "name", "grid", "block_dim", "phase", "step", "block")
 
 
 def op_tax(r: RankAnalysis, blocks: set[str]) -> pd.DataFrame:
     """Per compute op of the transformer blocks, its median duration with NCCL beside it
     (over half of the kernel overlaps communication) and alone (none does): `measure` over
-    the rank's kernels, indexed by (shape, nth).
+    the rank's kernels, indexed by (shape, nth)."""
+    ops = op_table(r, blocks)
+    if ops.empty and "shape" not in ops:
+        return pd.DataFrame()
+    return ops.set_index(["shape", "nth"])
+
+
+def op_table(r: RankAnalysis, blocks: set[str]) -> pd.DataFrame:
+    """`op_tax` with shape and nth as columns, not its index (`OP_TAX_COLUMNS`; may be an
+    empty frame without them).
 
     Measured with the rank's analysis (`RankAnalysis.op_tax`) for its units named like
     blocks (`block_like`); where `blocks` selects other ops of this rank (a run.json naming
     other blocks), measured again from its kernels, read again."""
     chosen = {b for b in r.op_blocks if b in blocks}
     if chosen == set(r.op_tax_blocks):
-        ops = r.op_tax
-    else:
-        ops = measure(r.load_kernels(), blocks, moving(r.collectives)).reset_index()
-    if ops.empty and "shape" not in ops:
-        return pd.DataFrame()
-    return ops.set_index(["shape", "nth"])
+        return r.op_tax
+    return measure(r.load_kernels(), blocks, moving(r.collectives)).reset_index()
 
 
 def block_like(name: str) -> bool:
@@ -43,8 +53,13 @@ def op_blocks(kernels: pd.DataFrame) -> list[str]:
     k = kernels
     if k.empty or "grid" not in k or "block_dim" not in k:
         return []
-    ok = (k["kind"] == Kind.COMPUTE) & k["grid"].notna() & k["block_dim"].notna()
-    return sorted(str(b) for b in k.loc[ok, "block"].dropna().unique())
+    blocks = k["block"].to_numpy()[_measurable(k, k["kind"].to_numpy() == Kind.COMPUTE)]
+    return sorted(str(b) for b in pd.unique(blocks[pd.notna(blocks)]))
+
+
+def _measurable(k: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """`rows` of the kernels whose launch shape (grid and block) is known."""
+    return rows & pd.notna(k["grid"].to_numpy()) & pd.notna(k["block_dim"].to_numpy())
 
 
 def moving(collectives: pd.DataFrame) -> iv.Intervals | None:
@@ -56,9 +71,11 @@ def moving(collectives: pd.DataFrame) -> iv.Intervals | None:
     if c is None or c.empty or "dur_us" not in c:
         return None
     keys = [c["collective"].astype(str), c["bytes"].fillna(-1.0), c["group_size"].fillna(-1.0)]
-    shortest = c.groupby(keys, sort=False, observed=True)["dur_us"].transform("min")
+    code, first = iv.first_seen_codes(keys)
+    dur = c["dur_us"].to_numpy(dtype=np.float64)
+    shortest = -iv.group_max(code, -dur, first.size)[code]  # groupby(keys).transform("min")
     end = c["end_us"].to_numpy(dtype=np.float64)
-    start = np.maximum(c["start_us"].to_numpy(dtype=np.float64), end - shortest.to_numpy())
+    start = np.maximum(c["start_us"].to_numpy(dtype=np.float64), end - shortest)
     return iv.union(start, end)
 
 
@@ -77,30 +94,31 @@ def measure(
     k = kernels
     if k.empty or "grid" not in k or "block_dim" not in k:
         return pd.DataFrame()
-    comm = k[k["kind"] == Kind.COMM]
-    compute = k[
-        (k["kind"] == Kind.COMPUTE)
-        & k["block"].isin(blocks)
-        & k["grid"].notna()
-        & k["block_dim"].notna()
-    ].sort_values("ts", kind="stable")
-    if comm.empty or compute.empty:
+    kind = k["kind"].to_numpy()
+    is_comm = kind == Kind.COMM
+    chosen = _measurable(k, (kind == Kind.COMPUTE) & k["block"].isin(blocks).to_numpy())
+    if not is_comm.any() or not chosen.any():
         return pd.DataFrame()
-    comm_u = iv.union(comm["ts"].to_numpy(), comm["end"].to_numpy())
+    ts = k["ts"].to_numpy()
+    rows = np.flatnonzero(chosen)
+    rows = rows[np.argsort(ts[rows], kind="stable")]  # sort_values("ts", kind="stable")
+    compute = {c: k[c].array[rows] for c in MEASURED}  # a frame only where pandas measures
+    comm_ts, comm_end = ts[is_comm], k["end"].to_numpy()[is_comm]
+    comm_u = iv.union(comm_ts, comm_end)
     if transfer is not None:
         comm_u = iv.intersect(comm_u, transfer)
     # "alone": no NCCL kernel at all beside it, moving data or waiting
-    idle_u = iv.union(comm["ts"].to_numpy(), comm["end"].to_numpy())
+    idle_u = iv.union(comm_ts, comm_end)
     dur = compute["dur"].to_numpy(dtype=np.float64)
     shared = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), comm_u)
     frac = np.divide(shared, dur, out=np.zeros_like(dur), where=dur > 0)
     touched = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), idle_u)
     if not np.isnan(dur).any():
         return _ops(compute, dur, frac > 0.5, touched == 0)
-    return _ops_frame(compute, dur, frac, touched)
+    return _ops_frame(pd.DataFrame(compute, index=k.index[rows]), dur, frac, touched)
 
 
-def _first_seen(columns: list[pd.Series]) -> np.ndarray:
+def _first_seen(columns: list) -> np.ndarray:
     """A number per row for each distinct combination of `columns` (NaN a value like any
     other), in order of first appearance: `groupby(columns, sort=False, dropna=False)
     .ngroup()`."""
@@ -112,10 +130,11 @@ def _first_seen(columns: list[pd.Series]) -> np.ndarray:
     return combined
 
 
-def _ops(compute: pd.DataFrame, dur: np.ndarray, with_: np.ndarray, alone: np.ndarray):
-    """`_ops_frame` in numpy (durations without NaN): the same table, to the bit."""
+def _ops(compute: Mapping[str, Any], dur: np.ndarray, with_: np.ndarray, alone: np.ndarray):
+    """`_ops_frame` in numpy (durations without NaN): the same table, to the bit. `compute`:
+    the measured kernels' columns (a frame, or arrays by name)."""
     shape = _first_seen([compute[c] for c in ("name", "grid", "block_dim", "phase")])
-    group = _first_seen([compute["step"], compute["block"], pd.Series(shape)])
+    group = _first_seen([compute["step"], compute["block"], shape])
     order = np.argsort(group, kind="stable")  # n-th launch: position in its group, in order
     runs = np.flatnonzero(np.diff(group[order], prepend=-1))
     nth = np.empty(group.size, dtype=np.int64)
@@ -135,27 +154,33 @@ def _ops(compute: pd.DataFrame, dur: np.ndarray, with_: np.ndarray, alone: np.nd
 
     k_with, median_with, n_with, row = per_key(with_)
     k_alone, median_alone, n_alone, _ = per_key(alone)
-    time_with = pd.Series(dur[with_]).groupby(key[with_]).sum().to_numpy()  # pandas' sum
+    time_with = iv.group_sum(np.searchsorted(k_with, key[with_]), dur[with_], k_with.size)
     _, at_with, at_alone = np.intersect1d(k_with, k_alone, return_indices=True)
     kept = (n_with[at_with] >= TAX_MIN_LAUNCHES) & (n_alone[at_alone] >= TAX_MIN_LAUNCHES)
     at_with, at_alone, row = at_with[kept], at_alone[kept], row[at_with[kept]]
-    ops = pd.DataFrame(
+    slowdown, added_us = _tax(median_with[at_with], median_alone[at_alone], time_with[at_with])
+    return pd.DataFrame(
         {
             # Text typed as a frame of the whole column types it (pandas 3: `str`).
-            "kernel": pd.Series(compute["name"].to_numpy()).array[row],
-            "phase": pd.Series(compute["phase"].to_numpy()).array[row],
+            "kernel": pd.Series(np.asarray(compute["name"])).array[row],
+            "phase": pd.Series(np.asarray(compute["phase"])).array[row],
             "median_with": median_with[at_with],
             "time_with": time_with[at_with],
             "n_with": n_with[at_with].astype(np.int64),
             "median_alone": median_alone[at_alone],
             "n_alone": n_alone[at_alone].astype(np.int64),
+            "slowdown": slowdown,
+            "added_us": added_us,
         },
         index=pd.MultiIndex.from_arrays([shape[row], nth[row]], names=["shape", "nth"]),
     )
-    ops["slowdown"] = ops["median_with"] / ops["median_alone"] - 1.0
-    # Time beside NCCL beyond what the same launches take alone: T − T / (1 + slowdown).
-    ops["added_us"] = ops["time_with"] * ops["slowdown"] / (1.0 + ops["slowdown"])
-    return ops
+
+
+def _tax(median_with, median_alone, time_with):
+    """Per op, its slowdown beside NCCL (median with / median alone − 1) and the time beside
+    NCCL beyond what the same launches take alone: T − T / (1 + slowdown)."""
+    slowdown = median_with / median_alone - 1.0
+    return slowdown, time_with * slowdown / (1.0 + slowdown)
 
 
 def _ops_frame(compute: pd.DataFrame, dur: np.ndarray, frac: np.ndarray, touched: np.ndarray):
@@ -192,9 +217,9 @@ def _ops_frame(compute: pd.DataFrame, dur: np.ndarray, frac: np.ndarray, touched
     )
     ops = beside.join(alone, how="inner")
     ops = ops[(ops["n_with"] >= TAX_MIN_LAUNCHES) & (ops["n_alone"] >= TAX_MIN_LAUNCHES)].copy()
-    ops["slowdown"] = ops["median_with"] / ops["median_alone"] - 1.0
-    # Time beside NCCL beyond what the same launches take alone: T − T / (1 + slowdown).
-    ops["added_us"] = ops["time_with"] * ops["slowdown"] / (1.0 + ops["slowdown"])
+    slowdown, added_us = _tax(ops["median_with"], ops["median_alone"], ops["time_with"])
+    ops["slowdown"] = slowdown
+    ops["added_us"] = added_us
     return ops
 
 

@@ -66,8 +66,8 @@ def optimizer_ends(cpu: pd.DataFrame, cpu_steps: pd.DataFrame) -> pd.Series:
         return pd.Series(dtype=np.float64)
     ends = cpu["end"].to_numpy()[is_opt]
     step = steps_mod.step_of_time(cpu_steps, cpu["ts"].to_numpy()[is_opt])
-    frame = pd.Series(ends[step >= 0]).groupby(step[step >= 0]).max()
-    return frame.astype(np.float64)
+    steps, where = np.unique(step[step >= 0], return_inverse=True)  # groupby(step).max()
+    return pd.Series(iv.group_max(where, ends[step >= 0], steps.size), index=steps)
 
 
 def label_signals(cpu: pd.DataFrame, cpu_ctx: CpuContext, steps: int) -> Signals:
@@ -97,7 +97,6 @@ def signals(
     steps = np.sort(kernels["step"].unique()) if len(kernels) else np.empty(0, np.int64)
     n_steps = max(int(steps.size), 1)
     kind = kernels["kind"].to_numpy()
-    name = kernels["name"].astype(str).to_numpy()
     ts, end = kernels["ts"].to_numpy(np.float64), kernels["end"].to_numpy(np.float64)
     step_of = kernels["step"].to_numpy()
 
@@ -121,8 +120,8 @@ def signals(
         cast_kernels = float(cast.sum()) / n_steps
 
     copies = kind == classify.MEMCPY
-    h2d = copies & (name == HOST_TO_DEVICE)
-    d2h = copies & (name == DEVICE_TO_HOST)
+    h2d = copies & name_mask(kernels["name"], lambda n: n == HOST_TO_DEVICE)
+    d2h = copies & name_mask(kernels["name"], lambda n: n == DEVICE_TO_HOST)
     offload = h2d | d2h
 
     opt_cpu = opt_gpu = opt_idle = 0.0

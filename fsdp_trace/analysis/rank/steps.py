@@ -98,40 +98,48 @@ def gpu_windows(
     end: np.ndarray,
     host_end: pd.Series | None = None,
 ) -> pd.DataFrame:
-    """GPU window per CPU step from the GPU events launched in it (those with gpu_step ≥ 0).
+    """GPU window per CPU step from the GPU events launched in it (those with gpu_step ≥ 0),
+    ordered by start, with the step's CPU window (`steps`' columns).
     `host_end`: per step, when its own host-only work ends (an optimizer step run on the CPU
     under CPU offload); the last step, which no next step ends, ends no earlier."""
-    frame = pd.DataFrame({"step": gpu_step, "ts": ts, "end": end})
-    frame = frame[frame["step"] >= 0]
-    if frame.empty:
+    launched = gpu_step >= 0
+    if not launched.any():
         return pd.DataFrame(columns=["step", "start", "end", "cpu_start", "cpu_end"])
-    per = _first_and_last(frame)
-    per["end"] = per["start"].shift(-1)
-    # The last step has no next step to end it: it ends when its GPU work does, or when its
-    # own host work does if that is later (an optimizer step on the CPU belongs to the step,
-    # as it does to every earlier one, which the next step's first GPU event ends).
-    last = per.index[-1]
-    tail = float(host_end.get(last, -np.inf)) if host_end is not None else -np.inf
-    per.loc[last, "end"] = max(float(per.loc[last, "last_end"]), tail)
-    per = per.drop(columns="last_end").reset_index()
-    return per.merge(steps, on="step", how="left")
+    step, start, last_end = _first_and_last(gpu_step[launched], ts[launched], end[launched])
+    # Each window ends where the next starts. The last step has no next step to end it: it
+    # ends when its GPU work does, or when its own host work does if that is later (an
+    # optimizer step on the CPU belongs to the step, as it does to every earlier one, which
+    # the next step's first GPU event ends).
+    tail = float(host_end.get(step[-1], -np.inf)) if host_end is not None else -np.inf
+    window_end = np.append(start[1:], max(float(last_end[-1]), tail))
+    windows = {"step": step, "start": start, "end": window_end}
+    cpu = pd.Index(steps["step"].to_numpy())
+    if not cpu.is_unique or (cpu.get_indexer(step) < 0).any():  # not one CPU window each
+        return pd.DataFrame(windows).merge(steps, on="step", how="left")
+    at = cpu.get_indexer(step)
+    return pd.DataFrame(
+        {**windows, **{c: steps[c].to_numpy()[at] for c in steps.columns if c != "step"}}
+    )
 
 
-def _first_and_last(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per step of `frame` (step ≥ 0, ts, end): its first start and last end, ordered by start
+def _first_and_last(
+    step: np.ndarray, ts: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step (≥ 0): its first start and last end, ordered by start
     (`groupby("step").agg(start=min, last_end=max).sort_values("start")`, in numpy)."""
-    step = frame["step"].to_numpy()
-    ts, end = frame["ts"].to_numpy(dtype=np.float64), frame["end"].to_numpy(dtype=np.float64)
+    ts, end = ts.astype(np.float64), end.astype(np.float64)
     if np.isnan(ts).any() or np.isnan(end).any():
+        frame = pd.DataFrame({"step": step, "ts": ts, "end": end})
         grouped = frame.groupby("step").agg(start=("ts", "min"), last_end=("end", "max"))
-        return grouped.sort_values("start")
+        grouped = grouped.sort_values("start")
+        return (
+            grouped.index.to_numpy(),
+            grouped["start"].to_numpy(),
+            grouped["last_end"].to_numpy(),
+        )
     order = np.argsort(step, kind="stable")
     heads = np.flatnonzero(np.diff(step[order], prepend=step[order][0] - 1))
-    per = pd.DataFrame(
-        {
-            "start": np.minimum.reduceat(ts[order], heads),
-            "last_end": np.maximum.reduceat(end[order], heads),
-        },
-        index=pd.Index(step[order][heads], name="step"),
-    )
-    return per.sort_values("start")
+    first = np.minimum.reduceat(ts[order], heads)
+    by_start = np.argsort(first, kind="quicksort")  # as sort_values("start") orders them
+    last = np.maximum.reduceat(end[order], heads)
+    return step[order][heads][by_start], first[by_start], last[by_start]

@@ -11,9 +11,11 @@ import re
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank.kernel_figures import backward_end
+from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose import busbw as reference
-from fsdp_trace.diagnose.context import Context, ms, pct, per_step
+from fsdp_trace.diagnose.context import Context, ms, pct, per_step_rows
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
 from fsdp_trace.fmt import agree, plural
@@ -54,11 +56,6 @@ NVLINK_PARTS = re.compile(
 )
 
 
-def _gathers(ctx: Context, r) -> pd.DataFrame:
-    c = ctx.collectives(r)
-    return c[c["collective"] == Collective.ALL_GATHER]
-
-
 @rule(
     "first-allgather-exposed",
     "First forward all-gather exposed",
@@ -72,23 +69,25 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
     worst = None
     blocks = ctx.block_units()
     for r in ctx.gpu_ranks:
-        ag = _gathers(ctx, r)
-        ag = ag[ag["phase"] == Phase.FORWARD]
-        if ag.empty:
+        ag = ctx.gathers(r)
+        forward = np.flatnonzero(ag["phase"] == Phase.FORWARD)
+        if forward.size == 0:
             continue
-        first = per_step(ag, first=True)
-        unit = first["block"].mode().iloc[0]
-        exposed = float(first["exposed_net_us"].median())
+        first = forward[per_step_rows(ag["step"][forward], ag["start_us"][forward], True)]
+        block = ag["block"]
+        nbytes = ag["bytes"].astype(np.float64)
+        exposed = iv.median(ag["exposed_net_us"][first])
         step = ctx.step_us(r)
-        block_bytes = float(ag.loc[ag["block"].isin(blocks), "bytes"].median())
-        unit_bytes = float(first["bytes"].median())
-        big_root = unit == ROOT and unit_bytes >= ROOT_SIZE_RATIO * block_bytes
+        block_bytes = iv.median(nbytes[forward[np.isin(block[forward], list(blocks))]])
+        unit_bytes = iv.median(nbytes[first])
+        big_root = _mode(block[first]) == ROOT and unit_bytes >= ROOT_SIZE_RATIO * block_bytes
         if (
             exposed >= FIRST_AG_EXPOSED * step
             and big_root
             and (worst is None or exposed > worst[1])
         ):
-            worst = (r.rank, exposed, step, unit_bytes, block_bytes, bool(first["matched"].all()))
+            matched = bool(ag["matched"][first].all())
+            worst = (r.rank, exposed, step, unit_bytes, block_bytes, matched)
     if worst is None:
         return None
     rank, exposed, step, unit_bytes, block_bytes, matched = worst
@@ -126,6 +125,13 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
     )
 
 
+def _mode(names: np.ndarray) -> str:
+    """`Series.mode().iloc[0]` of unit names: the most frequent, the first in sorted order on
+    a tie."""
+    unique, counts = np.unique(names.astype(str), return_counts=True)
+    return str(unique[np.argmax(counts)])
+
+
 def _net(matched: bool) -> str:
     return (
         "cross-rank transfer time, waiting for peers excluded"
@@ -143,32 +149,36 @@ def _net(matched: bool) -> str:
 def last_unit_regathered(ctx: Context) -> Finding | None:
     """The last block of forward is all-gathered again right at the start of backward."""
     worst = None
-    blocks = ctx.block_units()
+    blocks = list(ctx.block_units())
     for r in ctx.analysis.ranks:  # CPU (gloo) traces show it too
         if r.collectives.empty or r.steps.empty:
             continue
-        ag = _gathers(ctx, r)
-        ag = ag[ag["block"].isin(blocks)]
-        fwd, bwd = ag[ag["phase"] == Phase.FORWARD], ag[ag["phase"] == Phase.BACKWARD]
-        if fwd.empty or bwd.empty:
+        ag = ctx.gathers(r)
+        block, phase = ag["block"], ag["phase"]
+        step_of, start = ag["step"], ag["start_us"]
+        of_block = np.isin(block, blocks)
+        fwd = np.flatnonzero(of_block & (phase == Phase.FORWARD))
+        bwd = np.flatnonzero(of_block & (phase == Phase.BACKWARD))
+        if fwd.size == 0 or bwd.size == 0:
             continue
-        last_fwd = per_step(fwd, first=False).set_index("step")
-        first_bwd = per_step(bwd, first=True).set_index("step")
-        steps = first_bwd.index.intersection(last_fwd.index)
-        same = first_bwd.loc[steps][
-            first_bwd.loc[steps, "block"].to_numpy() == last_fwd.loc[steps, "block"].to_numpy()
-        ]
-        if len(same) < max(1, len(steps) // 2):
+        last_fwd = fwd[per_step_rows(step_of[fwd], start[fwd], first=False)]
+        first_bwd = bwd[per_step_rows(step_of[bwd], start[bwd], first=True)]
+        steps = np.intersect1d(step_of[first_bwd], step_of[last_fwd], assume_unique=True)
+        last_fwd = last_fwd[np.isin(step_of[last_fwd], steps)]  # both by step ascending
+        first_bwd = first_bwd[np.isin(step_of[first_bwd], steps)]
+        same = first_bwd[block[first_bwd] == block[last_fwd]]
+        if same.size < max(1, steps.size // 2):
             continue
-        transfer = float(same["net_us"].median())
-        exposed = float(same["exposed_net_us"].fillna(0.0).median())  # gloo: no overlap
+        transfer = iv.median(ag["net_us"][same])
+        exposed_net = ag["exposed_net_us"][same]
+        exposed = iv.median(np.where(np.isnan(exposed_net), 0.0, exposed_net))  # gloo: no overlap
         step = ctx.step_us(r)
         if transfer >= REGATHER_MIN * step and (worst is None or transfer > worst[3]):
-            worst = (r.rank, str(same["block"].iloc[0]), exposed, transfer, step, same)
+            matched = bool(ag["matched"][same].all())
+            worst = (r.rank, str(block[same[0]]), exposed, transfer, step, matched)
     if worst is None:
         return None
-    rank, unit, exposed, transfer, step, same = worst
-    matched = bool(same["matched"].all())
+    rank, unit, exposed, transfer, step, matched = worst
     already = ctx.knob is not None and ctx.knob.keep_last_unsharded
     text = (
         f"`--keep-last-unsharded` is set, yet {unit} is gathered again: keep the unit forward "
@@ -214,17 +224,21 @@ def reduction_tail(ctx: Context) -> Finding | None:
     for r in ctx.gpu_ranks:
         if not r.n_kernels or r.collectives.empty:
             continue
-        last_compute = backward_end(r)  # with the rank's analysis: its kernels are not held
         c = ctx.collectives(r)
-        red = c[c["collective"].isin(GRADIENT_REDUCTIONS) & c["step"].isin(last_compute.index)]
-        tail = red[red["end_us"].to_numpy() > last_compute.reindex(red["step"]).to_numpy()]
-        per = tail.groupby("step")["exposed_net_us"].sum().reindex(last_compute.index)
-        exposed, step = float(per.fillna(0.0).median()), ctx.step_us(r)
+        in_tail, row = _tail(c, r)
+        # Per step with backward compute, its tail's exposed time (0 for none), as
+        # `groupby("step").sum()` adds them.
+        per = iv.group_sum(
+            np.where(in_tail, row, -1), c["exposed_net_us"].to_numpy(), len(r.backward_end)
+        )
+        exposed, step = iv.median(per), ctx.step_us(r)
         if exposed >= TAIL_EXPOSED * step and (worst is None or exposed > worst[1]):
-            worst = (r.rank, exposed, step, tail, last_compute)
+            worst = (r, exposed, step)
     if worst is None:
         return None
-    rank, exposed, step, tail, last_compute = worst
+    r, exposed, step = worst
+    rank, last_compute, c = r.rank, backward_end(r), ctx.collectives(r)
+    tail = c[_tail(c, r)[0]]
     count = float(tail.groupby("step").size().reindex(last_compute.index, fill_value=0).median())
     units = ", ".join(dict.fromkeys(tail["block"].astype(str)))
     by_type = tail.groupby("collective")["exposed_net_us"].sum() / max(len(last_compute), 1)
@@ -290,6 +304,23 @@ def reduction_tail(ctx: Context) -> Finding | None:
     )
 
 
+def _tail(c: pd.DataFrame, r: RankAnalysis) -> tuple[np.ndarray, np.ndarray]:
+    """Which of the rank's collectives `c` are gradient reductions that end after their
+    step's last backward (or recompute) kernel, and each one's step's row in
+    `r.backward_end` (-1: a step without backward compute)."""
+    last = r.backward_end
+    steps, step = last["step"].to_numpy(), c["step"].to_numpy()
+    row = np.full(step.size, -1, dtype=np.int64)
+    known = np.isin(step, steps)
+    if not known.any():
+        return known, row
+    order = np.argsort(steps, kind="stable")
+    row[known] = order[np.searchsorted(steps, step[known], sorter=order)]
+    last_end = np.where(known, last["end_us"].to_numpy(dtype=np.float64)[row], np.nan)
+    reduction = np.isin(c["collective"].to_numpy(), [g.value for g in GRADIENT_REDUCTIONS])
+    return reduction & known & (c["end_us"].to_numpy() > last_end), row
+
+
 @rule(
     "communication-bound",
     "Communication-bound blocks",
@@ -312,23 +343,30 @@ def communication_bound(ctx: Context) -> Finding | None:
             .groupby(["block", "phase"])["transfer_us"]
             .median()
         )
+    transfer_of = {} if transfer is None else transfer.to_dict()  # (block, phase) → µs
     rows = []
-    blocks = ctx.block_units()
+    blocks = list(ctx.block_units())
+    columns = [
+        "block",
+        "phase",
+        "time_us_per_step",
+        "count_per_step",
+        "compute_us_per_step",
+        "recompute_us_per_step",
+    ]
     for r in ctx.gpu_ranks:
         b = r.blocks
-        b = b[
-            (b["collective"] == Collective.ALL_GATHER)
-            & b["block"].isin(blocks)
-            & b["phase"].isin([Phase.FORWARD, Phase.BACKWARD])
-        ]
-        for row in b.itertuples():
-            gather = row.time_us_per_step / max(row.count_per_step, 1)
-            if transfer is not None and (row.block, row.phase) in transfer.index:
-                gather = float(transfer.loc[(row.block, row.phase)])
-            compute = row.compute_us_per_step
-            if row.phase == Phase.BACKWARD and np.isfinite(row.recompute_us_per_step):
-                compute += row.recompute_us_per_step
-            rows.append((r.rank, row.block, row.phase, gather, compute))
+        keep = (
+            (b["collective"].to_numpy() == Collective.ALL_GATHER)
+            & np.isin(b["block"].to_numpy(), blocks)
+            & np.isin(b["phase"].to_numpy(), [Phase.FORWARD.value, Phase.BACKWARD.value])
+        )
+        picked = [b[name].to_numpy()[keep].tolist() for name in columns]
+        for block, phase, time_us, count, compute, recompute_us in zip(*picked, strict=True):
+            gather = transfer_of.get((block, phase), time_us / max(count, 1))
+            if phase == Phase.BACKWARD and np.isfinite(recompute_us):
+                compute += recompute_us
+            rows.append((r.rank, block, phase, gather, compute))
     if not rows:
         return None
     table = pd.DataFrame(rows, columns=["rank", "block", "phase", "gather", "compute"])
@@ -350,9 +388,9 @@ def communication_bound(ctx: Context) -> Finding | None:
     bound_names = set(bound.index.get_level_values("block"))
     exposed = []
     for r in ctx.gpu_ranks:
-        ag = _gathers(ctx, r)
-        ag = ag[ag["block"].isin(bound_names)]
-        exposed.append(float(ag["exposed_net_us"].sum()) / max(len(r.steps), 1))
+        ag = ctx.gathers(r)
+        bound_rows = np.isin(ag["block"], list(bound_names))
+        exposed.append(iv.total(ag["exposed_net_us"][bound_rows]) / max(len(r.steps), 1))
     cost = min(float(np.median(exposed)) if exposed else excess, excess)
     knobs, cli = ["a larger local batch or sequence"], ["--batch-size"]
     checkpointed = set(ctx.config.checkpointed.value or [])

@@ -5,7 +5,8 @@ or CTAs) were measured to slow healthy steps, so it never leads a verdict."""
 
 from __future__ import annotations
 
-from fsdp_trace.analysis.rank.overlap_tax import op_tax
+from fsdp_trace.analysis.intervals import total
+from fsdp_trace.analysis.rank.overlap_tax import op_table
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding, FindingKind
 from fsdp_trace.diagnose.registry import rule
@@ -25,12 +26,12 @@ def overlap_tax(ctx: Context) -> Finding | None:
     a noticeable share of the step."""
     worst = None
     for r in ctx.gpu_ranks:
-        ops = op_tax(r, ctx.block_units())
+        ops = op_table(r, ctx.block_units())  # its columns read, not its (shape, nth) index
         if ops.empty:
             continue
         n_steps = max(len(r.steps), 1)
         step = ctx.step_us(r)
-        added = float(ops["added_us"].sum()) / n_steps
+        added = total(ops["added_us"].to_numpy()) / n_steps
         if added >= TAX_COST * step and (worst is None or added / step > worst[1]):
             worst = (r.rank, added / step, added, ops, n_steps, step)
     if worst is None:

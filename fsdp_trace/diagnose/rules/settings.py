@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis.intervals import total
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
@@ -20,7 +21,8 @@ PAIR = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
 
 def _exposed_per_step(ctx: Context, r, mask) -> float:
     c = ctx.collectives(r)
-    return float(c.loc[mask(c), "exposed_net_us"].sum()) / max(len(r.steps), 1)
+    rows = np.asarray(mask(c), dtype=bool)
+    return total(c["exposed_net_us"].to_numpy()[rows]) / max(len(r.steps), 1)
 
 
 @rule(
