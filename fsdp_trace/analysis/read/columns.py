@@ -229,14 +229,17 @@ class Columns:
             args = [NO_ARGS if a is None else a for a in args]
         if not self.input_dims:
             self.input_dims = any(map(_get_input_dims, args))
-        try:  # the four dense columns in one pass over the args, as rows of 4
-            dense = array("q", chain.from_iterable(map(_get_dense, args)))
+        try:  # the four dense columns in one pass over the args, as rows of 4 (the struct
+            # types them int or None: `fromiter` of a known count fills one buffer, no growing)
+            dense = np.fromiter(
+                chain.from_iterable(map(_get_dense, args)), np.int64, len(args) * len(_DENSE_ARGS)
+            )
         except (TypeError, OverflowError):  # None, or integers beyond int64
             for name in _DENSE_ARGS:
                 values = map(_get_arg[name], args)
                 self.dense[name] += array("q", [self._int(name, v) for v in values])
         else:
-            rows = np.frombuffer(dense, dtype=np.int64).reshape(-1, len(_DENSE_ARGS))
+            rows = dense.reshape(-1, len(_DENSE_ARGS))
             for j, name in enumerate(_DENSE_ARGS):
                 self.dense[name].frombytes(rows[:, j].tobytes())
         self._rare(args, row0)
