@@ -128,3 +128,18 @@ def test_grouped_union_lengths_equal_the_frame_way():
             iv._grouped_union_length_frame(ints, starts, ends),
             check_exact=True,
         )
+
+
+def test_union_length_by_code_equals_pandas_groupby_sum():
+    """Unrounded times (the compensated sum matters), groups of a few and of hundreds of
+    merged intervals (past SMALL_GROUPS), codes with gaps."""
+    rng = np.random.default_rng(11)
+    for n, n_codes in ((1, 1), (40, 3), (400, 9), (3000, 4)):
+        codes = rng.choice(np.arange(0, 3 * n_codes, 3), n)
+        starts = rng.uniform(0, 1e6, n)
+        ends = starts + rng.exponential(30.0, n)
+        present, lengths, heads = iv.union_length_by_code(codes, starts, ends)
+        frame = iv._grouped_union_length_frame(codes, starts, ends)
+        assert np.array_equal(present, frame.index.to_numpy())
+        assert np.array_equal(lengths, frame.to_numpy())
+        assert np.array_equal(codes[heads], present)
