@@ -49,6 +49,7 @@ integers within int64.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,10 +81,12 @@ _HASH_PRIMES = (
 )
 
 
-def _key_columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Every column the loader keeps, as integers (the derived `end` left out)."""
+def _key_columns(frame: pd.DataFrame, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Every column the loader keeps (or those of `names` present), as integers (the derived
+    `end` left out)."""
     out = {}
-    for name in frame.columns:
+    wanted = frame.columns if names is None else [n for n in names if n in frame.columns]
+    for name in wanted:
         if name == "end":
             continue
         values = frame[name]
@@ -101,11 +104,11 @@ _HASHED = ("ts", "dur", "tid", "name", "correlation", "external_id")
 
 def duplicates(frame: pd.DataFrame) -> np.ndarray:
     """Rows identical to an earlier row in every kept column (all but the first of each)."""
-    keys = _key_columns(frame)
+    hashed = _key_columns(frame, _HASHED)  # every column only where digests repeat
     with np.errstate(over="ignore"):
         digest = np.zeros(len(frame), dtype=np.uint64)
-        for i, name in enumerate(n for n in _HASHED if n in keys):
-            column = keys[name].astype(np.int64, copy=False).view(np.uint64)
+        for i, name in enumerate(n for n in _HASHED if n in hashed):
+            column = hashed[name].astype(np.int64, copy=False).view(np.uint64)
             np.bitwise_xor(digest, column, out=digest)  # in place: no temporary per step
             np.multiply(digest, np.uint64(_HASH_PRIMES[i]), out=digest)
     out = np.zeros(len(frame), dtype=bool)
@@ -115,6 +118,7 @@ def duplicates(frame: pd.DataFrame) -> np.ndarray:
     twice = ordered[1:][ordered[1:] == ordered[:-1]]
     if twice.size:  # confirm exactly, on every column (a hash collision is no copy)
         rows = np.flatnonzero(np.isin(digest, twice))
+        keys = _key_columns(frame)
         table = pd.DataFrame({name: column[rows] for name, column in keys.items()})
         out[rows] = table.duplicated(keep="first").to_numpy()
     return out
