@@ -10,7 +10,6 @@ import pandas as pd
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank.analyze import most_frequent
 from fsdp_trace.diagnose.context import per_step_rows
-from fsdp_trace.diagnose.rules.communication import _mode
 
 
 def _random_frame(rng: np.random.Generator, n: int) -> pd.DataFrame:
@@ -63,7 +62,7 @@ def test_mode_is_the_first_of_the_most_frequent_in_sorted_order():
     names = np.array(["root", "layers.0", "layers.1", "layers.10", "layers.2"], dtype=object)
     for _ in range(300):
         picked = names[rng.integers(0, names.size, int(rng.integers(1, 12)))]
-        assert _mode(picked) == pd.Series(picked).mode().iloc[0]
+        assert iv.mode(picked.astype(str)) == pd.Series(picked).mode().iloc[0]
 
 
 def test_most_frequent_is_value_counts_first():

@@ -209,5 +209,4 @@ def _main_thread(cpu: pd.DataFrame, cpu_kinds: np.ndarray, codes: np.ndarray) ->
     )
     if not steps.any():
         return None
-    values, counts = np.unique(codes[steps], return_counts=True)
-    return int(values[np.argmax(counts)])
+    return int(iv.mode(codes[steps]))

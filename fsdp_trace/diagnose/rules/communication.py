@@ -80,7 +80,8 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
         step = ctx.step_us(r)
         block_bytes = iv.median(nbytes[forward[np.isin(block[forward], list(blocks))]])
         unit_bytes = iv.median(nbytes[first])
-        big_root = _mode(block[first]) == ROOT and unit_bytes >= ROOT_SIZE_RATIO * block_bytes
+        unit = str(iv.mode(block[first].astype(str)))
+        big_root = unit == ROOT and unit_bytes >= ROOT_SIZE_RATIO * block_bytes
         if (
             exposed >= FIRST_AG_EXPOSED * step
             and big_root
@@ -123,13 +124,6 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
         blocks=[ROOT],
         metrics={"rank": rank, "exposed_us": exposed, "bytes": unit_bytes},
     )
-
-
-def _mode(names: np.ndarray) -> str:
-    """`Series.mode().iloc[0]` of unit names: the most frequent, the first in sorted order on
-    a tie."""
-    unique, counts = np.unique(names.astype(str), return_counts=True)
-    return str(unique[np.argmax(counts)])
 
 
 def _net(matched: bool) -> str:
@@ -233,12 +227,11 @@ def reduction_tail(ctx: Context) -> Finding | None:
         )
         exposed, step = iv.median(per), ctx.step_us(r)
         if exposed >= TAIL_EXPOSED * step and (worst is None or exposed > worst[1]):
-            worst = (r, exposed, step)
+            worst = (r, exposed, step, c[in_tail])
     if worst is None:
         return None
-    r, exposed, step = worst
-    rank, last_compute, c = r.rank, backward_end(r), ctx.collectives(r)
-    tail = c[_tail(c, r)[0]]
+    r, exposed, step, tail = worst
+    rank, last_compute = r.rank, backward_end(r)
     count = float(tail.groupby("step").size().reindex(last_compute.index, fill_value=0).median())
     units = ", ".join(dict.fromkeys(tail["block"].astype(str)))
     by_type = tail.groupby("collective")["exposed_net_us"].sum() / max(len(last_compute), 1)
