@@ -59,6 +59,43 @@ def test_set_operations_match_brute_force(seed):
     assert iv.overlapping(a[0], a[1], b_s, b_e) == expected
 
 
+@pytest.mark.parametrize("seed", range(200))
+def test_reading_only_what_meets_gives_the_same_bits(seed):
+    """`near` and `StartIndex.meeting` leave out only intervals strictly apart from the
+    queries: intersections, differences and per-interval overlaps computed on what they keep
+    are the whole computation's to the bit, and the left-out intervals' overlap is exactly 0."""
+    rng = np.random.default_rng(seed)
+    # Fractional times (not on a grid: sums round), touching and nested intervals included.
+    n, m = rng.integers(0, 40, size=2)
+    a_s = np.round(rng.uniform(0, 500, n), 3)
+    b_s = np.round(rng.uniform(0, 500, m), 3)
+    a_e = a_s + np.round(rng.exponential(8, n), 3)
+    b_e = b_s + np.round(rng.exponential(8, m), 3)
+    if m > 1 and n:  # one interval of b touching one of a
+        b_e[1] = a_e[0] + (b_e[1] - b_s[1])
+        b_s[1] = a_e[0]
+    a, b = iv.union(a_s, a_e), iv.union(b_s, b_e)
+    kept = iv.near(b, *a)
+    for whole, part in (
+        (iv.intersect(a, b), iv.intersect(a, kept)),
+        (iv.subtract(a, b), iv.subtract(a, kept)),
+    ):
+        assert whole[0].tobytes() == part[0].tobytes() and whole[1].tobytes() == part[1].tobytes()
+    # What `near` leaves out lies strictly apart from every interval of a.
+    out = ~np.isin(b[0], kept[0])
+    for s, e in zip(b[0][out], b[1][out], strict=True):
+        assert not np.any((a[0] <= e) & (a[1] >= s))
+    # Nested, overlapping intervals (an operator tree) against a few query intervals.
+    rows = iv.StartIndex(b_s, b_e).meeting(*a)
+    assert np.all(np.diff(rows) > 0)
+    every = iv.overlap_each(b_s, b_e, a)
+    assert every[rows].tobytes() == iv.overlap_each(b_s[rows], b_e[rows], a).tobytes()
+    left_out = np.setdiff1d(np.arange(m), rows)
+    assert np.all(every[left_out] == 0.0)
+    touching = [j for j in range(m) if np.any((a[0] <= b_e[j]) & (a[1] >= b_s[j]))]
+    assert set(touching) <= set(rows.tolist())
+
+
 def test_points_and_clipping():
     u = iv.union([0, 10, 12], [5, 12, 20])
     assert u[0].tolist() == [0, 10] and u[1].tolist() == [5, 20]  # touching intervals merge

@@ -98,6 +98,51 @@ def overlap_each(starts, ends, u: Intervals) -> np.ndarray:
     return covered_up_to(u, e) - covered_up_to(u, s)
 
 
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The integers of every [lo_i, hi_i), concatenated."""
+    n = np.maximum(np.asarray(hi, np.int64) - np.asarray(lo, np.int64), 0)
+    total = int(n.sum())
+    if not total:
+        return np.empty(0, np.int64)
+    return np.repeat(lo - np.cumsum(n) + n, n) + np.arange(total)
+
+
+def near(u: Intervals, starts, ends) -> Intervals:
+    """The intervals of `u` (union form) that overlap or touch any [s_i, e_i]. The others lie
+    strictly apart from all of them, so `intersect(a, near(b, *a))` is `intersect(a, b)` to
+    the bit: what keeps a per-step intersection with a whole trace's union from reading the
+    whole union at every step (quadratic in the trace's length)."""
+    us, ue = u
+    s, e = as_arrays(starts, ends)
+    if not us.size or not s.size:
+        return EMPTY
+    rows = np.unique(_ranges(np.searchsorted(ue, s, "left"), np.searchsorted(us, e, "right")))
+    return us[rows], ue[rows]
+
+
+class StartIndex:
+    """Intervals in any order (nested, overlapping), sorted by start with the running maximum
+    of their ends, so that those that can meet a few query intervals are found without
+    reading them all: per query, one run of the sorted intervals."""
+
+    def __init__(self, starts, ends) -> None:
+        s, e = as_arrays(starts, ends)
+        self.order = np.argsort(s, kind="stable")
+        self.starts = s[self.order]
+        self.reach = np.maximum.accumulate(e[self.order]) if s.size else e
+
+    def meeting(self, starts, ends) -> np.ndarray:
+        """Rows (in the order the intervals were given; sorted) of every interval that
+        overlaps or touches a query [s_i, e_i], and maybe a few that do not; every other one
+        lies strictly apart from all queries (its `overlap_each` with them is exactly 0)."""
+        s, e = as_arrays(starts, ends)
+        if not self.starts.size or not s.size:
+            return np.empty(0, np.int64)
+        lo = np.searchsorted(self.reach, s, "left")  # before: every end < s
+        hi = np.searchsorted(self.starts, e, "right")  # from here: every start > e
+        return np.sort(self.order[np.unique(_ranges(lo, hi))])
+
+
 def contains(u: Intervals, points) -> np.ndarray:
     """Whether each point lies in u (closed intervals; u in union form)."""
     us, ue = u

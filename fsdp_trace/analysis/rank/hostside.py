@@ -89,8 +89,13 @@ def host_time(
     main = _main_thread(cpu, cpu_kinds, codes)
     per_step: dict[str, list[float]] = {c: [] for c in CATEGORIES}
     idle, op_time = [], np.zeros(len(cpu))
+    op_rows = np.flatnonzero(is_op)
+    op_start, op_end = keys.key(codes[is_op], ts[is_op]), keys.key(codes[is_op], end[is_op])
+    ops = iv.StartIndex(op_start, op_end)
+    # Each step reads only the busy time, category time and operators its gaps can meet
+    # (`iv.near`, `StartIndex.meeting`: the same figures to the bit), not the whole trace's.
     for start, stop in zip(windows["start"].to_numpy(), windows["end"].to_numpy(), strict=True):
-        inside = iv.clip(busy, float(start), float(stop))
+        inside = iv.clip(iv.near(busy, [start], [stop]), float(start), float(stop))
         gaps = iv.subtract((np.array([start], float), np.array([stop], float)), inside)
         idle.append(iv.length(gaps))
         g0, g1 = gaps
@@ -99,18 +104,17 @@ def host_time(
         if main is not None:  # no kernel ends it (the step's last gap): the training loop's
             thread = np.where(thread >= 0, thread, main)
         known = thread >= 0
-        remaining = iv.union(keys.key(thread[known], g0[known]), keys.key(thread[known], g1[known]))
+        gap_keys = iv.union(keys.key(thread[known], g0[known]), keys.key(thread[known], g1[known]))
+        remaining = gap_keys
         for category in CATEGORIES[:-1]:
-            got = iv.intersect(remaining, unions[category])
+            got = iv.intersect(remaining, iv.near(unions[category], *remaining))
             per_step[category].append(iv.length(got))
             remaining = iv.subtract(remaining, got)
         per_step["Python"].append(iv.length(remaining) + float(np.sum(g1[~known] - g0[~known])))
-        gap_keys = iv.union(keys.key(thread[known], g0[known]), keys.key(thread[known], g1[known]))
-        op_time[is_op] += iv.overlap_each(
-            keys.key(codes[is_op], ts[is_op]), keys.key(codes[is_op], end[is_op]), gap_keys
-        )
+        met = ops.meeting(*gap_keys)  # the others' overlap with the gaps is exactly 0
+        op_time[op_rows[met]] += iv.overlap_each(op_start[met], op_end[met], gap_keys)
     n_steps = len(windows)
-    own = _self_time(keys.key(codes[is_op], ts[is_op]), keys.key(codes[is_op], end[is_op]))
+    own = _self_time(op_start, op_end)
     # Per operator name (sorted, as groupby's), its time in gaps; the top ones by time.
     op_names, totals = _sum_by_name(
         np.asarray(names.array[is_op], object), own(op_time[is_op]) / n_steps
@@ -126,7 +130,7 @@ def host_time(
                 [keys.key(np.array([main]), float(stop))[0]],
             )
             for category in CATEGORIES[:-1]:
-                got = iv.intersect(remaining, unions[category])
+                got = iv.intersect(remaining, iv.near(unions[category], *remaining))
                 whole[category].append(iv.length(got))
                 remaining = iv.subtract(remaining, got)
             whole["Python"].append(iv.length(remaining))

@@ -49,12 +49,17 @@ def _union_per_step(
     """Median over steps of the union length of the intervals of each step (minus `cover`)."""
     if steps.size == 0 or ts.size == 0:
         return 0.0
+    # Each step's rows (in their order) as one run of a stable sort, and of `cover` only what
+    # they can meet (`iv.near`): the same lengths, without reading every row at every step.
+    order = np.argsort(step_of, kind="stable")
+    firsts = np.searchsorted(step_of[order], steps, side="left").tolist()
+    lasts = np.searchsorted(step_of[order], steps, side="right").tolist()
     lengths = []
-    for step in steps:
-        mine = step_of == step
+    for first, last in zip(firsts, lasts, strict=True):
+        mine = order[first:last]
         u = iv.union(ts[mine], end[mine])
         if cover is not None:
-            u = iv.subtract(u, cover)
+            u = iv.subtract(u, iv.near(cover, *u))
         lengths.append(iv.length(u))
     return float(np.median(lengths))
 
@@ -132,7 +137,7 @@ def signals(
         inside = np.isin(o_step, steps)
         opt_cpu = _per_step(o_end[inside] - o_ts[inside], o_step[inside], steps)
         idle = [
-            (e - s) - iv.length(iv.clip(busy, s, e))
+            (e - s) - iv.length(iv.clip(iv.near(busy, [s], [e]), s, e))
             for s, e in zip(o_ts[inside], o_end[inside], strict=True)
         ]
         opt_idle = _per_step(np.asarray(idle, dtype=np.float64), o_step[inside], steps)
