@@ -96,6 +96,48 @@ def test_reading_only_what_meets_gives_the_same_bits(seed):
     assert set(touching) <= set(rows.tolist())
 
 
+def sweep(a, b, keep_where):
+    """a ∩ b or a \\ b the slow way, independently of the module: sweep every boundary of both
+    sets in order, keep the elementary segments where `keep_where(in_a, in_b)`, drop empty
+    ones and merge those that touch."""
+    points = np.concatenate([a[0], a[1], b[0], b[1]])
+    if not points.size:
+        return iv.EMPTY
+    da = np.concatenate([np.ones(a[0].size), -np.ones(a[1].size), np.zeros(2 * b[0].size)])
+    db = np.concatenate([np.zeros(2 * a[0].size), np.ones(b[0].size), -np.ones(b[1].size)])
+    order = np.argsort(points, kind="stable")
+    points = points[order]
+    keep = keep_where(np.cumsum(da[order]) > 0, np.cumsum(db[order]) > 0)[:-1]
+    s, e = points[:-1][keep], points[1:][keep]
+    s, e = s[e > s], e[e > s]
+    out_s, out_e = [], []
+    for x, y in zip(s.tolist(), e.tolist(), strict=True):
+        if out_e and x <= out_e[-1]:
+            out_e[-1] = max(out_e[-1], y)
+        else:
+            out_s.append(x)
+            out_e.append(y)
+    return np.array(out_s, float), np.array(out_e, float)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_intersect_and_subtract_are_the_sweep_to_the_bit(seed):
+    """Union forms with touching and zero-length intervals, shared end points, fractions."""
+    rng = np.random.default_rng(seed)
+    points = np.round(rng.uniform(0, 100, 12), 2)
+    sets = []
+    for n in rng.integers(0, 25, size=2):
+        s = rng.choice(points, n) if seed % 2 else np.round(rng.uniform(0, 100, n), 3)
+        sets.append(iv.union(s, s + rng.choice([0.0, 0.5, 1.7, 10.0], n)))
+    a, b = sets
+    for got, want in (
+        (iv.intersect(a, b), sweep(a, b, np.logical_and)),
+        (iv.subtract(a, b), sweep(a, b, lambda x, y: x & ~y)),
+        (iv.subtract(b, a), sweep(b, a, lambda x, y: x & ~y)),
+    ):
+        assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
+
+
 def test_points_and_clipping():
     u = iv.union([0, 10, 12], [5, 12, 20])
     assert u[0].tolist() == [0, 10] and u[1].tolist() == [5, 20]  # touching intervals merge

@@ -7,7 +7,6 @@ concurrent streams, unions do not.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import pairwise
 
 import numpy as np
@@ -49,34 +48,51 @@ def clip(intervals: Intervals, lo: float, hi: float) -> Intervals:
     return s2[keep], e2[keep]
 
 
-def _combine(
-    a: Intervals, b: Intervals, op: Callable[[np.ndarray, np.ndarray], np.ndarray]
-) -> Intervals:
-    """Sweep both sets' boundaries; keep the elementary segments where op(in_a, in_b)."""
+def _overlapping_runs(a: Intervals, b: Intervals) -> tuple[np.ndarray, np.ndarray]:
+    """For each interval of `a`, the run [lo, hi) of `b`'s that share more than a point with
+    it (both in union form: sorted and strictly apart, so each run is contiguous)."""
     (a_s, a_e), (b_s, b_e) = a, b
-    points = np.concatenate([a_s, a_e, b_s, b_e])
-    if points.size == 0:
-        return EMPTY
-    da = np.concatenate([np.ones(a_s.size), -np.ones(a_e.size), np.zeros(b_s.size + b_e.size)])
-    db = np.concatenate([np.zeros(a_s.size + a_e.size), np.ones(b_s.size), -np.ones(b_e.size)])
-    order = np.argsort(points, kind="stable")
-    points = points[order]
-    in_a = np.cumsum(da[order]) > 0
-    in_b = np.cumsum(db[order]) > 0
-    keep = op(in_a, in_b)[:-1]
-    seg_s, seg_e = points[:-1][keep], points[1:][keep]
-    nonempty = seg_e > seg_s
-    return union(seg_s[nonempty], seg_e[nonempty])
+    return np.searchsorted(b_e, a_s, "right"), np.searchsorted(b_s, a_e, "left")
 
 
 def intersect(a: Intervals, b: Intervals) -> Intervals:
-    """a ∩ b for two sets in union form."""
-    return _combine(a, b, np.logical_and)
+    """a ∩ b for two sets in union form: for each interval of a and each of b sharing more
+    than a point with it, their common part (pieces of a union form are strictly apart, so
+    the pieces are too: sorted, nothing to merge). Only the pairs that meet are read."""
+    (a_s, a_e), (b_s, b_e) = a, b
+    if not a_s.size or not b_s.size:
+        return EMPTY
+    lo, hi = _overlapping_runs(a, b)
+    j = _ranges(lo, hi)
+    if not j.size:
+        return EMPTY
+    i = np.repeat(np.arange(a_s.size), np.maximum(hi - lo, 0))
+    s, e = np.maximum(a_s[i], b_s[j]), np.minimum(a_e[i], b_e[j])
+    keep = e > s
+    return s[keep], e[keep]
 
 
 def subtract(a: Intervals, b: Intervals) -> Intervals:
-    """a \\ b for two sets in union form."""
-    return _combine(a, b, lambda x, y: x & ~y)
+    """a \\ b for two sets in union form: each interval of a cut by the run of b's sharing
+    more than a point with it (the pieces between them; empty ones dropped, and pieces
+    touching across an empty interval of b merged, as a union)."""
+    (a_s, a_e), (b_s, b_e) = a, b
+    if not a_s.size:
+        return EMPTY
+    if not b_s.size:
+        keep = a_e > a_s
+        return a_s[keep], a_e[keep]
+    lo, hi = _overlapping_runs(a, b)
+    cuts = np.maximum(hi - lo, 0)
+    first = np.cumsum(cuts + 1) - (cuts + 1)  # each interval's first piece
+    s = np.empty(int(cuts.sum()) + a_s.size)
+    e = np.empty_like(s)
+    j = _ranges(lo, hi)
+    at = np.repeat(first - lo, cuts) + j  # the piece that ends where b's interval j starts
+    s[first], e[first + cuts] = a_s, a_e
+    e[at], s[at + 1] = b_s[j], b_e[j]
+    keep = e > s
+    return union(s[keep], e[keep])
 
 
 def covered_up_to(u: Intervals, points) -> np.ndarray:
@@ -107,6 +123,19 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.repeat(lo - np.cumsum(n) + n, n) + np.arange(total)
 
 
+def _union_of_runs(lo: np.ndarray, hi: np.ndarray, by: np.ndarray) -> np.ndarray:
+    """The integers of every run [lo_i, hi_i), each once and in order, where lo rises with
+    `by` (the queries' starts): taken in that order, each run's end raised to the largest so
+    far and its start past the previous end, the runs are disjoint and rising, and cover the
+    same integers."""
+    if by.size > 1 and np.any(by[1:] < by[:-1]):
+        order = np.argsort(by, kind="stable")
+        lo, hi = lo[order], hi[order]
+    hi = np.maximum.accumulate(hi)
+    lo = np.maximum(lo, np.concatenate([[0], hi[:-1]]))
+    return _ranges(lo, hi)
+
+
 def near(u: Intervals, starts, ends) -> Intervals:
     """The intervals of `u` (union form) that overlap or touch any [s_i, e_i]. The others lie
     strictly apart from all of them, so `intersect(a, near(b, *a))` is `intersect(a, b)` to
@@ -116,8 +145,10 @@ def near(u: Intervals, starts, ends) -> Intervals:
     s, e = as_arrays(starts, ends)
     if not us.size or not s.size:
         return EMPTY
-    rows = np.unique(_ranges(np.searchsorted(ue, s, "left"), np.searchsorted(us, e, "right")))
-    return us[rows], ue[rows]
+    return tuple(
+        x[_union_of_runs(np.searchsorted(ue, s, "left"), np.searchsorted(us, e, "right"), s)]
+        for x in u
+    )
 
 
 class StartIndex:
@@ -140,7 +171,7 @@ class StartIndex:
             return np.empty(0, np.int64)
         lo = np.searchsorted(self.reach, s, "left")  # before: every end < s
         hi = np.searchsorted(self.starts, e, "right")  # from here: every start > e
-        return np.sort(self.order[np.unique(_ranges(lo, hi))])
+        return np.sort(self.order[_union_of_runs(lo, hi, s)])
 
 
 def contains(u: Intervals, points) -> np.ndarray:
