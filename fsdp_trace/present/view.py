@@ -126,6 +126,9 @@ class RunView:
     cpu: bool
     diagnosis_heading: str  # the line above the findings
     peers: list = field(default_factory=list)  # the result's other runs (the report sets it)
+    # The ranks that stand out (labels, as the per-rank tables' first column): what the
+    # terminal shows of a run of more than TERMINAL_RANKS ranks (`focus_ranks`).
+    focus: list[str] = field(default_factory=list)
 
 
 def diagnosis_heading(run: RunAnalysis) -> str:
@@ -156,6 +159,27 @@ def diagnosis_heading(run: RunAnalysis) -> str:
             f"more than the run's noise (minor ones below){about}"
         )
     return f"Healthy: no rule found a problem in the run{about}"
+
+
+# A run of more ranks than this: the terminal's per-rank tables show the ranks that stand out,
+# not one line per rank (the view keeps every rank: --json, --csv and the report have them).
+TERMINAL_RANKS = 16
+# Of each figure, the ranks with the largest values that stand out.
+FOCUS_PER_FIGURE = 4
+
+
+def focus_ranks(per: pd.DataFrame, named: set[int]) -> list[str]:
+    """The ranks that stand out, in rank order: the slowest, the most exposed and the idlest
+    by their median step (a few of each), the `named` ones (by the findings), the first."""
+    if per.empty:
+        return []
+    labels = per["label"].astype(str).tolist()
+    picked = {labels[0]}
+    for column in ("step_us", "exposed_pct", "idle_pct"):
+        values = pd.to_numeric(per[column], errors="coerce")
+        picked.update(labels[i] for i in values.nlargest(FOCUS_PER_FIGURE).index)
+    picked.update(label for label, rank in zip(labels, per["rank"], strict=True) if rank in named)
+    return [label for label in labels if label in picked]
 
 
 def rank_label(r: RankAnalysis, ranks: list[RankAnalysis]) -> str:
@@ -222,9 +246,10 @@ def _range(frame: pd.DataFrame, column: str) -> str:
     return f"ranks range {values.min():.1f}–{values.max():.1f} %"
 
 
-def cards(run: RunAnalysis) -> list[Card]:
-    """Headline cards, per rank: the worst rank's figure, with the range over ranks."""
-    per = per_rank(run)
+def cards(run: RunAnalysis, per: pd.DataFrame | None = None) -> list[Card]:
+    """Headline cards, per rank: the worst rank's figure, with the range over ranks (`per`:
+    `per_rank(run)` where the caller has it)."""
+    per = per_rank(run) if per is None else per
     out: list[Card] = []
     if per.empty:
         return out
@@ -651,6 +676,8 @@ def _traces_description(run: RunAnalysis) -> str:
 
 def run_view(run: RunAnalysis, top: int | None = 15) -> RunView:
     breakdown, bars = breakdown_table(run)
+    findings = [finding_view(f) for f in run.diagnosis.findings]
+    per = per_rank(run)
     return RunView(
         name=run.name,
         title=", ".join(run.inputs),
@@ -658,7 +685,7 @@ def run_view(run: RunAnalysis, top: int | None = 15) -> RunView:
         verdict=run.diagnosis.verdict,
         healthy=run.diagnosis.healthy,
         run_figures=headline.figures(run.run) if run.run else [],
-        cards=cards(run),
+        cards=cards(run, per),
         config=config_lines(run.config),
         breakdown=breakdown,
         bars=bars,
@@ -667,12 +694,15 @@ def run_view(run: RunAnalysis, top: int | None = 15) -> RunView:
         blocks=block_table(run, top),
         crossrank=crossrank_table(run),
         transfer=transfer_table(run),
-        findings=[finding_view(f) for f in run.diagnosis.findings],
+        findings=findings,
         minor=[finding_view(f, minor=True) for f in run.diagnosis.minor],
         notices=run.notices,
         hta=hta_table(run),
         cpu=not run.gpu,
         diagnosis_heading=diagnosis_heading(run),
+        focus=focus_ranks(per, {r for f in run.diagnosis.findings for r in f.ranks})
+        if len(per) > TERMINAL_RANKS
+        else [],
     )
 
 

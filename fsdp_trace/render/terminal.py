@@ -241,8 +241,7 @@ def render(result: Result, console: Console | None = None, top: int = 15) -> Non
     if len(result.runs) > 1:
         console.print(f"[dim]{escape(result.grouping)}[/]")
         print_table(console, side_by_side(result))
-    for notice in result.input_notices:
-        console.print(f"[yellow]notice:[/] {escape(notice)}")
+    print_notices(console, result.input_notices)
     for run in result.runs:
         render_run(run_view(run, top), console, several=len(result.runs) > 1)
 
@@ -265,20 +264,62 @@ def render_run(view: RunView, console: Console, several: bool = False) -> None:
         numeric_from=3,
     )
     print_table(console, config, show_header=False, dim=(2,))
-    for notice in view.notices:
-        console.print(f"[yellow]notice:[/] {escape(notice)}")
+    print_notices(console, view.notices)
     if view.breakdown.rows:
-        print_table(console, view.breakdown)
-    print_table(console, view.ranks)
+        _print_ranks(console, view.breakdown, view.focus)
+    _print_ranks(console, view.ranks, view.focus)
     if view.distortion is not None:
         print_table(console, view.distortion)
     if view.blocks is not None:
         print_table(console, view.blocks)
     if view.crossrank is not None:
-        print_table(console, view.crossrank)
+        _print_ranks(console, view.crossrank, view.focus)
     render_findings(view, console)
     if view.hta is not None:
         print_table(console, view.hta)
+
+
+# Notices alike but for their numbers ("rank 7's trace is rank 1's"): more than this many, and
+# the terminal prints the first and how many more (--json lists every one).
+ALIKE_NOTICES = 3
+
+
+def print_notices(console: Console, notices: list[str]) -> None:
+    """Each notice on its line; of notices alike but for their numbers (a thousand ranks each
+    saying the same), the first and a count of the others."""
+    alike: dict[str, list[str]] = {}
+    for notice in notices:
+        alike.setdefault(re.sub(r"\d+", "#", notice), []).append(notice)
+    for group in alike.values():
+        shown = group if len(group) <= ALIKE_NOTICES else group[:1]
+        for notice in shown:
+            console.print(f"[yellow]notice:[/] {escape(notice)}")
+        if len(shown) < len(group):
+            console.print(
+                f"[dim](and {len(group) - 1:,} more notices like it, for other ranks: --json "
+                "lists every one)[/]"
+            )
+
+
+def _print_ranks(console: Console, view: Table, focus: list[str]) -> None:
+    """A per-rank table; of a run of many ranks (the view's `focus` set), only the rows of the
+    ranks that stand out, and a line saying so."""
+    keep = set(focus)
+    rows = [i for i, row in enumerate(view.rows) if row and row[0].split(" (")[0] in keep]
+    if not focus or len(view.rows) <= len(rows) or not rows:
+        print_table(console, view)
+        return
+    shown = dataclasses.replace(
+        view,
+        rows=[view.rows[i] for i in rows],
+        highlight=[view.highlight[i] for i in rows] if view.highlight else [],
+    )
+    print_table(console, shown)
+    console.print(
+        f"[dim]({len(rows)} of {len(view.rows):,} rows: the ranks that stand out (slowest, most "
+        "exposed, idlest, named by a finding, and the first); --json, --csv and the report "
+        "have every rank)[/]"
+    )
 
 
 def _cards(items) -> RichTable:

@@ -1,0 +1,71 @@
+"""A run of many ranks in the terminal: the per-rank tables keep the ranks that stand out (the
+view keeps them all), and notices alike but for their numbers print once with a count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdp_trace.present import view as view_mod
+from fsdp_trace.present.view import Table, focus_ranks
+from fsdp_trace.render import terminal
+
+
+def _per(n: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "label": [f"rank {i}" for i in range(n)],
+            "rank": range(n),
+            "step_us": rng.permutation(n) * 10.0 + 1000.0,
+            "exposed_pct": rng.permutation(n) * 0.1,
+            "idle_pct": rng.permutation(n) * 0.2,
+        }
+    )
+
+
+def test_focus_is_the_largest_of_each_figure_the_named_and_the_first():
+    per = _per(100)
+    per.loc[5, "idle_pct"] = np.nan  # unknown: never picked for it
+    got = focus_ranks(per, {77, 1000})  # named by findings (1000: not a rank of the run)
+    want = {"rank 0", "rank 77"}
+    for column in ("step_us", "exposed_pct", "idle_pct"):
+        values = per[column].dropna().sort_values(ascending=False)
+        want |= {per.loc[i, "label"] for i in values.index[: view_mod.FOCUS_PER_FIGURE]}
+    assert set(got) == want
+    assert got == sorted(got, key=lambda label: int(label.split()[1]))  # in rank order
+
+
+def _printed(run) -> str:
+    console = terminal.make_console(width=200)
+    with console.capture() as out:
+        run(console)
+    return out.get()
+
+
+def test_a_long_per_rank_table_shows_the_focus_rows_and_says_so():
+    rows = [[f"rank {i}", str(i)] for i in range(40)]
+    table = Table("ranks", "Per rank", ["rank", "value"], rows)
+    focus = ["rank 0", "rank 7", "rank 39"]
+    text = _printed(lambda c: terminal._print_ranks(c, table, focus))
+    shown = [line for line in text.splitlines() if line.startswith("│ rank")]
+    assert [line.split("│")[1].strip() for line in shown] == focus
+    assert "3 of 40 rows" in text
+    # No focus (a run of few ranks), or a table whose rows it does not name: every row.
+    for f in ([], ["rank 99"]):
+        text = _printed(lambda c, f=f: terminal._print_ranks(c, table, f))
+        assert sum(line.startswith("│ rank") for line in text.splitlines()) == 40
+
+
+def test_notices_alike_print_once_with_a_count():
+    many = [f"rank {i}'s trace is rank {i % 2}'s" for i in range(2, 50)]
+    few = ["rank 0: 3 events left out", "rank 1: 121 events left out"]
+    text = _printed(lambda c: terminal.print_notices(c, [*many, "another", *few]))
+    lines = [line for line in text.splitlines() if line]
+    assert lines == [
+        "notice: rank 2's trace is rank 0's",
+        "(and 47 more notices like it, for other ranks: --json lists every one)",
+        "notice: another",
+        "notice: rank 0: 3 events left out",
+        "notice: rank 1: 121 events left out",
+    ]
