@@ -318,3 +318,40 @@ def test_an_idle_the_profilers_lowest_estimate_covers_is_a_note(tmp_path, events
     else:
         assert idle - low >= host.HOST_IDLE * (step - low)
         assert finding.kind == "cause"
+
+
+def _interval_work(monkeypatch, tmp_path: Path, steps: int) -> int:
+    """Elements given to the interval algebra while one rank of a simulated run of `steps`
+    steps is analyzed (each operation reads at least its inputs)."""
+    from fsdp_trace.analysis import intervals as iv
+    from fsdp_trace.analysis.rank.analyze import analyze_trace
+    from fsdp_trace.analysis.read.loader import load_trace
+
+    trace = load_trace(Sim(steps=steps, gap_us=40.0).write(tmp_path / str(steps))[0])
+    read = [0]
+
+    def counted(f, *sets):
+        def wrapped(*args, **kwargs):
+            read[0] += sum(np.size(args[i][0]) if i in sets else np.size(args[i]) for i in range(2))
+            return f(*args, **kwargs)
+
+        return wrapped
+
+    for name, sets in (
+        ("intersect", (0, 1)),
+        ("subtract", (0, 1)),
+        ("overlap_each", ()),
+        ("clip", (0,)),
+        ("union", ()),
+    ):
+        monkeypatch.setattr(iv, name, counted(getattr(iv, name), *sets))
+    analyze_trace(trace, "timing")
+    monkeypatch.undo()
+    return read[0]
+
+
+def test_a_rank_s_interval_work_grows_with_its_steps_not_their_square(monkeypatch, tmp_path):
+    """Host-side time and the set-up signals once read the whole trace's unions and operators
+    at every step: four times the steps then read ~16 times as much. Now ~4 times."""
+    few, many = (_interval_work(monkeypatch, tmp_path, n) for n in (8, 32))
+    assert 3.0 < many / few < 5.0
