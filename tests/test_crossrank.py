@@ -369,3 +369,38 @@ def test_a_process_group_list_cut_by_the_profiler_still_matches():
     assert cross.matched["transfer_us"].tolist() == pytest.approx([250.0, 200.0])
     assert (cross.matched["last_rank"] == 7).all()
     assert not any("no counterpart" in n for n in cross.notices)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_process_groups_numbered_by_first_appearance_missing_values_alike(seed):
+    """Each collective's group id: (name, member list) pairs numbered in the order they first
+    appear over every rank, a missing name or list (None or NaN alike) a value of its own;
+    a cut list (the profiler's `...`) and a missing one read pg_config's members."""
+    from types import SimpleNamespace
+
+    from fsdp_trace.analysis.job import crossrank
+
+    rng = np.random.default_rng(seed)
+    names = np.array(["0", "1", None, np.nan], dtype=object)
+    lists = np.array(["[0, 1]", "[2, 3]", None, np.nan, "[0, 1, ..., 29, ...]"], dtype=object)
+    config = {"pg_config": [{"pg_name": "1", "ranks": [2, 3]}]}
+    groups = crossrank._Groups()
+    want_ids: dict[tuple, int] = {}
+    for _ in range(3):  # three ranks, sharing the numbering
+        n = int(rng.integers(1, 30))
+        pg, raw = names[rng.integers(0, 4, n)], lists[rng.integers(0, 5, n)]
+        rank = SimpleNamespace(
+            collectives=pd.DataFrame({"pg_name": pg, "pg_ranks": raw}),
+            meta={"distributed": config},
+        )
+        got = crossrank._group_ids(rank, groups)
+        want = []
+        for name, text in zip(pg, raw, strict=True):
+            missing = text is None or text != text
+            if missing or "..." in text:  # pg_config's list, else "?" (cut) or "*" (none)
+                members = "2,3" if name == "1" else ("*" if missing else "?")
+            else:
+                members = text.strip("[]").replace(" ", "")
+            name = "default" if name is None or name != name else name
+            want.append(want_ids.setdefault((name, members), len(want_ids)))
+        assert got.tolist() == want

@@ -142,11 +142,14 @@ class _Groups:
 def _group_ids(rank: RankAnalysis, groups: _Groups) -> np.ndarray:
     """Each of the rank's collectives' process group (an id in `groups`)."""
     c = rank.collectives
-    raw = c["pg_ranks"] if "pg_ranks" in c else pd.Series(None, index=c.index, dtype=object)
-    keys = pd.DataFrame({"pg": c["pg_name"].to_numpy(), "raw": raw.array})
-    # One pass over the rows (categorical columns: over their codes); the rest per group.
-    codes = keys.groupby(["pg", "raw"], sort=False, dropna=False, observed=True).ngroup()
-    codes = codes.to_numpy()
+    pg = c["pg_name"].to_numpy(dtype=object)
+    raw = c["pg_ranks"].to_numpy(dtype=object) if "pg_ranks" in c else np.full(len(c), None)
+    # Each (name, list) pair numbered in order of first appearance (missing values a value
+    # of their own), as a groupby's ngroup numbers them: one factorization per column and one
+    # of the pairs, over the rows; the rest per group.
+    pg_code, _ = pd.factorize(pg, use_na_sentinel=False)
+    raw_code, raw_values = pd.factorize(raw, use_na_sentinel=False)
+    codes, _ = pd.factorize(pg_code.astype(np.int64) * len(raw_values) + raw_code)
     _, first = np.unique(codes, return_index=True)
     configured = _pg_config_members(rank)
 
@@ -159,7 +162,7 @@ def _group_ids(rank: RankAnalysis, groups: _Groups) -> np.ndarray:
     ids = np.array(
         [
             groups.id("default" if pd.isna(name) else str(name), members(name, text))
-            for name, text in keys.iloc[first].itertuples(index=False)
+            for name, text in zip(pg[first], raw[first], strict=True)
         ],
         dtype=np.int64,
     )

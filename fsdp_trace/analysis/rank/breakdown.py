@@ -164,7 +164,7 @@ def exposed_split(rank: RankAnalysis, matched: pd.DataFrame | None) -> dict[str,
     ends = rank.steps["end_us"].to_numpy(dtype=np.float64)
     c = rank.collectives
     has_match = matched is not None and len(matched) > 0
-    transfer = _matched(c, matched, "transfer_us") if has_match else np.full(len(c), np.nan)
+    transfer = _matched(c, matched, "transfer_us")[0] if has_match else np.full(len(c), np.nan)
     sets = _comm_sets(
         c["start_us"].to_numpy(dtype=np.float64), c["end_us"].to_numpy(dtype=np.float64), transfer
     )
@@ -181,11 +181,19 @@ def exposed_intervals(rank: RankAnalysis) -> iv.Intervals:
     return iv.as_arrays(e["start_us"].to_numpy(), e["end_us"].to_numpy())
 
 
-def _matched(collectives: pd.DataFrame, matched: pd.DataFrame, column: str) -> np.ndarray:
-    """A cross-rank figure (`transfer_us`, `wait_us`) of each of a rank's collectives, by
-    correlation (NaN where unmatched)."""
-    by_corr = matched.set_index("correlation")[column]
-    return by_corr.reindex(collectives["correlation"].to_numpy()).to_numpy(dtype=np.float64)
+def _matched(collectives: pd.DataFrame, matched: pd.DataFrame, *columns: str) -> list[np.ndarray]:
+    """Cross-rank figures (`transfer_us`, `wait_us`) of each of a rank's collectives, by
+    correlation (NaN where unmatched): each collective's row in `matched` found once."""
+    at = pd.Index(matched["correlation"].to_numpy()).get_indexer(
+        collectives["correlation"].to_numpy()
+    )
+    found = at >= 0
+    out = []
+    for column in columns:
+        values = matched[column].to_numpy(dtype=np.float64)
+        picked = values[np.maximum(at, 0)] if values.size else np.full(at.size, np.nan)
+        out.append(np.where(found, picked, np.nan))
+    return out
 
 
 def collective_transfer(
@@ -205,9 +213,9 @@ def collective_transfer(
     out["exposed_transfer_us"] = np.nan
     if n == 0 or matched is None or matched.empty:
         return out
-    transfer = _matched(collectives, matched, "transfer_us")
+    transfer, wait = _matched(collectives, matched, "transfer_us", "wait_us")
     out["transfer_us"] = transfer
-    out["wait_us"] = _matched(collectives, matched, "wait_us")
+    out["wait_us"] = wait
     ok = ~np.isnan(transfer)
     end = collectives["end_us"].to_numpy(dtype=np.float64)
     start = np.maximum(end - np.nan_to_num(transfer), collectives["start_us"].to_numpy())

@@ -113,6 +113,7 @@ def host_time(
         per_step["Python"].append(iv.length(remaining) + float(np.sum(g1[~known] - g0[~known])))
         met = ops.meeting(*gap_keys)  # the others' overlap with the gaps is exactly 0
         op_time[op_rows[met]] += iv.overlap_each(op_start[met], op_end[met], gap_keys)
+    del ops  # its sorted copies: not held beside what follows
     n_steps = len(windows)
     own = _self_time(op_start, op_end)
     # Per operator name (sorted, as groupby's), its time in gaps; the top ones by time.
