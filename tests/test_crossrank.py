@@ -404,3 +404,34 @@ def test_process_groups_numbered_by_first_appearance_missing_values_alike(seed):
             name = "default" if name is None or name != name else name
             want.append(want_ids.setdefault((name, members), len(want_ids)))
         assert got.tolist() == want
+
+
+def test_member_lists_are_shared_across_a_runs_ranks():
+    """A thousand ranks of one job each list the same thousand members: a run keeps one list
+    per distinct member list (equal values, one object), its other lists as they were."""
+    from fsdp_trace.analysis.job.perrank import SharedGroups
+
+    base = _ranks("gpt-small-2gpu")[0]
+    shared = SharedGroups()
+    kept = []
+    for rank in range(4):
+        world = list(range(64))
+        own = [rank, rank + 64]
+        meta = {
+            **base.meta,
+            "distributed": {
+                "pg_config": [
+                    {"pg_name": "0", "ranks": world},
+                    {"pg_name": "1", "ranks": own},
+                    {"pg_name": "2", "ranks": [0, 1, 2, 3] if rank else [5, 6, 7, 8]},
+                ]
+            },
+        }
+        kept.append(shared(dataclasses.replace(base, rank=rank, meta=meta)))
+    lists = [[pg["ranks"] for pg in r.meta["distributed"]["pg_config"]] for r in kept]
+    assert all(x[0] == list(range(64)) for x in lists)
+    assert len({id(x[0]) for x in lists}) == 1  # one list for the world group
+    assert [x[1] for x in lists] == [[r, r + 64] for r in range(4)]  # short: left alone
+    assert len({id(x[2]) for x in lists[1:]}) == 1 and lists[1][2] == [0, 1, 2, 3]
+    assert lists[0][2] == [5, 6, 7, 8]
+    assert shared("not a result") == "not a result"  # failures pass through

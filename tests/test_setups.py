@@ -274,3 +274,37 @@ def test_float8_names_its_amax_all_reduces_and_its_gathers():
     assert f.metrics["amax_exposed_us"] == pytest.approx(exposed)
     gathers = c[(c["collective"] == "AllGather") & (c["dtype"] == "Byte")]
     assert f"{gathers['bytes'].median() / 1e6:.1f} MB each: one byte a parameter" in f.evidence
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_union_per_step_reads_each_step_and_the_cover_it_meets(seed):
+    """The median over steps of each step's union less `cover` (offload copies no compute
+    hides): against each step's rows picked by a mask and the whole cover, and a fine grid."""
+    from fsdp_trace.analysis import intervals as iv
+    from fsdp_trace.analysis.rank import setup as setup_mod
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    ts = np.round(rng.uniform(0, 200, n), 2)
+    end = ts + np.round(rng.uniform(0, 15, n), 2)
+    step_of = rng.integers(0, 5, n)
+    steps = np.arange(6)  # step 5 has no rows
+    c0 = np.round(rng.uniform(0, 200, 20), 2)
+    cover = iv.union(c0, c0 + np.round(rng.uniform(0, 10, 20), 2))
+    got = setup_mod._union_per_step(ts, end, step_of, steps, cover=cover)
+    whole = [
+        iv.length(iv.subtract(iv.union(ts[step_of == s], end[step_of == s]), cover)) for s in steps
+    ]
+    assert got == float(np.median(whole)) if n else got == 0.0
+    grid = np.arange(0, 230, 0.01) + 0.005
+    covered = np.zeros(grid.size, bool)
+    for a, b in zip(*cover, strict=True):
+        covered |= (grid >= a) & (grid < b)
+    per_step = []
+    for s in steps:
+        mine = np.zeros(grid.size, bool)
+        for a, b in zip(ts[step_of == s], end[step_of == s], strict=True):
+            mine |= (grid >= a) & (grid < b)
+        per_step.append((mine & ~covered).sum() * 0.01)
+    if n:
+        assert got == pytest.approx(float(np.median(per_step)), abs=0.02)

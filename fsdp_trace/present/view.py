@@ -168,9 +168,14 @@ TERMINAL_RANKS = 16
 FOCUS_PER_FIGURE = 4
 
 
-def focus_ranks(per: pd.DataFrame, named: set[int]) -> list[str]:
+def focus_ranks(
+    per: pd.DataFrame, named: set[int], across: pd.DataFrame | None = None
+) -> list[str]:
     """The ranks that stand out, in rank order: the slowest, the most exposed and the idlest
-    by their median step (a few of each), the `named` ones (by the findings), the first."""
+    by their median step (a few of each); across ranks (`across`: the cross-rank view's
+    per-rank table), those that wait the most and those that arrive last the most often (a
+    straggler's own step need not be the slowest); the `named` ones (by the findings); the
+    first."""
     if per.empty:
         return []
     labels = per["label"].astype(str).tolist()
@@ -178,6 +183,12 @@ def focus_ranks(per: pd.DataFrame, named: set[int]) -> list[str]:
     for column in ("step_us", "exposed_pct", "idle_pct"):
         values = pd.to_numeric(per[column], errors="coerce")
         picked.update(labels[i] for i in values.nlargest(FOCUS_PER_FIGURE).index)
+    if across is not None and not across.empty:
+        for column in ("wait_pct", "arrived_last_share"):
+            values = pd.to_numeric(across[column], errors="coerce")
+            named = named | {
+                int(across["rank"][i]) for i in values.nlargest(FOCUS_PER_FIGURE).index
+            }
     picked.update(label for label, rank in zip(labels, per["rank"], strict=True) if rank in named)
     return [label for label in labels if label in picked]
 
@@ -700,7 +711,11 @@ def run_view(run: RunAnalysis, top: int | None = 15) -> RunView:
         hta=hta_table(run),
         cpu=not run.gpu,
         diagnosis_heading=diagnosis_heading(run),
-        focus=focus_ranks(per, {r for f in run.diagnosis.findings for r in f.ranks})
+        focus=focus_ranks(
+            per,
+            {r for f in run.diagnosis.findings for r in f.ranks},
+            run.crossrank.per_rank if run.crossrank is not None else None,
+        )
         if len(per) > TERMINAL_RANKS
         else [],
     )

@@ -241,9 +241,10 @@ def render(result: Result, console: Console | None = None, top: int = 15) -> Non
     if len(result.runs) > 1:
         console.print(f"[dim]{escape(result.grouping)}[/]")
         print_table(console, side_by_side(result))
-    print_notices(console, result.input_notices)
-    for run in result.runs:
-        render_run(run_view(run, top), console, several=len(result.runs) > 1)
+    views = [run_view(run, top) for run in result.runs]
+    print_notices(console, result.input_notices, alike=any(v.focus for v in views))
+    for view in views:
+        render_run(view, console, several=len(result.runs) > 1)
 
 
 def render_run(view: RunView, console: Console, several: bool = False) -> None:
@@ -264,7 +265,7 @@ def render_run(view: RunView, console: Console, several: bool = False) -> None:
         numeric_from=3,
     )
     print_table(console, config, show_header=False, dim=(2,))
-    print_notices(console, view.notices)
+    print_notices(console, view.notices, alike=bool(view.focus))
     if view.breakdown.rows:
         _print_ranks(console, view.breakdown, view.focus)
     _print_ranks(console, view.ranks, view.focus)
@@ -284,28 +285,37 @@ def render_run(view: RunView, console: Console, several: bool = False) -> None:
 ALIKE_NOTICES = 3
 
 
-def print_notices(console: Console, notices: list[str]) -> None:
-    """Each notice on its line; of notices alike but for their numbers (a thousand ranks each
-    saying the same), the first and a count of the others."""
-    alike: dict[str, list[str]] = {}
+def print_notices(console: Console, notices: list[str], alike: bool = False) -> None:
+    """Each notice on its line; with `alike` (a run of many ranks), of the notices alike but
+    for their numbers (a thousand ranks each saying the same), the first and the one with the
+    largest number, and a count of the others."""
+    groups: dict[str, list[str]] = {}
     for notice in notices:
-        alike.setdefault(re.sub(r"\d+", "#", notice), []).append(notice)
-    for group in alike.values():
-        shown = group if len(group) <= ALIKE_NOTICES else group[:1]
+        groups.setdefault(re.sub(r"\d+", "#", notice) if alike else notice, []).append(notice)
+    for group in groups.values():
+        if not alike or len(group) <= ALIKE_NOTICES:
+            for notice in group:
+                console.print(f"[yellow]notice:[/] {escape(notice)}")
+            continue
+        largest = max(group, key=lambda n: max(map(int, re.findall(r"\d+", n)), default=0))
+        shown = list(dict.fromkeys([group[0], largest]))
         for notice in shown:
             console.print(f"[yellow]notice:[/] {escape(notice)}")
-        if len(shown) < len(group):
-            console.print(
-                f"[dim](and {len(group) - 1:,} more notices like it, for other ranks: --json "
-                "lists every one)[/]"
-            )
+        console.print(
+            f"[dim](and {len(group) - len(shown):,} more notices like these: --json lists "
+            "every one)[/]"
+        )
 
 
 def _print_ranks(console: Console, view: Table, focus: list[str]) -> None:
     """A per-rank table; of a run of many ranks (the view's `focus` set), only the rows of the
     ranks that stand out, and a line saying so."""
-    keep = set(focus)
-    rows = [i for i, row in enumerate(view.rows) if row and row[0].split(" (")[0] in keep]
+    # A row's label is the rank's (`rank 3`, `rank 3 (b.json)` where numbers repeat), with
+    # ` (detailed)` on a detailed trace's; the cross-rank table names ranks by number alone.
+    keep = set(focus) | {label.split(" (")[0] for label in focus}
+    rows = [
+        i for i, row in enumerate(view.rows) if row and row[0].removesuffix(" (detailed)") in keep
+    ]
     if not focus or len(view.rows) <= len(rows) or not rows:
         print_table(console, view)
         return

@@ -31,7 +31,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdp_trace.analysis.job.perrank import Failure, TraceInput, as_kept, lookup_for
+from fsdp_trace.analysis.job.perrank import (
+    Failure,
+    SharedGroups,
+    TraceInput,
+    as_kept,
+    lookup_for,
+)
 from fsdp_trace.analysis.read.trace import rank_from_name
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.errors import UserError
@@ -292,6 +298,7 @@ def analyze_all(
     done = distributed.as_completed(futures, loop=client.loop)
     del futures
     results: list[RankAnalysis | Failure | None] = [None] * len(work)
+    shared = SharedGroups()
     wait = _wait_s()
     checked = seen_worker = time.monotonic()
     with _Progress(len(work)) as progress:
@@ -312,7 +319,7 @@ def analyze_all(
                         done.add(future)  # result: the scheduler computes it again
                         continue
                     i = index[future.key]
-                    results[i] = _outcome(future, work[i])
+                    results[i] = shared(_outcome(future, work[i]))
                     outstanding.pop(future.key, None)
                     future.release()
                     progress.advance()

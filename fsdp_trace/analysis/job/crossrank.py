@@ -22,6 +22,7 @@ the groups, and start times are corrected by it before deciding who arrived last
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,10 +116,17 @@ def _pg_config_members(rank: RankAnalysis) -> dict[str, str]:
     """pg_name → '0,1' from the trace's distributedInfo.pg_config."""
     config = (rank.meta.get("distributed") or {}).get("pg_config") or []
     return {
-        str(pg["pg_name"]): ",".join(str(int(r)) for r in pg["ranks"])
+        str(pg["pg_name"]): _members_of(tuple(pg["ranks"]))
         for pg in config
         if isinstance(pg, dict) and pg.get("pg_name") is not None and pg.get("ranks")
     }
+
+
+@functools.lru_cache(maxsize=256)
+def _members_of(ranks: tuple) -> str:
+    """'0,1' from a member list: made once per distinct list (a thousand ranks of one job
+    share theirs), not once per rank."""
+    return ",".join(str(int(r)) for r in ranks)
 
 
 @dataclass

@@ -177,8 +177,9 @@ def analyze_all(
     to do), one at a time here, a large file decoded by two processes instead."""
     lookups = [lookup_for(t, cache) for t in work]
     keep = keeps_kernels(work, cache) if keep is None else keep
+    shared = SharedGroups()
     results: list[RankAnalysis | None] = [
-        None if lookup.hit is None else as_kept(lookup.hit, lookup, keep[i])
+        None if lookup.hit is None else shared(as_kept(lookup.hit, lookup, keep[i]))
         for i, lookup in enumerate(lookups)
     ]
     todo = [i for i, lookup in enumerate(lookups) if lookup.hit is None]
@@ -186,7 +187,7 @@ def analyze_all(
     jobs = max(1, min(jobs, len(todo)))
     if jobs == 1 or sum(raw.values()) < POOL_MIN_BYTES:
         for i in todo:
-            results[i] = as_kept(lookups[i].compute(), lookups[i], keep[i])
+            results[i] = shared(as_kept(lookups[i].compute(), lookups[i], keep[i]))
         return results  # type: ignore[return-value]
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -201,13 +202,36 @@ def analyze_all(
         with progress:
             for future in as_completed(futures):
                 i = futures[future]
-                results[i] = future.result()
+                results[i] = shared(future.result())
                 progress.advance(_size(work[i].path))
     except BaseException:
         stop_pool(pool)
         raise
     pool.shutdown()
     return results  # type: ignore[return-value]
+
+
+class SharedGroups:
+    """One list per distinct process-group member list over a run's ranks. Each rank's trace
+    lists its groups' members (`distributedInfo.pg_config`): a thousand ranks of one job each
+    carry the same thousand-rank list, a million integers on the client (quadratic in the
+    ranks). Each result's lists, as it arrives, become the first equal one seen (read only,
+    never changed: every reader only reads them)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, list] = {}
+
+    def __call__(self, result: Any) -> Any:
+        distributed = result.meta.get("distributed") if isinstance(result, RankAnalysis) else None
+        groups = distributed.get("pg_config") if isinstance(distributed, dict) else None
+        for pg in groups if isinstance(groups, list) else []:
+            ranks = pg.get("ranks") if isinstance(pg, dict) else None
+            if isinstance(ranks, list) and len(ranks) > 2:
+                try:
+                    pg["ranks"] = self.seen.setdefault(tuple(ranks), ranks)
+                except TypeError:  # an unhashable member: left as it is
+                    continue
+        return result
 
 
 def _ignore_interrupts() -> None:
