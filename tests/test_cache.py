@@ -767,3 +767,36 @@ def test_the_suite_caches_into_its_scratch_folder_never_the_users():
     assert cache.directory() == scratch / "cache" and cache.enabled()
     shown = run_cli("cache", "info")
     assert shown.stdout.startswith(f"cache: {scratch / 'cache'} (on)"), shown.stdout
+
+
+def test_a_run_scans_the_cache_folder_once_not_after_every_write(cache_dir, tmp_path, monkeypatch):
+    """Eviction reads every file of the folder: after each of a thousand ranks' writes that is
+    quadratic. While a run analyzes (`cache.deferred`), writes scan only once a sixteenth of
+    the budget was written since the last scan, and the run's end scans once; a write outside
+    a run scans at once, as before."""
+    paths = _small_traces(tmp_path, 6)
+    scans = []
+    real = cache._files
+    monkeypatch.setattr(cache, "_files", lambda folder: scans.append(folder) or real(folder))
+    load_trace(paths[0])
+    assert len(scans) == 1  # outside a run: every write scans
+    with cache.deferred():
+        for p in paths[1:4]:
+            load_trace(p)
+        assert scans == [cache_dir]  # three writes, no scan
+    assert len(scans) == 2  # the run's end: one scan
+    # A small budget: each write in a run is more than a sixteenth of it, so each scans (and
+    # evicts), and the folder stays within the budget as before.
+    size = entries(cache_dir)[0].stat().st_size
+    monkeypatch.setenv("FSDP_TRACE_CACHE_MAX_GB", str(2.5 * size / 1024**3))
+    with cache.deferred():
+        load_trace(paths[4])
+        load_trace(paths[5])
+        assert len(scans) == 4 and len(entries(cache_dir)) <= 2
+    # A run's analysis defers: four traces analyzed, the folder scanned once at the end.
+    scans.clear()
+    monkeypatch.delenv("FSDP_TRACE_CACHE_MAX_GB")
+    (tmp_path / "more").mkdir()
+    more = _small_traces(tmp_path / "more", 4)
+    perrank.analyze_all([perrank.TraceInput(p) for p in more], jobs=1, cache=True)
+    assert scans == [cache_dir]

@@ -38,6 +38,7 @@ from fsdp_trace.analysis.job.perrank import (
     as_kept,
     lookup_for,
 )
+from fsdp_trace.analysis.read import cache as cache_mod
 from fsdp_trace.analysis.read.trace import rank_from_name
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.errors import UserError
@@ -237,6 +238,7 @@ def analyze_task(trace: TraceInput, cache: bool, keep: bool = False) -> RankAnal
     FSDP_TRACE_CACHE_DIR, else its home's), without its kernels unless `keep`: what travels
     back. A trace that cannot be read is a Failure naming it, not an exception: the other
     tasks and the run go on."""
+    cache_mod.defer_for_this_process()  # a worker scans its cache folder now and then
     try:
         lookup = lookup_for(trace, cache)
         result = lookup.hit

@@ -175,6 +175,13 @@ def analyze_all(
     and analyzes one trace at a time (decoding it alone), so memory holds at most `jobs`
     traces' parsed events; results come back in submission order. With one job (or little
     to do), one at a time here, a large file decoded by two processes instead."""
+    with cache_mod.deferred():  # one scan of the cache folder for the run, not one per write
+        return _analyze_all(work, jobs, cache, keep)
+
+
+def _analyze_all(
+    work: list[TraceInput], jobs: int, cache: bool, keep: list[bool] | None
+) -> list[RankAnalysis]:
     lookups = [lookup_for(t, cache) for t in work]
     keep = keeps_kernels(work, cache) if keep is None else keep
     shared = SharedGroups()
@@ -235,9 +242,12 @@ class SharedGroups:
 
 
 def _ignore_interrupts() -> None:
+    """A pool worker's start: Ctrl-C is the main process's; its cache writes deferred (the
+    main process scans once when the run ends)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cache_mod.defer_for_this_process()
 
 
 def stop_pool(pool) -> None:

@@ -308,7 +308,7 @@ class _Entry:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-        evict(self.file.parent, keep=self.file)
+        _after_write(self.file.parent, self.file)
         return True
 
 
@@ -345,7 +345,7 @@ def write_own(path: Path, data: bytes) -> bool:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-    evict(keep=path)
+    _after_write(directory(), path)
     return True
 
 
@@ -673,6 +673,53 @@ def _files(folder: Path) -> list[_File]:
         except OSError:
             pass
     return found
+
+
+# Eviction scans the whole folder (a stat per file): after every write, a run of a thousand
+# ranks would scan a folder of thousands of entries a thousand times (quadratic). While a run
+# analyzes its traces (`deferred`), a write scans only once a sixteenth of the budget has
+# been written since the last scan, and the run scans once when it ends.
+_deferred = 0  # nesting depth of `deferred`
+_worker = False  # a worker process: deferred for its life
+_unscanned = 0  # bytes written since this process last scanned
+DEFERRED_SHARE = 16
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Writes in this block scan for eviction only now and then (see above); the block's end
+    scans the cache folder once if anything was written."""
+    global _deferred
+    _deferred += 1
+    try:
+        yield
+    finally:
+        _deferred -= 1
+        if not _deferred and _unscanned and enabled():
+            _scan(directory(), None)
+
+
+def defer_for_this_process() -> None:
+    """A worker process (of a pool or a Dask cluster): its writes scan only now and then;
+    the run that started it scans when it ends."""
+    global _worker
+    _worker = True
+
+
+def _after_write(folder: Path, keep: Path) -> None:
+    """A write's eviction: at once, or deferred (see above)."""
+    global _unscanned
+    with contextlib.suppress(OSError):
+        _unscanned += keep.stat().st_size
+    if (_deferred or _worker) and _unscanned < max_bytes() // DEFERRED_SHARE:
+        return
+    _scan(folder, keep)
+
+
+def _scan(folder: Path, keep: Path | None) -> None:
+    global _unscanned
+    _unscanned = 0
+    evict(folder, keep=keep)
 
 
 def evict(folder: Path | None = None, keep: Path | None = None) -> int:
