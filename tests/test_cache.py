@@ -23,7 +23,7 @@ import pytest
 
 from fsdp_trace import analyze
 from fsdp_trace.analysis.job import perrank
-from fsdp_trace.analysis.read import cache, loader, parallel
+from fsdp_trace.analysis.read import cache, cachefolder, loader, parallel
 from fsdp_trace.analysis.read import trace as trace_mod
 from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.analysis.results import RankAnalysis
@@ -776,8 +776,8 @@ def test_a_run_scans_the_cache_folder_once_not_after_every_write(cache_dir, tmp_
     a run scans at once, as before."""
     paths = _small_traces(tmp_path, 6)
     scans = []
-    real = cache._files
-    monkeypatch.setattr(cache, "_files", lambda folder: scans.append(folder) or real(folder))
+    real = cachefolder.files
+    monkeypatch.setattr(cachefolder, "files", lambda folder: scans.append(folder) or real(folder))
     load_trace(paths[0])
     assert len(scans) == 1  # outside a run: every write scans
     with cache.deferred():
