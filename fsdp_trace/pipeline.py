@@ -42,7 +42,7 @@ from fsdp_trace.vocab import Source
 def analyze(
     paths: str | Path | Sequence[str | Path],
     *,
-    jobs: int = 1,
+    jobs: int | None = 1,
     detailed: bool = True,
     cache: bool = True,
     hta: bool = False,
@@ -52,7 +52,8 @@ def analyze(
     """Analyze and diagnose every run behind `paths`: trace files, capture run directories,
     directories of per-rank traces, or fsspec URLs of any of these (`s3://…`, `file://…`).
 
-    `jobs`: traces analyzed at once, each in its own process (results identical to 1);
+    `jobs`: traces analyzed at once, each in its own process (results identical to 1;
+    None: `perrank.auto_jobs`, a process per core as the memory allows);
     `client`: a `distributed.Client`: each trace analyzed as a task on its Dask cluster,
     where the workers read it; a trace that fails there is left out of its run, which says
     so (results otherwise identical to jobs=1);
@@ -63,9 +64,9 @@ def analyze(
     of them: `fsdp-trace whatif`, `--perfetto`), also from a Dask cluster; else a run keeps
     them only where `perrank.keeps_kernels` says (a small local run without the cache) and
     the views read them again (`RankAnalysis.load_kernels`)."""
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
-    if client is not None and jobs != 1:
+    if client is not None and jobs not in (None, 1):
         raise UserError(f"--jobs {jobs} and a Dask cluster: give one of them")
     if hta:
         from fsdp_trace.analysis.job.hta_check import NOT_INSTALLED, hta_tool
@@ -88,6 +89,7 @@ def analyze(
             for group in [*groups, unsorted]
             for k in perrank.keeps_kernels(group, cache, every=keep_kernels)
         ]
+        jobs = perrank.auto_jobs(work) if jobs is None else jobs
         outcomes = list(perrank.analyze_all(work, jobs, cache, keep))
     failed = [o for o in outcomes if isinstance(o, Failure)]
     if len(failed) == len(work):

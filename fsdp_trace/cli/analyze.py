@@ -82,13 +82,15 @@ def analyze(
         typer.Option(help="Also analyze a run's detailed traces (profiler distortion)."),
     ] = True,
     jobs: Annotated[
-        int,
+        int | None,
         typer.Option(
             help="Traces analyzed at once, one per process (each holds one trace's events); "
-            "results identical to --jobs 1.",
+            "results identical to --jobs 1. Default: a process per core, as many as half the "
+            "available memory holds.",
             metavar="N",
+            show_default=False,
         ),
-    ] = 1,
+    ] = None,
     scheduler: Annotated[
         str | None, typer.Option(help=SCHEDULER_HELP, metavar="ADDRESS", show_default=False)
     ] = None,
@@ -124,7 +126,7 @@ def analyze(
         if top < 0:
             raise UserError(f"--top {top}: give a number of rows, 0 or more")
         conditions = [gate.parse(text) for text in fail_on or []]
-        if jobs < 1:
+        if jobs is not None and jobs < 1:
             raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
         refuse_urls(paths, {"--perfetto": perfetto is not None, "--hta": hta})
         inputs = input_files(paths)  # a bad input fails first, in one line

@@ -83,11 +83,11 @@ SCHEDULER_HELP = (
 )
 
 
-def cluster_client(scheduler: str | None, jobs: int) -> AbstractContextManager[Any]:
+def cluster_client(scheduler: str | None, jobs: int | None) -> AbstractContextManager[Any]:
     """The Dask client `--scheduler` asks for (None without it), closed at the end."""
     if scheduler is None:
         return nullcontext(None)
-    if jobs != 1:
+    if jobs not in (None, 1):
         raise UserError(f"--jobs {jobs} and --scheduler: give one of them")
     from fsdp_trace.analysis.job.cluster import connect
 

@@ -48,8 +48,14 @@ def whatif(
         ),
     ] = None,
     jobs: Annotated[
-        int, typer.Option(help="Traces analyzed at once, one per process.", metavar="N")
-    ] = 1,
+        int | None,
+        typer.Option(
+            help="Traces analyzed at once, one per process. Default: a process per core, as "
+            "many as half the available memory holds.",
+            metavar="N",
+            show_default=False,
+        ),
+    ] = None,
     scheduler: Annotated[
         str | None, typer.Option(help=SCHEDULER_HELP, metavar="ADDRESS", show_default=False)
     ] = None,
@@ -75,7 +81,7 @@ def whatif(
         from fsdp_trace.render.terminal import make_console
         from fsdp_trace.render.whatif import render_prediction, render_ranking
 
-        if jobs < 1:
+        if jobs is not None and jobs < 1:
             raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
         knobs = model.parse(set_) if set_ else None
         inputs = input_files(paths)

@@ -144,6 +144,39 @@ def lookup_for(trace: TraceInput, cache: bool):  # -> _Lookup | UrlLookup
 # interpreters (~60 MB of RSS each) cost more than the second core saves (shipped samples:
 # `--jobs 2` 1.04-1.13x faster, 2.2x the memory; benchmarks/results/speed.md).
 POOL_MIN_BYTES = 64 << 20
+# A process holds one trace's events at its peak: ~1.2x the trace's JSON (its own measure,
+# benchmarks/results/single_trace.md), taken as 1.5x; `auto_jobs` gives the processes at most
+# half the memory available.
+EVENTS_PER_JSON_BYTE = 1.5
+
+
+def auto_jobs(work: list[TraceInput]) -> int:
+    """The default of `--jobs`: a process per core this process may run on, no more than the
+    traces to analyze, and no more than half the available memory holds at one largest trace
+    each (a machine's memory, not its cores, bounds a run of gigabyte traces)."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:  # pragma: no cover - macOS, Windows
+        cores = os.cpu_count() or 1
+    largest = max((_raw(t.path) for t in work), default=0)
+    free = available_memory()
+    fit = int(free / 2 // (EVENTS_PER_JSON_BYTE * largest)) if largest and free else cores
+    return max(1, min(cores, len(work), fit))
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (Linux: MemAvailable), else None."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def keeps_kernels(work: list[TraceInput], cache: bool, every: bool = False) -> list[bool]:
