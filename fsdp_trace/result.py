@@ -168,16 +168,26 @@ class RunAnalysis:
         return to_json(self)
 
 
+# A notice several traces share names at most this many of them (then their count).
+OWNERS_LISTED = 16
+
+
 def _owners(traces: list[RankAnalysis]) -> str:
     """Who a notice came from: 'rank 1', 'ranks 0, 1 (timing and detailed traces)', 'rank 1;
     rank 0 (detailed)', or file names where ranks cannot tell traces apart."""
 
     def ranks(numbers: list[int]) -> str:
+        if len(numbers) > OWNERS_LISTED:  # a thousand ranks: the count, the first, the last
+            shown = ", ".join(map(str, numbers[: OWNERS_LISTED // 2]))
+            return f"{len(numbers):,} ranks ({shown}, …, {numbers[-1]})"
         return ("ranks " if len(numbers) > 1 else "rank ") + ", ".join(map(str, numbers))
 
     numbers = [r.rank for r in traces]
     if None in numbers or len({(r.rank, r.source) for r in traces}) < len(traces):
-        return ", ".join(dict.fromkeys(Path(r.path).name for r in traces))
+        names = list(dict.fromkeys(Path(r.path).name for r in traces))
+        if len(names) > OWNERS_LISTED:
+            return ", ".join(names[: OWNERS_LISTED // 2]) + f", … ({len(names):,} traces)"
+        return ", ".join(names)
     plain = sorted({r.rank for r in traces if r.source != Source.DETAILED})
     detailed = sorted({r.rank for r in traces if r.source == Source.DETAILED})
     if plain and plain == detailed:

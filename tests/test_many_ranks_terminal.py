@@ -100,3 +100,20 @@ def test_notices_alike_print_once_with_a_count_in_a_run_of_many_ranks():
     # A run of few ranks: every notice, in order.
     text = _printed(lambda c: terminal.print_notices(c, notices))
     assert [line for line in text.splitlines() if line] == [f"notice: {n}" for n in notices]
+
+
+def test_a_notice_many_traces_share_names_a_few_of_them_and_their_count():
+    from types import SimpleNamespace
+
+    from fsdp_trace.result import OWNERS_LISTED, _owners
+
+    def traces(ranks, source="timing"):
+        return [SimpleNamespace(rank=r, source=source, path=f"/x/rank{r}.json") for r in ranks]
+
+    assert _owners(traces([0, 2, 4])) == "ranks 0, 2, 4"
+    assert _owners(traces(range(OWNERS_LISTED))) == "ranks " + ", ".join(
+        map(str, range(OWNERS_LISTED))
+    )
+    assert _owners(traces(range(0, 1000, 2))) == "500 ranks (0, 2, 4, 6, 8, 10, 12, 14, …, 998)"
+    unnamed = [SimpleNamespace(rank=None, source="timing", path=f"/x/t{i}.json") for i in range(40)]
+    assert _owners(unnamed) == ", ".join(f"t{i}.json" for i in range(8)) + ", … (40 traces)"

@@ -327,8 +327,8 @@ def _print_ranks(console: Console, view: Table, focus: list[str]) -> None:
     print_table(console, shown)
     console.print(
         f"[dim]({len(rows)} of {len(view.rows):,} rows: the ranks that stand out (slowest, most "
-        "exposed, idlest, named by a finding, and the first); --json, --csv and the report "
-        "have every rank)[/]"
+        "exposed, idlest, waiting most, last to arrive most often, named by a finding, and the "
+        "first); --json, --csv and the report have every rank)[/]"
     )
 
 
