@@ -53,7 +53,8 @@ def analyze(
     directories of per-rank traces, or fsspec URLs of any of these (`s3://…`, `file://…`).
 
     `jobs`: traces analyzed at once, each in its own process (results identical to 1;
-    None: `perrank.auto_jobs`, a process per core as the memory allows);
+    None: `perrank.auto_jobs`, a process per core as the memory allows, for the traces
+    not in the cache);
     `client`: a `distributed.Client`: each trace analyzed as a task on its Dask cluster,
     where the workers read it; a trace that fails there is left out of its run, which says
     so (results otherwise identical to jobs=1);
@@ -89,7 +90,6 @@ def analyze(
             for group in [*groups, unsorted]
             for k in perrank.keeps_kernels(group, cache, every=keep_kernels)
         ]
-        jobs = perrank.auto_jobs(work) if jobs is None else jobs
         outcomes = list(perrank.analyze_all(work, jobs, cache, keep))
     failed = [o for o in outcomes if isinstance(o, Failure)]
     if len(failed) == len(work):

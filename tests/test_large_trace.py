@@ -375,18 +375,14 @@ def test_ranks_share_one_period_and_stay_aligned(tmp_path):
     assert got[1][n + 1] - src[1][1] == period
 
 
-def test_default_jobs_a_process_per_core_as_memory_allows(monkeypatch, tmp_path):
+def test_default_jobs_a_process_per_core_as_memory_allows(monkeypatch):
     """`--jobs`' default: min(cores, traces, half the available memory over 1.5x the largest
     trace's JSON), at least 1."""
-    paths = []
-    for i, size in enumerate([1000, 4000, 2500]):
-        path = tmp_path / f"rank{i}.json"
-        path.write_bytes(b" " * size)
-        paths.append(perrank.TraceInput(path))
+    sizes = [1000, 4000, 2500]  # bytes of JSON
     monkeypatch.setattr(perrank.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     for free, want in ((10**9, 3), (4000 * 1.5 * 2 * 2, 2), (100, 1), (None, 3)):
         monkeypatch.setattr(perrank, "available_memory", lambda free=free: free)
-        assert perrank.auto_jobs(paths) == want, free
+        assert perrank.auto_jobs(sizes) == want, free
     monkeypatch.setattr(perrank, "available_memory", lambda: 10**9)
-    assert perrank.auto_jobs(paths[:1] * 20) == 8  # more traces than cores
+    assert perrank.auto_jobs(sizes[:1] * 20) == 8  # more traces than cores
     assert perrank.auto_jobs([]) == 1

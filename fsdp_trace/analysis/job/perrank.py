@@ -150,18 +150,19 @@ POOL_MIN_BYTES = 64 << 20
 EVENTS_PER_JSON_BYTE = 1.5
 
 
-def auto_jobs(work: list[TraceInput]) -> int:
-    """The default of `--jobs`: a process per core this process may run on, no more than the
-    traces to analyze, and no more than half the available memory holds at one largest trace
-    each (a machine's memory, not its cores, bounds a run of gigabyte traces)."""
+def auto_jobs(raw_sizes: list[int]) -> int:
+    """The default of `--jobs` for traces of these sizes (bytes of JSON to decode): a process
+    per core this process may run on, no more than the traces, and no more than half the
+    available memory holds at one largest trace each (a machine's memory, not its cores,
+    bounds a run of gigabyte traces)."""
     if hasattr(os, "sched_getaffinity"):
         cores = len(os.sched_getaffinity(0))
     else:  # pragma: no cover - macOS, Windows
         cores = os.cpu_count() or 1
-    largest = max((_raw(t.path) for t in work), default=0)
+    largest = max(raw_sizes, default=0)
     free = available_memory()
     fit = int(free / 2 // (EVENTS_PER_JSON_BYTE * largest)) if largest and free else cores
-    return max(1, min(cores, len(work), fit))
+    return max(1, min(cores, len(raw_sizes), fit))
 
 
 def available_memory() -> int | None:
@@ -197,7 +198,10 @@ def keeps_kernels(work: list[TraceInput], cache: bool, every: bool = False) -> l
 
 
 def analyze_all(
-    work: list[TraceInput], jobs: int = 1, cache: bool = True, keep: list[bool] | None = None
+    work: list[TraceInput],
+    jobs: int | None = 1,
+    cache: bool = True,
+    keep: list[bool] | None = None,
 ) -> list[RankAnalysis]:
     """Every trace's analysis without its kernels (`RankAnalysis.without_kernels`), in the
     order of `work`: a run's memory grows by a rank's tables, not by its events; except
@@ -207,13 +211,14 @@ def analyze_all(
     Cached analyses are read here first. The rest: in parallel, each worker process loads
     and analyzes one trace at a time (decoding it alone), so memory holds at most `jobs`
     traces' parsed events; results come back in submission order. With one job (or little
-    to do), one at a time here, a large file decoded by two processes instead."""
+    to do), one at a time here, a large file decoded by two processes instead. `jobs` None:
+    `auto_jobs` of the traces not in the cache."""
     with cache_mod.deferred():  # one scan of the cache folder for the run, not one per write
         return _analyze_all(work, jobs, cache, keep)
 
 
 def _analyze_all(
-    work: list[TraceInput], jobs: int, cache: bool, keep: list[bool] | None
+    work: list[TraceInput], jobs: int | None, cache: bool, keep: list[bool] | None
 ) -> list[RankAnalysis]:
     lookups = [lookup_for(t, cache) for t in work]
     keep = keeps_kernels(work, cache) if keep is None else keep
@@ -224,6 +229,7 @@ def _analyze_all(
     ]
     todo = [i for i, lookup in enumerate(lookups) if lookup.hit is None]
     raw = {i: _raw(work[i].path) for i in todo}
+    jobs = auto_jobs(list(raw.values())) if jobs is None else jobs
     jobs = max(1, min(jobs, len(todo)))
     if jobs == 1 or sum(raw.values()) < POOL_MIN_BYTES:
         for i in todo:
@@ -233,7 +239,7 @@ def _analyze_all(
 
     # Workers ignore Ctrl-C: the main process handles it (one line, no worker tracebacks) and
     # stops them itself.
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_interrupts)
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker)
     try:
         # Workers are forked here, before the progress bar starts its thread; each gets the
         # lookup (parameters, cache entry, content hash: the file is not hashed again).
@@ -274,7 +280,7 @@ class SharedGroups:
         return result
 
 
-def _ignore_interrupts() -> None:
+def _start_worker() -> None:
     """A pool worker's start: Ctrl-C is the main process's; its cache writes deferred (the
     main process scans once when the run ends)."""
     import signal

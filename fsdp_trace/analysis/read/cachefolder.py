@@ -178,8 +178,9 @@ def deferred() -> Iterator[None]:
 
 
 def defer_for_this_process() -> None:
-    """A worker process (of a pool or a Dask cluster): its writes scan only now and then;
-    the run that started it scans when it ends."""
+    """A worker process (of a pool or a Dask cluster): its writes scan only now and then (a
+    pool's run scans the folder it shares with its workers when it ends; a Dask worker's own
+    folder is scanned at each sixteenth of the budget it writes)."""
     global _worker
     _worker = True
 
