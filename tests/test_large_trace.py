@@ -257,6 +257,31 @@ def test_two_processes_fall_back_on_cuts_inside_events(tmp_path, monkeypatch):
     _same(load_trace(path, cache=False, parallel=True), _whole(path))
 
 
+def _stuck_helper(tasks, results) -> None:
+    """A decoding helper that never answers (as one stuck on a lock held at the fork)."""
+    import time
+
+    while True:
+        time.sleep(60)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_stuck_decoding_helper_sends_the_file_down_one_process(
+    replicated, tmp_path, monkeypatch, gz
+):
+    path = replicated
+    if gz:
+        path = tmp_path / "rank0.json.gz"
+        path.write_bytes(gzip.compress(replicated.read_bytes(), compresslevel=1))
+    monkeypatch.setattr(parallel, "_helper", _stuck_helper)
+    monkeypatch.setattr(parallel, "STALL_SECONDS", 1.5)
+    monkeypatch.setattr(parallel, "BATCH", 1 << 18)  # batches sent to the helper, never back
+    helper = parallel.Helper()
+    assert parallel.stream_parallel(path, None, helper) is None  # not a hang
+    assert not helper.process.is_alive()
+    _same(load_trace(path, cache=False, parallel=True), load_trace(path, cache=False))
+
+
 def test_gzip_and_plain_load_alike(tmp_path, replicated):
     packed = tmp_path / "rank0.json.gz"
     packed.write_bytes(gzip.compress(replicated.read_bytes(), compresslevel=1))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,10 @@ BATCH = 8 << 20  # bytes of events per batch of the two-process decode
 # process costs more than it gives: its interpreter and imports (~80 MB of RSS) and the
 # batches' transfer, for a second or less saved (measured in benchmarks/results/speed.md).
 PARALLEL_MIN_BYTES = 256 << 20
+# The longest the main process waits on the helper without a word from it: a batch decodes in
+# well under a second, so a helper silent this long is stuck (a lock another thread held at
+# the fork), and the file goes down the one-process path instead of hanging the command.
+STALL_SECONDS = 60.0
 
 
 def parallel_worth_it(path: Path) -> bool:
@@ -65,6 +71,7 @@ def _helper(tasks, results) -> None:
     its string tables (the codes of its batches), then None. A batch is its text (gzip), or
     where it lies in a plain file, which this process then reads itself: the text never
     crosses the pipe."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the command's handler is not for this process
     tables = (Codes(), Codes(watch="gloo:"))
     files: dict[str, Any] = {}
     try:
@@ -118,8 +125,12 @@ class Helper:
         self.process.start()
 
     def close(self) -> None:
+        """End the helper (killed if SIGTERM does not end it within a few seconds)."""
         if self.process.is_alive():
             self.process.terminate()
+            self.process.join(5.0)
+            if self.process.is_alive():
+                self.process.kill()
         self.process.join()
         self.tasks.cancel_join_thread()  # batches left unsent (after an error) are dropped
         self.tasks.close()
@@ -137,7 +148,10 @@ class _HelperResults:
         self.done = False
 
     def collect(self, block: bool) -> None:
-        """Take the helper's finished batches (all of them, up to its end mark, if block)."""
+        """Take the helper's finished batches (all of them, up to its end mark, if block).
+        RuntimeError (the one-process path then) if the helper dies or says nothing for
+        STALL_SECONDS."""
+        heard = time.monotonic()
         while not self.done:
             try:
                 item = self.results.get(timeout=1.0) if block else self.results.get_nowait()
@@ -146,7 +160,10 @@ class _HelperResults:
                     return
                 if not self.process.is_alive():
                     raise RuntimeError("the decoding helper died") from None
+                if time.monotonic() - heard > STALL_SECONDS:
+                    raise RuntimeError("the decoding helper is stuck") from None
                 continue
+            heard = time.monotonic()
             if item is None:
                 self.done = True
             elif item[0] == "tables":
@@ -165,7 +182,10 @@ class _HelperResults:
         add_all(last, parsed.traceEvents or [])
         parsed.traceEvents = []
         self.batches[sent] = last
-        tasks.put(None)
+        try:
+            tasks.put(None, timeout=STALL_SECONDS)
+        except queue.Full:
+            raise RuntimeError("the decoding helper is stuck") from None
         self.collect(block=True)
         if any(self.batches.get(i) is None for i in range(sent + 1)):
             return None
