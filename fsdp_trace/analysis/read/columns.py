@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from array import array
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_
+from operator import attrgetter, is_, is_not
 from typing import Any
 
 import msgspec
@@ -181,12 +181,11 @@ class Columns:
     def add(self, events: list[Event]) -> None:
         """Take one piece of decoded events (in file order)."""
         self.raw_count += len(events)
-        complete = list(compress(events, map(COMPLETE.__eq__, map(_get["ph"], events))))
-        if len(complete) != len(events):
-            metadata = [e for e in events if e.ph == "M"]
-            if metadata:
-                self._metadata(metadata)
-        events = complete
+        phases = list(map(_get["ph"], events))
+        if phases.count(COMPLETE) != len(events):
+            if "M" in phases:
+                self._metadata(list(compress(events, map("M".__eq__, phases))))
+            events = list(compress(events, map(COMPLETE.__eq__, phases)))
         if not events:
             return
         cats = list(map(_get["cat"], events))
@@ -258,7 +257,7 @@ class Columns:
         wanted = np.frombuffer(self.dense["stream"], dtype=np.int64)[row0 : row0 + n] >= 0
         if named:
             self.has_collective = True
-            wanted |= np.array(names, dtype=object) != None  # noqa: E711 (elementwise)
+            wanted |= np.fromiter(map(is_not, names, repeat(None)), bool, n)
         rows = np.flatnonzero(wanted)
         if not rows.size:
             return
