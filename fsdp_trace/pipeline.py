@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from fsdp_trace.analysis.job import perrank
 from fsdp_trace.analysis.job.config import InferredConfig, infer
-from fsdp_trace.analysis.job.crossrank import CrossRank, match
+from fsdp_trace.analysis.job.crossrank import match
 from fsdp_trace.analysis.job.perrank import Failure, TraceInput
 from fsdp_trace.analysis.rank.breakdown import (
+    Matched,
     collective_transfer,
     exposed_intervals,
     exposed_split,
@@ -301,8 +301,9 @@ def analyze_run(
     left_out = {id(copy) for copy, _ in copies}
     crossrank = match([r for r in timing if id(r) not in left_out])
     notices += crossrank.notices
+    matched = crossrank.matched_by_rank()
     for r in timing:
-        _apply_crossrank(r, _participants(crossrank, r))
+        _apply_crossrank(r, matched.get(r.rank) if r.rank is not None else None)
     for r in detailed:
         _apply_crossrank(r, None)
     analysis = RunAnalysis(
@@ -338,7 +339,9 @@ def copied_ranks(timing: list[RankAnalysis]) -> list[tuple[RankAnalysis, RankAna
         if c.empty or r.steps.empty:
             continue
         key = repr(r.meta.get("first_pids")).encode() + b"".join(
-            frame[["start_us", "end_us"]].to_numpy(dtype=np.float64).tobytes()
+            np.column_stack(
+                [frame[name].to_numpy(dtype=np.float64) for name in ("start_us", "end_us")]
+            ).tobytes()
             for frame in (r.steps, c)
         )
         original = seen.setdefault(key, r)
@@ -371,13 +374,6 @@ def run_record_contradicts(
     return None
 
 
-def _participants(crossrank: CrossRank, rank: RankAnalysis) -> pd.DataFrame | None:
-    p = crossrank.participants
-    if p.empty or rank.rank is None:
-        return None
-    return p[p["rank"] == rank.rank]
-
-
 def _apply_expectations(rank: RankAnalysis, config: InferredConfig) -> None:
     """Fill the blocks table's `expected_per_step` and `excess` from the configuration."""
     b = rank.blocks
@@ -393,15 +389,17 @@ def _apply_expectations(rank: RankAnalysis, config: InferredConfig) -> None:
     )
 
 
-def _apply_crossrank(rank: RankAnalysis, matched: pd.DataFrame | None) -> None:
+def _apply_crossrank(rank: RankAnalysis, matched: Matched | None) -> None:
     """Fill the collectives' transfer/wait columns and the steps' exposed breakdown columns
     (the compute ones come with the rank's analysis): from its collectives and exposed
     intervals, never its kernels (fsdp_trace.analysis.rank.breakdown)."""
     exposed = exposed_intervals(rank) if rank.n_kernels else None
     c = rank.collectives
+    transfer = None
     if len(c):
         extra = collective_transfer(c, matched, exposed)
-        rank.collectives = c.assign(**{name: extra[name].to_numpy() for name in extra.columns})
+        rank.collectives = c.assign(**extra)
+        transfer = extra["transfer_us"]
     if rank.steps.empty:
         return
-    rank.steps = rank.steps.assign(**exposed_split(rank, matched))
+    rank.steps = rank.steps.assign(**exposed_split(rank, matched, exposed, transfer))

@@ -104,7 +104,7 @@ class RunAnalysis:
             # The parts as the breakdown names them: its compute is the model's.
             source = {**{p: p for p in PARTS}, "compute_us": "model_compute_us"}
             value = {
-                p: float(steps[c].iloc[row]) if row is not None and c in steps else np.nan
+                p: float(steps[c].to_numpy()[row]) if row is not None and c in steps else np.nan
                 for p, c in {"step_us": "step_us", **source}.items()
             }
             if row is None or not np.isfinite(value["compute_us"]):

@@ -435,3 +435,27 @@ def test_member_lists_are_shared_across_a_runs_ranks():
     assert len({id(x[2]) for x in lists[1:]}) == 1 and lists[1][2] == [0, 1, 2, 3]
     assert lists[0][2] == [5, 6, 7, 8]
     assert shared("not a result") == "not a result"  # failures pass through
+
+
+def test_each_ranks_matched_collectives_are_its_participant_rows_in_order():
+    rng = np.random.default_rng(7)
+    n = 500
+    participants = pd.DataFrame(
+        {
+            "rank": rng.integers(0, 9, n),  # ranks interleaved, rank 9 never matched
+            "correlation": rng.permutation(n) + 1000,
+            "match": rng.integers(0, 50, n),
+            "transfer_us": rng.random(n) * 100,
+            "wait_us": rng.random(n) * 10,
+        }
+    )
+    crossrank = dataclasses.replace(match([]), participants=participants)
+    split = crossrank.matched_by_rank()
+    assert sorted(split) == sorted(set(participants["rank"].tolist()))
+    for rank, mine in split.items():
+        rows = [i for i in range(n) if participants["rank"].iloc[i] == rank]  # file order
+        expected = participants.iloc[rows]
+        assert len(mine) == len(rows)
+        for column in ("correlation", "transfer_us", "wait_us"):
+            assert getattr(mine, column).tolist() == expected[column].tolist()
+    assert match([]).matched_by_rank() == {}

@@ -83,10 +83,13 @@ class Context:
         made = self._collectives.get(id(rank))
         if made is None:
             c = rank.collectives
-            matched = c["transfer_us"].notna().to_numpy()
+            transfer = c["transfer_us"].to_numpy(dtype=np.float64)
+            matched = ~np.isnan(transfer)
             made = c.assign(
-                net_us=np.where(matched, c["transfer_us"], c["dur_us"]),
-                exposed_net_us=np.where(matched, c["exposed_transfer_us"], c["exposed_us"]),
+                net_us=np.where(matched, transfer, c["dur_us"].to_numpy()),
+                exposed_net_us=np.where(
+                    matched, c["exposed_transfer_us"].to_numpy(), c["exposed_us"].to_numpy()
+                ),
                 matched=matched,
             )
             self._collectives[id(rank)] = made

@@ -235,15 +235,17 @@ def _collectives(ranks: list[RankAnalysis]) -> pd.DataFrame:
     text = [
         c
         for c in read
-        if all(p is not None and _is_text(p) and not p.isna().any() for p in parts[c])
+        if all(p is not None and _is_text(p) and not pd.isna(p.to_numpy()).any() for p in parts[c])
     ]
     rest = [c for c in read if c not in text]
     if all(p is not None for c in rest for p in parts[c]):
         coll = pd.DataFrame({c: _joined(parts[c]) for c in rest})
     else:  # ranks without some column: aligned as concat aligns frames
         coll = _concat([f[[c for c in rest if c in f]] for f in frames])
-    for c in text:  # its categories sorted, as union_categoricals(sort_categories=True)
-        coll[c] = pd.Categorical(_joined(parts[c]))
+    for c in text:  # its categories sorted, as union_categoricals(sort_categories=True); the
+        # values joined as Python objects (pandas' concat of a thousand ranks' categoricals of
+        # differing categories costs ~0.6 ms a rank)
+        coll[c] = pd.Categorical(np.concatenate([p.to_numpy(dtype=object) for p in parts[c]]))
     return coll
 
 

@@ -33,6 +33,7 @@ import pandas as pd
 from fsdp_trace import fmt
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
+from fsdp_trace.analysis.rank.breakdown import Matched
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.vocab import Device
 
@@ -72,6 +73,24 @@ class CrossRank:
             if not self.participants.empty
             else {}
         )
+
+    def matched_by_rank(self) -> dict[int, Matched]:
+        """Each rank's rows of `participants` (in their order), as the breakdown reads them:
+        split once for every rank (a boolean pick per rank is quadratic in the ranks)."""
+        p = self.participants
+        if p.empty:
+            return {}
+        ranks = p["rank"].to_numpy()
+        order = np.argsort(ranks, kind="stable")
+        ranks = ranks[order]
+        columns = [p[c].to_numpy()[order] for c in ("correlation", "transfer_us", "wait_us")]
+        cuts = np.flatnonzero(ranks[1:] != ranks[:-1]) + 1
+        starts = np.concatenate([[0], cuts])
+        ends = np.concatenate([cuts, [ranks.size]])
+        return {
+            int(ranks[a]): Matched(*(column[a:b] for column in columns))
+            for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+        }
 
     def transfer_us(self, rank: int | None, correlations: pd.Series) -> np.ndarray:
         """The cross-rank transfer time of a rank's collectives (NaN where unmatched)."""

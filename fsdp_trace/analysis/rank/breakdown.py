@@ -151,12 +151,31 @@ def kernel_parts(kernels: pd.DataFrame, steps: pd.DataFrame) -> dict[str, np.nda
     }
 
 
-def exposed_split(rank: RankAnalysis, matched: pd.DataFrame | None) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class Matched:
+    """A rank's matched collectives in the cross-rank view, one row each (arrays of one
+    length): what the rank's breakdown reads of the match."""
+
+    correlation: np.ndarray
+    transfer_us: np.ndarray  # the collective's transfer time (its shortest duration)
+    wait_us: np.ndarray  # this rank's wait for its late peers
+
+    def __len__(self) -> int:
+        return int(self.correlation.size)
+
+
+def exposed_split(
+    rank: RankAnalysis,
+    matched: Matched | None,
+    exposed: iv.Intervals | None = None,
+    transfer: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """The exposed half of a rank's breakdown, per step (its steps' order): exposed
     communication split into transfer, wait and unsplit by each collective's cross-rank
-    transfer. `matched`: this rank's matched collectives (correlation, transfer_us, wait_us)
-    from the cross-rank view, or None / empty. NaN without GPU kernels (CPU traces: nothing
-    to break down), and transfer and wait NaN without a match."""
+    transfer. `matched`: this rank's matched collectives from the cross-rank view, or None /
+    empty. `exposed` (the rank's C \\ K) and `transfer` (`collective_transfer`'s), where the
+    caller has them already. NaN without GPU kernels (CPU traces: nothing to break down), and
+    transfer and wait NaN without a match."""
     n = len(rank.steps)
     if rank.n_kernels == 0:
         return {part: np.full(n, np.nan) for part in EXPOSED_PARTS}
@@ -164,11 +183,16 @@ def exposed_split(rank: RankAnalysis, matched: pd.DataFrame | None) -> dict[str,
     ends = rank.steps["end_us"].to_numpy(dtype=np.float64)
     c = rank.collectives
     has_match = matched is not None and len(matched) > 0
-    transfer = _matched(c, matched, "transfer_us")[0] if has_match else np.full(len(c), np.nan)
+    if not has_match:
+        transfer = np.full(len(c), np.nan)
+    elif transfer is None:
+        transfer = _matched(c, matched, "transfer_us")[0]  # type: ignore[arg-type]
     sets = _comm_sets(
         c["start_us"].to_numpy(dtype=np.float64), c["end_us"].to_numpy(dtype=np.float64), transfer
     )
-    out = _exposed_parts(exposed_intervals(rank), sets, starts, ends)
+    if exposed is None:
+        exposed = exposed_intervals(rank)
+    out = _exposed_parts(exposed, sets, starts, ends)
     if not has_match:
         out["exposed_transfer_us"] = np.full(n, np.nan)
         out["exposed_wait_us"] = np.full(n, np.nan)
@@ -181,41 +205,32 @@ def exposed_intervals(rank: RankAnalysis) -> iv.Intervals:
     return iv.as_arrays(e["start_us"].to_numpy(), e["end_us"].to_numpy())
 
 
-def _matched(collectives: pd.DataFrame, matched: pd.DataFrame, *columns: str) -> list[np.ndarray]:
+def _matched(collectives: pd.DataFrame, matched: Matched, *columns: str) -> list[np.ndarray]:
     """Cross-rank figures (`transfer_us`, `wait_us`) of each of a rank's collectives, by
     correlation (NaN where unmatched): each collective's row in `matched` found once."""
-    at = pd.Index(matched["correlation"].to_numpy()).get_indexer(
-        collectives["correlation"].to_numpy()
-    )
+    at = pd.Index(matched.correlation).get_indexer(collectives["correlation"].to_numpy())
     found = at >= 0
     out = []
     for column in columns:
-        values = matched[column].to_numpy(dtype=np.float64)
+        values = np.asarray(getattr(matched, column), dtype=np.float64)
         picked = values[np.maximum(at, 0)] if values.size else np.full(at.size, np.nan)
         out.append(np.where(found, picked, np.nan))
     return out
 
 
 def collective_transfer(
-    collectives: pd.DataFrame, matched: pd.DataFrame | None, exposed: iv.Intervals | None
-) -> pd.DataFrame:
-    """Per collective of a rank: its cross-rank `transfer_us` and `wait_us` (NaN where
-    unmatched) and `exposed_transfer_us`: the part of its transfer [end − transfer, end] no
-    compute hides, split equally among transfers running at the same moment (so they add up
-    to the step's exposed transfer). `exposed`: the rank's C \\ K (the transfer lies in C, so
-    what no compute hides is what lies in C \\ K); None where the rank has no compute kernels
-    (CPU traces): all of it."""
+    collectives: pd.DataFrame, matched: Matched | None, exposed: iv.Intervals | None
+) -> dict[str, np.ndarray]:
+    """Per collective of a rank (arrays in its rows' order): its cross-rank `transfer_us` and
+    `wait_us` (NaN where unmatched) and `exposed_transfer_us`: the part of its transfer
+    [end − transfer, end] no compute hides, split equally among transfers running at the
+    same moment (so they add up to the step's exposed transfer). `exposed`: the rank's
+    C \\ K (the transfer lies in C, so what no compute hides is what lies in C \\ K); None
+    where the rank has no compute kernels (CPU traces): all of it."""
     n = len(collectives)
-    out = pd.DataFrame(
-        {"transfer_us": np.full(n, np.nan), "wait_us": np.full(n, np.nan)},
-        index=collectives.index,
-    )
-    out["exposed_transfer_us"] = np.nan
-    if n == 0 or matched is None or matched.empty:
-        return out
+    if n == 0 or matched is None or len(matched) == 0:
+        return {name: np.full(n, np.nan) for name in TRANSFER_COLUMNS}
     transfer, wait = _matched(collectives, matched, "transfer_us", "wait_us")
-    out["transfer_us"] = transfer
-    out["wait_us"] = wait
     ok = ~np.isnan(transfer)
     end = collectives["end_us"].to_numpy(dtype=np.float64)
     start = np.maximum(end - np.nan_to_num(transfer), collectives["start_us"].to_numpy())
@@ -224,5 +239,7 @@ def collective_transfer(
         result[ok] = iv.split_uncovered(start[ok], end[ok], iv.EMPTY)
     else:
         result[ok] = iv.split_covered(start[ok], end[ok], exposed)
-    out["exposed_transfer_us"] = result
-    return out
+    return {"transfer_us": transfer, "wait_us": wait, "exposed_transfer_us": result}
+
+
+TRANSFER_COLUMNS = ("transfer_us", "wait_us", "exposed_transfer_us")  # collective_transfer's
