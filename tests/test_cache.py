@@ -24,6 +24,7 @@ import pytest
 from fsdp_trace import analyze
 from fsdp_trace.analysis.job import perrank
 from fsdp_trace.analysis.read import cache, cachefolder, loader, parallel
+from fsdp_trace.analysis.read import text as text_mod
 from fsdp_trace.analysis.read import trace as trace_mod
 from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.analysis.results import RankAnalysis
@@ -562,6 +563,16 @@ def test_raw_size_reads_gzip_isize(tmp_path):
     big = _fake_gzip(tmp_path / "c.gz", 1 << 30, 12 * 10**9)
     assert loader.raw_size(big) == 12 * 10**9
     assert loader.raw_size(tmp_path / "missing.gz") == 0
+
+
+def test_a_cut_gzips_claimed_size_is_capped_at_what_the_reader_takes(tmp_path):
+    """A cut gzip's last four bytes are compressed data, read as ISIZE: 2.5 GB claimed by 200
+    bytes must not start the two-process decode; the reader refuses more than this anyway."""
+    cut = _fake_gzip(tmp_path / "cut.gz", 200, 2_500_000_000)
+    assert loader.raw_size(cut) == text_mod.GZIP_RATIO_FLOOR
+    assert not parallel.parallel_worth_it(cut)
+    bomb = _fake_gzip(tmp_path / "bomb.gz", 8 << 20, 4_000_000_000)  # 500x its size
+    assert loader.raw_size(bomb) == text_mod.GZIP_MAX_RATIO * (8 << 20)
 
 
 def test_progress_bar_threshold_is_the_raw_size(tmp_path, monkeypatch):

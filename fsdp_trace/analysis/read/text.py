@@ -44,8 +44,10 @@ EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 def raw_size(path: Path) -> int:
     """Bytes of JSON in the file: its size, or for gzip the size its trailer records (ISIZE,
-    the raw size mod 4 GiB), taken as the candidate nearest a typical compression ratio;
-    0 when unreadable (or not a regular file)."""
+    the raw size mod 4 GiB), taken as the candidate nearest a typical compression ratio, and
+    no more than the reader takes from a file of that size (past it, `read_blocks` refuses
+    a gzip bomb: a cut file's last bytes, read as a trailer, claim anything); 0 when
+    unreadable (or not a regular file)."""
     try:
         with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -60,7 +62,8 @@ def raw_size(path: Path) -> int:
     floor = size // 2  # what gzip gives back is never much smaller than what it stores
     low = isize + max(0, -(-(floor - isize) // wrap)) * wrap
     candidates = [low + k * wrap for k in range(max(1, guess // wrap + 2))]
-    return min(candidates, key=lambda c: abs(math.log(c / guess)))
+    nearest = min(candidates, key=lambda c: abs(math.log(c / guess)))
+    return min(nearest, max(GZIP_RATIO_FLOOR, GZIP_MAX_RATIO * size))
 
 
 def check_path(path: Path) -> None:
