@@ -569,8 +569,10 @@ def test_a_cut_gzips_claimed_size_is_capped_at_what_the_reader_takes(tmp_path):
     """A cut gzip's last four bytes are compressed data, read as ISIZE: 2.5 GB claimed by 200
     bytes must not start the two-process decode; the reader refuses more than this anyway."""
     cut = _fake_gzip(tmp_path / "cut.gz", 200, 2_500_000_000)
-    assert loader.raw_size(cut) == text_mod.GZIP_RATIO_FLOOR
+    assert loader.raw_size(cut) == 1032 * 200  # deflate expands 1032x at most
     assert not parallel.parallel_worth_it(cut)
+    middling = _fake_gzip(tmp_path / "mid.gz", 256 << 10, 200 << 20)  # 800x: deflate's, not ours
+    assert loader.raw_size(middling) == text_mod.GZIP_RATIO_FLOOR
     bomb = _fake_gzip(tmp_path / "bomb.gz", 8 << 20, 4_000_000_000)  # 500x its size
     assert loader.raw_size(bomb) == text_mod.GZIP_MAX_RATIO * (8 << 20)
 

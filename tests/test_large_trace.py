@@ -8,8 +8,12 @@ import gc
 import gzip
 import importlib.util
 import json
+import os
 import re
+import signal
+import struct
 import sys
+import time
 import weakref
 from collections import Counter
 from decimal import Decimal
@@ -25,6 +29,7 @@ from fsdp_trace.analysis.job import perrank
 from fsdp_trace.analysis.rank.analyze import analyze_trace
 from fsdp_trace.analysis.read import events, loader, parallel, text
 from fsdp_trace.analysis.read.loader import load_trace
+from fsdp_trace.errors import UserError
 from tests.conftest import REPO, SAMPLES
 from tests.synth import TraceBuilder
 
@@ -257,29 +262,88 @@ def test_two_processes_fall_back_on_cuts_inside_events(tmp_path, monkeypatch):
     _same(load_trace(path, cache=False, parallel=True), _whole(path))
 
 
-def _stuck_helper(tasks, results) -> None:
-    """A decoding helper that never answers (as one stuck on a lock held at the fork)."""
-    import time
-
+def _takes_nothing(tasks, answers) -> None:
+    """A decoding helper that never answers nor takes a batch (stuck on a lock held at the
+    fork)."""
     while True:
         time.sleep(60)
 
 
+def _takes_but_never_answers(tasks, answers) -> None:
+    while True:
+        tasks.get()
+
+
+def _dies_halfway_through_an_answer(tasks, answers) -> None:
+    tasks.get()
+    # A message's length (1 MB), then a few of its bytes, then the process is gone (as when
+    # killed for memory while its answer was being written).
+    os.write(answers.fileno(), struct.pack("!i", 1 << 20) + b"\x80\x05")
+    os._exit(1)
+
+
+def _deaf_to_sigterm(tasks, answers) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(60)
+
+
+class _Hang(BaseException):
+    """Raised into a wait that has no bound (no `except Exception` or OSError takes it)."""
+
+
+@pytest.fixture
+def bounded():
+    """Fails a test that would otherwise hang (no pytest-timeout here)."""
+
+    def expired(signum, frame):
+        raise _Hang("waited on the decoding helper without a bound")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, 60, 5)  # again every 5 s: each wait fails, none hangs
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize(
+    "helper", [_takes_nothing, _takes_but_never_answers, _dies_halfway_through_an_answer]
+)
 @pytest.mark.parametrize("gz", [False, True])
-def test_a_stuck_decoding_helper_sends_the_file_down_one_process(
-    replicated, tmp_path, monkeypatch, gz
+def test_a_stuck_or_dead_decoding_helper_sends_the_file_down_one_process(
+    replicated, tmp_path, monkeypatch, bounded, gz, helper
 ):
     path = replicated
     if gz:
         path = tmp_path / "rank0.json.gz"
         path.write_bytes(gzip.compress(replicated.read_bytes(), compresslevel=1))
-    monkeypatch.setattr(parallel, "_helper", _stuck_helper)
     monkeypatch.setattr(parallel, "STALL_SECONDS", 1.5)
     monkeypatch.setattr(parallel, "BATCH", 1 << 18)  # batches sent to the helper, never back
-    helper = parallel.Helper()
-    assert parallel.stream_parallel(path, None, helper) is None  # not a hang
-    assert not helper.process.is_alive()
+    decoder = parallel.Helper(target=helper)
+    assert parallel.stream_parallel(path, None, decoder) is None  # not a hang
+    assert not decoder.process.is_alive()
+    monkeypatch.setattr(parallel, "_helper", helper)  # the loader's own helper, as stuck
     _same(load_trace(path, cache=False, parallel=True), load_trace(path, cache=False))
+
+
+def test_a_helper_deaf_to_sigterm_is_killed(tmp_path, monkeypatch, bounded):
+    """The CI hang's shape: a cut gzip (its read fails at once) while the helper ignores
+    SIGTERM: closing it must not wait for it."""
+    cut = tmp_path / "cut.json.gz"
+    whole = gzip.compress(json.dumps({"traceEvents": [{"ph": "X"}] * 1000}).encode())
+    cut.write_bytes(whole[: len(whole) // 2])
+    monkeypatch.setattr(parallel, "KILL_AFTER_SECONDS", 0.5)
+    decoder = parallel.Helper(target=_deaf_to_sigterm)
+    try:
+        time.sleep(0.2)  # the helper has set its handler
+        started = time.monotonic()
+        with pytest.raises(UserError, match="truncated or corrupt gzip"):
+            parallel.stream_parallel(cut, None, decoder)
+        assert time.monotonic() - started < 30
+        assert not decoder.process.is_alive()
+    finally:  # a failure here must not leave it for the interpreter's exit to wait on
+        if decoder.process.is_alive():
+            decoder.process.kill()
 
 
 def test_gzip_and_plain_load_alike(tmp_path, replicated):

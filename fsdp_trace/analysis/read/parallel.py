@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ PARALLEL_MIN_BYTES = 256 << 20
 # well under a second, so a helper silent this long is stuck (a lock another thread held at
 # the fork), and the file goes down the one-process path instead of hanging the command.
 STALL_SECONDS = 60.0
+KILL_AFTER_SECONDS = 5.0  # a helper SIGTERM has not ended by then is killed
 
 
 def parallel_worth_it(path: Path) -> bool:
@@ -66,20 +68,33 @@ def _decode_batch(text: bytes, tables: tuple[Codes, Codes]) -> Columns:
     return columns
 
 
-def _helper(tasks, results) -> None:
+def _helper(tasks, answers) -> None:
     """The second decoding process: batches in, columns out (None: a batch failed); last,
     its string tables (the codes of its batches), then None. A batch is its text (gzip), or
     where it lies in a plain file, which this process then reads itself: the text never
-    crosses the pipe."""
+    crosses the pipe. Answers go out on `answers` (this process holds its only write end)
+    from a thread of their own, so that decoding goes on while the main process is busy."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the command's handler is not for this process
     tables = (Codes(), Codes(watch="gloo:"))
     files: dict[str, Any] = {}
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def send() -> None:
+        while True:
+            item = outbox.get()
+            answers.send(item)
+            if item is None:
+                return
+
+    sender = threading.Thread(target=send, name="fsdp-trace-answers", daemon=True)
+    sender.start()
     try:
         while True:
             item = tasks.get()
             if item is None:
-                results.put(("tables", list(tables[0]), list(tables[1])))
-                results.put(None)
+                outbox.put(("tables", list(tables[0]), list(tables[1])))
+                outbox.put(None)
+                sender.join()  # every answer sent whole before this process ends
                 return
             index, text = item
             try:
@@ -90,9 +105,9 @@ def _helper(tasks, results) -> None:
                     text = _read_range(files[name], start, end)
                 batch = _decode_batch(text, tables)
                 batch.cats = batch.names = None  # type: ignore[assignment]  (sent at the end)
-                results.put((index, batch))
+                outbox.put((index, batch))
             except Exception:  # the main process falls back to decoding serially
-                results.put((index, None))
+                outbox.put((index, None))
     finally:
         for handle in files.values():
             handle.close()
@@ -110,38 +125,42 @@ def _read_range(handle, start: int, end: int) -> bytes:
 
 
 class Helper:
-    """The second decoding process and its queues, started at once (a fork is safest before
-    this process starts any thread)."""
+    """The second decoding process, its task queue and the pipe of its answers, started at
+    once (a fork is safest before this process starts any thread). This process closes its
+    copy of the answers' write end: a helper that dies, even halfway through an answer, is
+    an end of file here, never a wait."""
 
-    def __init__(self) -> None:
+    def __init__(self, target=None) -> None:
+        """`target`: the helper's function, `_helper` (tests give stuck and dying ones)."""
         import multiprocessing as mp
 
         methods = mp.get_all_start_methods()
         context = mp.get_context("fork" if "fork" in methods else methods[0])
         self.tasks = context.Queue(maxsize=2)
-        self.results = context.Queue()
-        self.process = context.Process(target=_helper, args=(self.tasks, self.results))
+        self.answers, writer = context.Pipe(duplex=False)
+        self.process = context.Process(target=target or _helper, args=(self.tasks, writer))
         self.process.daemon = True
         self.process.start()
+        writer.close()
 
     def close(self) -> None:
-        """End the helper (killed if SIGTERM does not end it within a few seconds)."""
+        """End the helper (killed if SIGTERM does not end it within KILL_AFTER_SECONDS)."""
         if self.process.is_alive():
             self.process.terminate()
-            self.process.join(5.0)
+            self.process.join(KILL_AFTER_SECONDS)
             if self.process.is_alive():
                 self.process.kill()
         self.process.join()
         self.tasks.cancel_join_thread()  # batches left unsent (after an error) are dropped
         self.tasks.close()
-        self.results.close()
+        self.answers.close()
 
 
 class _HelperResults:
     """The decoding helper's finished batches as they arrive, and its string tables."""
 
-    def __init__(self, process, results) -> None:
-        self.process, self.results = process, results
+    def __init__(self, process, answers) -> None:
+        self.process, self.answers = process, answers
         self.batches: dict[int, Columns | None] = {}
         self.ids: set[int] = set()  # the batches the helper decoded
         self.tables: list[list[str]] = [[], []]
@@ -153,16 +172,18 @@ class _HelperResults:
         STALL_SECONDS."""
         heard = time.monotonic()
         while not self.done:
-            try:
-                item = self.results.get(timeout=1.0) if block else self.results.get_nowait()
-            except queue.Empty:
+            if not self.answers.poll(1.0 if block else 0):
                 if not block:
                     return
                 if not self.process.is_alive():
-                    raise RuntimeError("the decoding helper died") from None
+                    raise RuntimeError("the decoding helper died")
                 if time.monotonic() - heard > STALL_SECONDS:
-                    raise RuntimeError("the decoding helper is stuck") from None
+                    raise RuntimeError("the decoding helper is stuck")
                 continue
+            try:
+                item = self.answers.recv()
+            except (EOFError, OSError):  # it died (halfway through an answer, maybe)
+                raise RuntimeError("the decoding helper died") from None
             heard = time.monotonic()
             if item is None:
                 self.done = True
@@ -210,8 +231,8 @@ def stream_parallel(
         plain = raw.read(2) != b"\x1f\x8b"
     if plain:
         return _stream_parallel_plain(path, on_progress, helper)
-    tasks, results = helper.tasks, helper.results
-    received = _HelperResults(helper.process, results)
+    tasks = helper.tasks
+    received = _HelperResults(helper.process, helper.answers)
     batches = received.batches
     collect = received.collect
     tables = (Codes(), Codes(watch="gloo:"))  # this process's batches' string codes
@@ -286,8 +307,8 @@ def _stream_parallel_plain(
     cuts the events into batches at event boundaries by offset, and each process reads and
     decodes the batches it takes (the helper whenever it is free); the rest, after the last
     cut, is decoded with the header (its top-level keys)."""
-    tasks, results = helper.tasks, helper.results
-    received = _HelperResults(helper.process, results)
+    tasks = helper.tasks
+    received = _HelperResults(helper.process, helper.answers)
     batches = received.batches
     collect = received.collect
     tables = (Codes(), Codes(watch="gloo:"))  # this process's batches' string codes

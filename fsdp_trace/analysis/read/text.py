@@ -37,6 +37,7 @@ GZIP_RATIO_GUESS = 10  # raw / compressed size of Kineto JSON (8-13 seen), when 
 # past the floor) is refused: Kineto JSON expands 8-20x; a gzip bomb of valid events, 300x or
 # more, would otherwise be decoded whole (1.5 GB of events from 5 MB).
 GZIP_MAX_RATIO = 100
+DEFLATE_MAX_RATIO = 1032  # the most deflate can expand (258-byte matches in 2-bit codes)
 GZIP_RATIO_FLOOR = 64 << 20
 
 EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -46,8 +47,8 @@ def raw_size(path: Path) -> int:
     """Bytes of JSON in the file: its size, or for gzip the size its trailer records (ISIZE,
     the raw size mod 4 GiB), taken as the candidate nearest a typical compression ratio, and
     no more than the reader takes from a file of that size (past it, `read_blocks` refuses
-    a gzip bomb: a cut file's last bytes, read as a trailer, claim anything); 0 when
-    unreadable (or not a regular file)."""
+    a gzip bomb) nor deflate can give (a cut file's last bytes, read as a trailer, claim
+    anything); 0 when unreadable (or not a regular file)."""
     try:
         with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -63,7 +64,7 @@ def raw_size(path: Path) -> int:
     low = isize + max(0, -(-(floor - isize) // wrap)) * wrap
     candidates = [low + k * wrap for k in range(max(1, guess // wrap + 2))]
     nearest = min(candidates, key=lambda c: abs(math.log(c / guess)))
-    return min(nearest, max(GZIP_RATIO_FLOOR, GZIP_MAX_RATIO * size))
+    return min(nearest, max(GZIP_RATIO_FLOOR, GZIP_MAX_RATIO * size), DEFLATE_MAX_RATIO * size)
 
 
 def check_path(path: Path) -> None:
