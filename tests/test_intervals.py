@@ -184,6 +184,25 @@ def test_group_reductions_equal_pandas_groupby():
     assert np.array_equal(iv.group_sum(big, values, 3), pd.Series(values).groupby(big).sum())
 
 
+def test_group_totals_are_a_per_group_series_sum_to_the_bit():
+    """`group_totals` against the lambda it replaces, `groupby(...).agg(lambda s:
+    s.sum(min_count=...))`, on groups of 1 to hundreds of values (numpy's pairwise sum
+    differs from a running sum from 9 values on), NaN and all-NaN groups, dropna=False keys."""
+    rng = np.random.default_rng(31)
+    for _ in range(200):
+        n = int(rng.integers(1, 400))
+        keys = pd.Series(rng.choice(["a", "b", "c", None], n, p=[0.6, 0.2, 0.15, 0.05]))
+        values = rng.normal(0, 1e3, n) * rng.choice([1e-3, 1.0, 1e6], n)
+        values[rng.random(n) < 0.2] = np.nan
+        values[(keys == "c").to_numpy()] = np.nan  # a group with nothing but NaN
+        frame = pd.DataFrame({"k": keys, "v": values})
+        grouped = frame.groupby("k", dropna=False, sort=False)
+        for min_count in (0, 1):
+            expected = grouped["v"].agg(lambda s, m=min_count: s.sum(min_count=m)).to_numpy()
+            got = iv.group_totals(grouped.ngroup().to_numpy(), values, grouped.ngroups, min_count)
+            assert np.array_equal(got.view(np.int64), expected.astype(np.float64).view(np.int64))
+
+
 def test_grouped_union_lengths_equal_the_frame_way():
     rng = np.random.default_rng(7)
     for _ in range(300):

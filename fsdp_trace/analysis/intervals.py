@@ -360,6 +360,23 @@ def total(values) -> float:
     return float(np.where(np.isnan(values), 0.0, values).sum())
 
 
+def group_totals(codes: np.ndarray, values, n_groups: int, min_count: int = 0) -> np.ndarray:
+    """`total` of each group's values (codes 0..n_groups-1, in row order; -1 left out), NaN
+    where fewer than `min_count` are not NaN: a lambda `s.sum(min_count=...)` over a groupby,
+    to the bit, without a Python call per group into pandas."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    starts = np.searchsorted(sorted_codes, np.arange(n_groups), side="left")
+    ends = np.searchsorted(sorted_codes, np.arange(n_groups), side="right")
+    out = np.full(n_groups, np.nan)
+    for group, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        part = values[order[a:b]]
+        if int((~np.isnan(part)).sum()) >= min_count:
+            out[group] = total(part)
+    return out
+
+
 def mean(values) -> float:
     """`Series.mean()`: `total` over the values that are not NaN (NaN for none)."""
     values = np.asarray(values, dtype=np.float64)
