@@ -5,6 +5,8 @@ nothing of their own (`fsdp_trace.present` formats them once for all of them).""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,27 +38,6 @@ def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).reindex(columns=columns)
 
 
-class _Joined:
-    """A table over every trace of a run, joined once while its traces' tables stay the same
-    objects (a thousand ranks' concat costs ~0.4 s, and the views and the report read each
-    table several times); each reader gets a copy of its own, as a fresh join gave."""
-
-    def __init__(self) -> None:
-        self.parts: list[pd.DataFrame] = []
-        self.joined: pd.DataFrame | None = None
-
-    def __reduce__(self):  # a pickled run carries no joined copy
-        return (_Joined, ())
-
-    def of(self, parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
-        same = len(parts) == len(self.parts) and all(
-            a is b for a, b in zip(parts, self.parts, strict=True)
-        )
-        if not same or self.joined is None:
-            self.parts, self.joined = parts, _concat(parts, columns)
-        return self.joined.copy()
-
-
 def median_step(steps: pd.DataFrame) -> int | None:
     """The row of the step whose length (`step_us`) is the median of a rank's steps (the lower
     middle one for an even count; equal lengths by step): its parts add up to its step
@@ -85,14 +66,39 @@ class RunAnalysis:
     hta: pd.DataFrame | None = None
     run_dir: str | None = None
     _median_steps: dict = field(default_factory=dict, repr=False, compare=False)
-    # The joined tables (`_Joined`), by name: made again whenever a trace's table is replaced.
+    # While `tables_held`: the joined tables by name, (the traces' tables, their join).
     _joined: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _holding: int = field(default=0, init=False, repr=False, compare=False)
 
     # --- tables over every trace of the run (timing, then detailed: tell them by `source`)
 
+    @contextmanager
+    def tables_held(self) -> Iterator[RunAnalysis]:
+        """Within it, `steps`, `blocks` and `collectives` are joined once (again only where a
+        trace's table was replaced by another), each read a copy of its own: for a front end
+        that reads them many times (a thousand ranks' join costs ~0.4 s; the report reads the
+        collectives seven times) and changes no trace's table in place. Outside, each read
+        joins afresh."""
+        self._holding += 1
+        try:
+            yield self
+        finally:
+            self._holding -= 1
+            if not self._holding:
+                self._joined.clear()
+
     def _table(self, name: str, columns: list[str]) -> pd.DataFrame:
         parts = [getattr(r, name) for r in self.ranks + self.detailed]
-        return self._joined.setdefault(name, _Joined()).of(parts, columns)
+        if not self._holding:
+            return _concat(parts, columns)
+        held = self._joined.get(name)
+        if (
+            held is None
+            or len(held[0]) != len(parts)
+            or any(a is not b for a, b in zip(held[0], parts, strict=True))
+        ):
+            held = self._joined[name] = (parts, _concat(parts, columns))  # one store: threads
+        return held[1].copy()
 
     @property
     def steps(self) -> pd.DataFrame:

@@ -298,22 +298,24 @@ def test_the_api_notices_are_the_views_notices():
         assert run.notices == entry["notices"] == run_view(run).notices
 
 
-def test_a_runs_tables_are_joined_once_and_each_reader_gets_its_own_copy():
+def test_a_runs_tables_are_joined_once_while_held_and_each_reader_gets_its_own_copy():
     run = fsdp_trace.analyze(SAMPLES / "gpt-small-2gpu").runs[0]
-    first = run.collectives
     expected = pd.concat([r.collectives for r in run.ranks + run.detailed], ignore_index=True)
-    pd.testing.assert_frame_equal(first, expected[first.columns], check_exact=True)
-    first["dur_us"] = -1.0  # a reader changing its copy changes no one else's
-    again = run.collectives
-    assert again is not first and (again["dur_us"] >= 0).all()
-    assert run._joined["collectives"].joined is not again  # joined once, copied per read
-    rank = run.ranks[0]  # a trace's table replaced: the join follows it
-    rank.collectives = rank.collectives.assign(dur_us=rank.collectives["dur_us"] * 2)
-    doubled = run.collectives
-    mine = doubled["rank"] == rank.rank
-    assert np.array_equal(
-        doubled.loc[mine & (doubled["source"] == rank.source), "dur_us"].to_numpy(),
-        rank.collectives["dur_us"].to_numpy(),
-    )
-    steps = run.steps
-    assert len(steps) == sum(len(r.steps) for r in run.ranks + run.detailed)
+    with run.tables_held():
+        first = run.collectives
+        pd.testing.assert_frame_equal(first, expected[first.columns], check_exact=True)
+        first["dur_us"] = -1.0  # a reader changing its copy changes no one else's
+        again = run.collectives
+        assert again is not first and (again["dur_us"] >= 0).all()
+        assert run._joined["collectives"][1] is not again  # joined once, copied per read
+        rank = run.ranks[0]  # a trace's table replaced: the join follows it
+        rank.collectives = rank.collectives.assign(dur_us=rank.collectives["dur_us"] * 2)
+        doubled = run.collectives
+        mine = (doubled["rank"] == rank.rank) & (doubled["source"] == rank.source)
+        assert np.array_equal(
+            doubled.loc[mine, "dur_us"].to_numpy(), rank.collectives["dur_us"].to_numpy()
+        )
+        assert len(run.steps) == sum(len(r.steps) for r in run.ranks + run.detailed)
+    assert run._joined == {}  # nothing held after
+    rank.collectives["dur_us"] = 0.0  # outside, a change in place shows at the next read
+    assert (run.collectives.loc[mine, "dur_us"] == 0.0).all()

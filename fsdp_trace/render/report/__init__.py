@@ -17,6 +17,7 @@ browser test waits for it). Numbers follow README "Definitions"; times are in ms
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
 from fsdp_trace import atomic
@@ -37,7 +38,11 @@ def render_html(analysis: Result | RunAnalysis) -> str:
     """The whole page as one string."""
     from fsdp_trace.render.report import page
 
-    return page.render(as_result(analysis))
+    result = as_result(analysis)
+    with ExitStack() as held:  # the panels read each run's tables many times
+        for run in result.runs:
+            held.enter_context(run.tables_held())
+        return page.render(result)
 
 
 def write_report(analysis: Result | RunAnalysis, path: Path) -> None:
