@@ -65,32 +65,15 @@ class CrossRank:
     groups: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def __post_init__(self) -> None:
-        self._transfer_by_rank: dict[int, pd.Series] = (
-            {
-                int(rank): pd.Series(group["transfer_us"].to_numpy(), index=group["correlation"])
-                for rank, group in self.participants.groupby("rank", sort=False)
-            }
-            if not self.participants.empty
-            else {}
-        )
+        self._matched_by_rank = _split_by_rank(self.participants)
+        self._transfer_by_rank: dict[int, pd.Series] = {
+            rank: pd.Series(m.transfer_us, index=m.correlation)
+            for rank, m in self._matched_by_rank.items()
+        }
 
     def matched_by_rank(self) -> dict[int, Matched]:
-        """Each rank's rows of `participants` (in their order), as the breakdown reads them:
-        split once for every rank (a boolean pick per rank is quadratic in the ranks)."""
-        p = self.participants
-        if p.empty:
-            return {}
-        ranks = p["rank"].to_numpy()
-        order = np.argsort(ranks, kind="stable")
-        ranks = ranks[order]
-        columns = [p[c].to_numpy()[order] for c in ("correlation", "transfer_us", "wait_us")]
-        cuts = np.flatnonzero(ranks[1:] != ranks[:-1]) + 1
-        starts = np.concatenate([[0], cuts])
-        ends = np.concatenate([cuts, [ranks.size]])
-        return {
-            int(ranks[a]): Matched(*(column[a:b] for column in columns))
-            for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
-        }
+        """Each rank's rows of `participants` (in their order), as the breakdown reads them."""
+        return self._matched_by_rank
 
     def transfer_us(self, rank: int | None, correlations: pd.Series) -> np.ndarray:
         """The cross-rank transfer time of a rank's collectives (NaN where unmatched)."""
@@ -119,6 +102,27 @@ class CrossRank:
     @property
     def empty(self) -> bool:
         return self.matched.empty
+
+
+def _split_by_rank(participants: pd.DataFrame) -> dict[int, Matched]:
+    """`participants` split by rank once, each rank's rows in their order (a boolean pick of
+    the whole table per rank is quadratic in the ranks)."""
+    if participants.empty:
+        return {}
+    ranks = participants["rank"].to_numpy()
+    order = np.flatnonzero(pd.notna(ranks))  # rows of no rank in no rank's (as groupby)
+    order = order[np.argsort(ranks[order], kind="stable")]
+    ranks = ranks[order]
+    columns = [participants[c].to_numpy()[order] for c in ("correlation", "transfer_us", "wait_us")]
+    if not ranks.size:
+        return {}
+    cuts = np.flatnonzero(ranks[1:] != ranks[:-1]) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [ranks.size]])
+    return {
+        int(ranks[a]): Matched(*(column[a:b] for column in columns))
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+    }
 
 
 def _members_text(raw: Any) -> str | None:

@@ -302,7 +302,7 @@ def _check_before_copy(fs: Any, path: str, url: str) -> None:
     """What can be told before the object is copied here, refused before it is: an archive
     member that expands past the ratio no trace has (a zip bomb: its sizes are in the
     archive's directory), and a first byte no trace starts with."""
-    from fsdp_trace.analysis.read.text import GZIP_MAX_RATIO, GZIP_RATIO_FLOOR
+    from fsdp_trace.analysis.read.text import GZIP_MAX_RATIO, gzip_text_limit
 
     try:
         info = fs.info(path)
@@ -312,7 +312,7 @@ def _check_before_copy(fs: Any, path: str, url: str) -> None:
         raise io_error(url, exc) from None
     size, packed = info.get("size"), info.get("compress_size")
     sized = isinstance(size, int) and isinstance(packed, int) and packed > 0
-    if sized and size > GZIP_RATIO_FLOOR and size > GZIP_MAX_RATIO * packed:
+    if sized and size > gzip_text_limit(packed):
         raise UserError(
             f"{url}: expands to over {GZIP_MAX_RATIO}x its compressed size in the archive "
             f"({size >> 20} MB from {packed >> 10} KB; Kineto traces expand 8-20x): a zip "

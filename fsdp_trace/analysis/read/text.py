@@ -40,6 +40,13 @@ GZIP_MAX_RATIO = 100
 DEFLATE_MAX_RATIO = 1032  # the most deflate can expand (258-byte matches in 2-bit codes)
 GZIP_RATIO_FLOOR = 64 << 20
 
+
+def gzip_text_limit(compressed: int) -> int:
+    """The most text taken from `compressed` bytes of gzip (or of an archive member): more
+    is refused as a bomb."""
+    return max(GZIP_RATIO_FLOOR, GZIP_MAX_RATIO * compressed)
+
+
 EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
@@ -64,7 +71,7 @@ def raw_size(path: Path) -> int:
     low = isize + max(0, -(-(floor - isize) // wrap)) * wrap
     candidates = [low + k * wrap for k in range(max(1, guess // wrap + 2))]
     nearest = min(candidates, key=lambda c: abs(math.log(c / guess)))
-    return min(nearest, max(GZIP_RATIO_FLOOR, GZIP_MAX_RATIO * size), DEFLATE_MAX_RATIO * size)
+    return min(nearest, gzip_text_limit(size), DEFLATE_MAX_RATIO * size)
 
 
 def check_path(path: Path) -> None:
@@ -113,7 +120,7 @@ def read_blocks(path: Path, on_progress: Callable[[int], None] | None) -> Iterat
             while not stop.is_set():
                 block = stream.read(BLOCK)
                 text += len(block)
-                if is_gzip and text > GZIP_RATIO_FLOOR and text > GZIP_MAX_RATIO * raw.tell():
+                if is_gzip and text > gzip_text_limit(raw.tell()):
                     blocks.put(
                         UserError(
                             f"{path}: expands to over {GZIP_MAX_RATIO}x its compressed size "

@@ -214,26 +214,27 @@ def comm_per_block(run: RunAnalysis) -> pd.DataFrame:
     coll = b["collective"].astype(str)
     forward = np.where(b["phase"] == "forward", "AllGather forward", "AllGather backward")
     b = b.assign(category=np.where(coll == "AllGather", forward, coll))
-    groups = b.groupby(["rank", "block", "category"], dropna=False, sort=False)
-    totals = ("exposed_us_per_step", "bytes_per_step")
+    keys = ["rank", "block", "category"]
+    groups = b.groupby(keys, dropna=False, sort=False)
+    totals = {"exposed_us": "exposed_us_per_step", "bytes": "bytes_per_step"}
     # Exposed time and bytes: each group's `sum(min_count=1)` (NaN when every value is), as
-    # arrays where the rows are the groups seen and the values float64 (a pandas call per
-    # group was ~2 s of a thousand ranks' report), else as pandas adds them.
-    exact = all(b[c].dtype == np.float64 for c in totals)
+    # arrays (a pandas call per group was ~2 s of a thousand ranks' report) where the values
+    # are float64 and every row a group seen (a categorical key makes rows of unseen
+    # combinations too, under pandas 2); else pandas' own.
+    arrays = all(b[c].dtype == np.float64 for c in totals.values()) and not any(
+        isinstance(b[k].dtype, pd.CategoricalDtype) for k in keys
+    )
     total = lambda s: s.sum(min_count=1)  # noqa: E731
     per_rank = groups.agg(
         time_us=("time_us_per_step", "sum"),
-        **({} if exact else {"exposed_us": (totals[0], total), "bytes": (totals[1], total)}),
+        **({} if arrays else {name: (c, total) for name, c in totals.items()}),
         busbw_gbps=("busbw_gbps", "mean"),
         count=("count_per_step", "sum"),
     )
-    if exact and len(per_rank) == groups.ngroups:
+    if arrays:
         codes = groups.ngroup().to_numpy()
-        for name, column in zip(("exposed_us", "bytes"), totals, strict=True):
-            per_rank[name] = iv.group_totals(codes, b[column].to_numpy(), len(per_rank), 1)
-    elif exact:  # categorical keys' unseen combinations are rows too (pandas 2)
-        for name, column in zip(("exposed_us", "bytes"), totals, strict=True):
-            per_rank[name] = groups[column].agg(total)
+        for name, column in totals.items():
+            per_rank[name] = iv.group_totals(codes, b[column].to_numpy(), groups.ngroups, 1)
     per_rank = per_rank[["time_us", "exposed_us", "bytes", "busbw_gbps", "count"]].reset_index()
     out = (
         per_rank.groupby(["block", "category"], sort=False)
