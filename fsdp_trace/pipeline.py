@@ -31,6 +31,7 @@ from fsdp_trace.analysis.rank.breakdown import (
 from fsdp_trace.analysis.read import grouping
 from fsdp_trace.analysis.read.inputs import Inputs, RunInput, resolve
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.collector import full_passes_deferred
 from fsdp_trace.diagnose import diagnose
 from fsdp_trace.diagnose.finding import Diagnosis
 from fsdp_trace.errors import UserError
@@ -39,6 +40,7 @@ from fsdp_trace.result import Result, RunAnalysis
 from fsdp_trace.vocab import Source
 
 
+@full_passes_deferred()  # the results of many ranks, held: fsdp_trace.collector
 def analyze(
     paths: str | Path | Sequence[str | Path],
     *,

@@ -35,6 +35,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "fsdp_trace.fmt",
             "fsdp_trace.runrecord",
             "fsdp_trace.atomic",
+            "fsdp_trace.collector",
             "fsdp_trace.analysis.intervals",
             "fsdp_trace.analysis.classify",
         ),

@@ -24,6 +24,7 @@ from fsdp_trace.cli.common import (
     run_inputs,
     verb,
 )
+from fsdp_trace.collector import full_passes_deferred
 from fsdp_trace.errors import UserError
 from fsdp_trace.fmt import plural
 from fsdp_trace.printable import printable
@@ -118,7 +119,8 @@ def analyze(
     Every AllGather / ReduceScatter is attributed to its FSDP2 block and phase, each rank's
     step is cut into where its time goes, and the cause to act on first is named.
     """
-    with user_errors("analyze"), no_cache_if(no_cache):
+    # A run of many ranks' results held until the last output: fsdp_trace.collector.
+    with user_errors("analyze"), no_cache_if(no_cache), full_passes_deferred():
         used = analyze_modules()
         keeping_cpu_slices, run_analysis = used.keeping_cpu_slices, used.run_analysis
         gate, export, terminal = used.gate, used.export, used.terminal

@@ -21,6 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from fsdp_trace import atomic
+from fsdp_trace.collector import full_passes_deferred
 from fsdp_trace.render.report.style import COLORS, RENDERED_ATTRIBUTE
 from fsdp_trace.result import Result, RunAnalysis
 
@@ -34,6 +35,7 @@ def as_result(analysis: Result | RunAnalysis) -> Result:
     return analysis
 
 
+@full_passes_deferred()  # a run of many ranks read many times: fsdp_trace.collector
 def render_html(analysis: Result | RunAnalysis) -> str:
     """The whole page as one string."""
     from fsdp_trace.render.report import page
