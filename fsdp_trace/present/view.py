@@ -5,6 +5,7 @@ findings and the notices. Text is formatted here; the renderers only lay it out.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace import fmt
+from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank.breakdown import PARTS
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.diagnose.causes import cost_text
@@ -195,10 +197,19 @@ def focus_ranks(
 
 def rank_label(r: RankAnalysis, ranks: list[RankAnalysis]) -> str:
     """ "rank 3", or the file name too where rank numbers do not tell traces apart."""
-    numbers = [x.rank for x in ranks]
-    if r.rank is not None and numbers.count(r.rank) == 1:
-        return f"rank {r.rank}"
-    return f"rank {'?' if r.rank is None else r.rank} ({Path(r.path).name})"
+    return rank_labels([r], ranks)[0]
+
+
+def rank_labels(these: list[RankAnalysis], ranks: list[RankAnalysis]) -> list[str]:
+    """`rank_label` of each of `these`, the rank numbers of `ranks` counted once (every
+    rank's label on its own counts them all: a million counts at a thousand ranks)."""
+    counts = Counter(x.rank for x in ranks)
+    return [
+        f"rank {r.rank}"
+        if r.rank is not None and counts[r.rank] == 1
+        else f"rank {'?' if r.rank is None else r.rank} ({Path(r.path).name})"
+        for r in these
+    ]
 
 
 # --- the run's parts --------------------------------------------------------------------------
@@ -209,14 +220,12 @@ def per_rank(run: RunAnalysis) -> pd.DataFrame:
     and rule reads: `RunAnalysis.rank_breakdown`), in % of that step; and overlap, the
     median over its steps (not a part of the step)."""
     rows = []
-    for r in run.ranks:
-        row: dict[str, Any] = {"label": rank_label(r, run.ranks), "rank": r.rank}
+    for r, label in zip(run.ranks, rank_labels(run.ranks, run.ranks), strict=True):
+        row: dict[str, Any] = {"label": label, "rank": r.rank}
         b = run.rank_breakdown(r)
-        overlap = pd.to_numeric(r.steps["overlap_pct"], errors="coerce").dropna()
-        row["overlap_pct"] = float(overlap.median()) if len(overlap) else np.nan
+        row["overlap_pct"] = iv.median(_numbers(r.steps, "overlap_pct"))
         if b is None:  # CPU traces: the step only
-            step = pd.to_numeric(r.steps["step_us"], errors="coerce").dropna()
-            row["step_us"] = float(step.median()) if len(step) else np.nan
+            row["step_us"] = iv.median(_numbers(r.steps, "step_us"))
             for part in ("exposed", *PARTS):
                 row[part.replace("_us", "") + "_pct"] = np.nan
             rows.append(row)
@@ -232,6 +241,16 @@ def per_rank(run: RunAnalysis) -> pd.DataFrame:
         row["exposed_pct"] = 100.0 * exposed / step
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """A column's values as `pd.to_numeric(errors="coerce")` reads them, as float64 (NaN:
+    missing or not a number); a float or integer column as it is (a thousand ranks' steps
+    are read through here)."""
+    values = frame[column]
+    if values.dtype.kind in "fi":
+        return values.to_numpy(dtype=np.float64)
+    return pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
 def _worst(frame: pd.DataFrame, column: str) -> tuple[float, str]:
@@ -355,9 +374,10 @@ def _beside_unprofiled(run: RunAnalysis, profiled_us: float) -> str:
 def breakdown_table(run: RunAnalysis) -> tuple[Table, list[BreakdownBar]]:
     """Per rank: its median step cut into parts (ms and % of the step)."""
     rows, bars = [], []
-    for r in run.ranks + run.detailed:
+    every = run.ranks + run.detailed
+    for r, label in zip(every, rank_labels(every, run.ranks), strict=True):
         b = run.rank_breakdown(r)
-        label = rank_label(r, run.ranks) + (" (detailed)" if r.source == Source.DETAILED else "")
+        label += " (detailed)" if r.source == Source.DETAILED else ""
         if b is None:
             continue
         step = b["step_us"]
@@ -393,14 +413,14 @@ def breakdown_table(run: RunAnalysis) -> tuple[Table, list[BreakdownBar]]:
 def rank_table(run: RunAnalysis) -> Table:
     """Per rank: median and min–max over the profiled steps of the headline figures."""
     with_recompute = any(
-        (pd.to_numeric(r.steps["recompute_us"], errors="coerce").fillna(0) > 0).any()
+        bool((np.nan_to_num(_numbers(r.steps, "recompute_us"), nan=0.0) > 0).any())
         for r in run.ranks
         if len(r.steps)
     )
     headers = ["rank", "steps", "step ms", "exposed comm %", "overlap %", "comm ms", "compute ms"]
     headers += ["recompute %", "idle %"] if with_recompute else ["idle %"]
     rows = []
-    for r in run.ranks:
+    for r, label in zip(run.ranks, rank_labels(run.ranks, run.ranks), strict=True):
         s = r.steps
 
         def cell(column: str, scale: float = 1.0, spec: str = ".1f", s=s) -> str:
@@ -408,7 +428,7 @@ def rank_table(run: RunAnalysis) -> Table:
             return f"{median} ({span})" if span else median
 
         cells = [
-            rank_label(r, run.ranks),
+            label,
             str(len(s)),
             cell("step_us", 1e3, ".2f"),
             cell("exposed_pct"),
@@ -573,18 +593,19 @@ def transfer_table(run: RunAnalysis) -> Table | None:
     if cross is None or cross.empty:
         return None
     matched = cross.matched
-    coll = pd.concat([r.collectives for r in run.ranks if len(r.collectives)] or [pd.DataFrame()])
+    # Of the ranks' collectives, only two columns are read: joined as arrays, not as frames.
+    frames = [r.collectives for r in run.ranks if len(r.collectives)]
+    none = [np.empty(0, dtype=object)]
+    kinds = np.concatenate([f["collective"].to_numpy(dtype=object) for f in frames] or none)
+    kernel_busbw = pd.to_numeric(
+        pd.Series(np.concatenate([f["busbw_gbps"].to_numpy() for f in frames] or none)),
+        errors="coerce",
+    )
     rows = []
     for kind in sorted(matched["collective"].dropna().astype(str).unique()):
         mine = matched[matched["collective"].astype(str) == kind]
         bw = pd.to_numeric(mine["transfer_busbw_gbps"], errors="coerce").dropna()
-        kernel = (
-            pd.to_numeric(
-                coll.loc[coll["collective"] == kind, "busbw_gbps"], errors="coerce"
-            ).dropna()
-            if len(coll)
-            else pd.Series(dtype=float)
-        )
+        kernel = kernel_busbw[kinds == kind].dropna()
         rows.append(
             [
                 kind,

@@ -14,7 +14,7 @@ import pandas as pd
 
 from fsdp_trace import fmt
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.present.view import PART_LABELS, STACK_ORDER, RunView, rank_label
+from fsdp_trace.present.view import PART_LABELS, STACK_ORDER, RunView, rank_label, rank_labels
 from fsdp_trace.render.report import timeline as tl
 from fsdp_trace.render.report.style import BLOCK_CATEGORIES, COLORS, PART_COLORS
 from fsdp_trace.result import RunAnalysis
@@ -32,7 +32,7 @@ def timing(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _labels(run: RunAnalysis) -> dict[Any, str]:
-    return {r.rank: rank_label(r, run.ranks) for r in run.ranks}
+    return dict(zip((r.rank for r in run.ranks), rank_labels(run.ranks, run.ranks), strict=True))
 
 
 # --- where each rank's step goes ---------------------------------------------------------------
