@@ -8,7 +8,8 @@ at a thousand ranks, four or five passes of ~0.5 s each during the run level alo
 of its ~9 s), more while the report renders. The results hold no reference cycles (what they
 hold is freed by reference counting when they go), so deferring the full passes leaves
 nothing uncollected that a pass would have freed; the young generations are still
-collected as usual."""
+collected as usual. The thresholds are the process's: while a run is analyzed through the
+API, other threads' full passes wait too."""
 
 from __future__ import annotations
 

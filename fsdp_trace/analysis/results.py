@@ -418,6 +418,9 @@ def _compact(
         if name in categorical and found.all():
             out[name] = pd.Categorical(raw)  # its categories sorted
             continue
+        if len(set(map(id, raw[found]))) == len(uniques):
+            continue  # one object per distinct string already: nothing to share
+
         shared = raw.copy()  # missing values (None, NaN) stay the objects they are
         shared[found] = np.asarray(uniques, dtype=object)[codes[found]]
         out[name] = (
