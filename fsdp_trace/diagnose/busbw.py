@@ -210,14 +210,17 @@ def measure(run) -> pd.DataFrame:
 
 def group_sizes(run) -> dict[str, int]:
     """Process group name → its size, from the ranks' collectives."""
-    frames = [
-        r.collectives[["pg_name", "group_size"]]
-        for r in run.ranks
-        if len(r.collectives) and "pg_name" in r.collectives
-    ]
+    frames = [r.collectives for r in run.ranks if len(r.collectives) and "pg_name" in r.collectives]
     if not frames:
         return {}
-    both = pd.concat(frames).dropna()
+    # The two columns joined as arrays: a pick and a concat of a thousand ranks' frames cost
+    # ~0.2 ms a rank.
+    both = pd.DataFrame(
+        {
+            "pg_name": np.concatenate([f["pg_name"].to_numpy(dtype=object) for f in frames]),
+            "group_size": np.concatenate([f["group_size"].to_numpy() for f in frames]),
+        }
+    ).dropna()
     return {str(k): int(v) for k, v in both.groupby("pg_name")["group_size"].max().items()}
 
 

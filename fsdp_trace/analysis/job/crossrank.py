@@ -318,10 +318,7 @@ def _clock_offsets(rows: pd.DataFrame, ranks: list[int]) -> tuple[dict[int, floa
 def _wait_per_step(rows: pd.DataFrame, usable: list[RankAnalysis]) -> pd.DataFrame:
     """Per rank: median over steps of the time spent waiting inside NCCL kernels (the union of
     each kernel's waiting start, clipped to the step window) and of its share of that step."""
-    windows = pd.concat(
-        [r.steps[["step", "start_us", "end_us", "step_us"]].assign(rank=r.rank) for r in usable],
-        ignore_index=True,
-    ).rename(columns={"start_us": "w_start", "end_us": "w_end"})
+    windows = _windows(usable).rename(columns={"start_us": "w_start", "end_us": "w_end"})
     w = rows[["rank", "step", "start_us", "wait_us"]].merge(windows, on=["rank", "step"])
     start = np.clip(w["start_us"], w["w_start"], w["w_end"])
     end = np.clip(w["start_us"] + w["wait_us"], w["w_start"], w["w_end"])
@@ -331,6 +328,30 @@ def _wait_per_step(rows: pd.DataFrame, usable: list[RankAnalysis]) -> pd.DataFra
     steps["wait_us"] = steps["key"].map(waited).fillna(0.0)
     steps["wait_pct"] = 100.0 * steps["wait_us"] / steps["step_us"]
     return steps.groupby("rank")[["wait_us", "wait_pct"]].median()
+
+
+WINDOW_COLUMNS = ["step", "start_us", "end_us", "step_us"]
+
+
+def _windows(usable: list[RankAnalysis]) -> pd.DataFrame:
+    """Every rank's step windows and its rank, one table: `pd.concat` of each rank's
+    `steps[WINDOW_COLUMNS]` with its `rank` (ignore_index), joined column by column where
+    every rank has a number and its columns are numbers (a frame picked, assigned and
+    concatenated per rank cost ~0.4 ms a rank)."""
+    steps = [r.steps for r in usable]
+    numeric = all(
+        r.rank is not None and all(s[c].dtype.kind in "iuf" for c in WINDOW_COLUMNS)
+        for r, s in zip(usable, steps, strict=True)
+    )
+    if not numeric or not steps:
+        return pd.concat(
+            [s[WINDOW_COLUMNS].assign(rank=r.rank) for r, s in zip(usable, steps, strict=True)],
+            ignore_index=True,
+        )
+    columns = {c: np.concatenate([s[c].to_numpy() for s in steps]) for c in WINDOW_COLUMNS}
+    lengths = [len(s) for s in steps]
+    columns["rank"] = np.repeat(np.array([r.rank for r in usable], dtype=np.int64), lengths)
+    return pd.DataFrame(columns)
 
 
 def _steps_covered(usable: list[RankAnalysis]) -> str:

@@ -17,12 +17,21 @@ from fsdp_trace.fmt import agree, plural
 from fsdp_trace.vocab import ROOT, Basis, Collective, Phase
 
 PAIR = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
+_PAIR_SET = frozenset(PAIR)  # found by plain strings too (a Word hashes as its text)
 
 
 def _exposed_per_step(ctx: Context, r, mask) -> float:
     c = ctx.collectives(r)
     rows = np.asarray(mask(c), dtype=bool)
     return total(c["exposed_net_us"].to_numpy()[rows]) / max(len(r.steps), 1)
+
+
+def _pairs_in_excess(blocks: pd.DataFrame) -> np.ndarray:
+    """The block table's all-gather and reduce-scatter rows in excess of the configuration:
+    `blocks["collective"].isin(PAIR) & (blocks["excess"] > 1e-9)`, read as arrays."""
+    kinds = blocks["collective"].to_numpy(dtype=object)
+    pair = np.fromiter(map(_PAIR_SET.__contains__, kinds), dtype=bool, count=kinds.size)
+    return pair & (blocks["excess"].to_numpy(dtype=np.float64) > 1e-9)
 
 
 @rule(
@@ -39,10 +48,10 @@ def redundant_collectives(ctx: Context) -> Finding | None:
     worst = None
     for r in ctx.gpu_ranks:
         b = r.blocks
-        extra = b[b["collective"].isin(PAIR) & (b["excess"] > 1e-9)]
-        extra = extra.drop_duplicates(["block", "collective"])
-        if extra.empty:
+        in_excess = _pairs_in_excess(b)
+        if not in_excess.any():  # most ranks: no frame picked, nothing deduplicated
             continue
+        extra = b[in_excess].drop_duplicates(["block", "collective"])
         cost = 0.0
         for row in extra.itertuples():
             share = row.excess / row.unit_count_per_step
