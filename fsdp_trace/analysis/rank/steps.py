@@ -41,40 +41,40 @@ def cpu_steps(
     is_annotation = (kinds == classify.ANNOTATION) | (kinds == classify.CPU_OP)
     numbers = classify.per_category(events["name"].array, _step_number, np.int64)
     mask = is_annotation & ((numbers >= 0) | (numbers == BEYOND_INT64))
-    steps = pd.DataFrame(
-        {
-            "step": numbers[mask],
-            "cpu_start": events["ts"].to_numpy()[mask],
-            "cpu_end": events["end"].to_numpy()[mask],
-        }
-    )
-    steps = steps.sort_values("cpu_start", kind="stable").reset_index(drop=True)
+    # Arrays throughout (a frame sorted, picked and shifted cost ~1.5 ms a rank).
+    order = np.argsort(events["ts"].to_numpy()[mask], kind="stable")
+    step = numbers[mask][order]
+    start = events["ts"].to_numpy()[mask][order]
+    end = events["end"].to_numpy()[mask][order]
     said = notices if notices is not None else []
-    huge = steps["step"] == BEYOND_INT64
+    huge = step == BEYOND_INT64
     if huge.any():
         said.append(
             f"ProfilerStep annotations numbering their step past int64 ({int(huge.sum())}): "
             "left out (their GPU work with them)"
         )
-    repeated = steps["step"].duplicated() & ~huge
+    repeated = np.ones(step.size, dtype=bool)  # `duplicated()`: every one after the first
+    repeated[np.unique(step, return_index=True)[1]] = False
+    repeated &= ~huge
     if repeated.any():
-        shown = ", ".join(f"#{n}" for n in sorted(set(steps.loc[repeated, "step"]))[:5])
+        shown = ", ".join(f"#{n}" for n in sorted(set(step[repeated].tolist()))[:5])
         said.append(
             f"ProfilerStep numbers repeat ({shown}): only the first window of each number is "
             f"read, the later ones ({int(repeated.sum())}) left out (their GPU work with them)"
         )
-    steps = steps[~(huge | repeated)].reset_index(drop=True)
-    nxt = steps["cpu_start"].shift(-1)
-    overlap = (steps["cpu_end"] > nxt).to_numpy()
+    kept = ~(huge | repeated)
+    step, start, end = step[kept], start[kept], end[kept]
+    nxt = np.append(start[1:], np.nan)  # `shift(-1)`
+    overlap = end > nxt
     if overlap.any():
         first = int(np.flatnonzero(overlap)[0])
         said.append(
-            f"ProfilerStep windows overlap the next one ({int(overlap.sum())} of {len(steps)}: "
-            f"#{steps['step'].iloc[first + 1]} starts before #{steps['step'].iloc[first]} "
-            "ends): each is cut to end where the next starts"
+            f"ProfilerStep windows overlap the next one ({int(overlap.sum())} of {step.size}: "
+            f"#{step[first + 1]} starts before #{step[first]} ends): each is cut to end where "
+            "the next starts"
         )
-        steps.loc[overlap, "cpu_end"] = nxt[overlap]
-    return steps
+        end = np.where(overlap, nxt, end)
+    return pd.DataFrame({"step": step, "cpu_start": start, "cpu_end": end})
 
 
 def step_of_time(
