@@ -505,6 +505,9 @@ def _collectives(
     )
     if fsdp1_units is not None:
         phase = np.where(pd.isna(fsdp1_units[1]), phase, fsdp1_units[1])
+    # The frame of COLLECTIVE_COLUMNS at once, the cross-rank columns NaN until the match (a
+    # reindex and reset_index after cost ~0.4 ms a rank).
+    no_match = np.full(n, np.nan)
     frame = pd.DataFrame(
         {
             "rank": trace.rank,
@@ -533,10 +536,15 @@ def _collectives(
             "stream": comm["stream"].to_numpy(),
             "correlation": comm["correlation"].to_numpy(),
             "kernel": comm["name"].astype(str).to_numpy(),
-        }
+            "transfer_us": no_match,
+            "wait_us": no_match.copy(),
+            "exposed_transfer_us": no_match.copy(),
+        },
+        columns=COLLECTIVE_COLUMNS,
     )
+    # Filled by pandas: a column of no block at all stays of object dtype, as it always was.
     frame["block"] = frame["block"].fillna(UNATTRIBUTED)
-    return frame.reindex(columns=COLLECTIVE_COLUMNS).reset_index(drop=True)
+    return frame
 
 
 def _group_sizes(
