@@ -249,6 +249,23 @@ def test_a_failing_output_leaves_none_behind(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]
 
 
+def test_a_stopped_pool_leaves_no_manager_thread_for_the_exit_hook():
+    """After an error the pool is stopped; its manager thread must have closed its wake-up
+    pipe before the interpreter's exit hook writes to it (else, now and then, a traceback
+    after the error's one line: the next test's failure once in CI)."""
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fsdp_trace.analysis.job import perrank
+
+    pool = ProcessPoolExecutor(max_workers=2)
+    for _ in range(4):
+        pool.submit(time.sleep, 30)
+    manager = pool._executor_manager_thread
+    perrank.stop_pool(pool)
+    assert manager is not None and not manager.is_alive()
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_corrupt_trace_among_several_is_one_line_with_any_jobs(tmp_path, jobs):
     """With worker processes too (--jobs 2 ends the pool): one line naming the trace, exit 2,

@@ -223,9 +223,9 @@ def per_rank(run: RunAnalysis) -> pd.DataFrame:
     for r, label in zip(run.ranks, rank_labels(run.ranks, run.ranks), strict=True):
         row: dict[str, Any] = {"label": label, "rank": r.rank}
         b = run.rank_breakdown(r)
-        row["overlap_pct"] = iv.median(_numbers(r.steps, "overlap_pct"))
+        row["overlap_pct"] = _median(r.steps, "overlap_pct")
         if b is None:  # CPU traces: the step only
-            row["step_us"] = iv.median(_numbers(r.steps, "step_us"))
+            row["step_us"] = _median(r.steps, "step_us")
             for part in ("exposed", *PARTS):
                 row[part.replace("_us", "") + "_pct"] = np.nan
             rows.append(row)
@@ -244,13 +244,24 @@ def per_rank(run: RunAnalysis) -> pd.DataFrame:
 
 
 def _numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
-    """A column's values as `pd.to_numeric(errors="coerce")` reads them, as float64 (NaN:
-    missing or not a number); a float or integer column as it is (a thousand ranks' steps
-    are read through here)."""
+    """A column's values as `pd.to_numeric(errors="coerce")` reads them, widened to float64
+    (NaN: missing or not a number); a float or integer column read as it is (a thousand ranks'
+    steps are read through here)."""
     values = frame[column]
     if values.dtype.kind in "fi":
         return values.to_numpy(dtype=np.float64)
     return pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _median(frame: pd.DataFrame, column: str) -> float:
+    """`pd.to_numeric(frame[column], errors="coerce").median()` (NaN for none): on the array
+    where the column is float64 or integer (pandas takes an integer column's median in
+    float64 too), else pandas' own (a float32 column's median is taken in float32)."""
+    values = frame[column]
+    if values.dtype == np.float64 or values.dtype.kind in "iu":
+        return iv.median(values.to_numpy(dtype=np.float64))
+    numbers = pd.to_numeric(values, errors="coerce").dropna()
+    return float(numbers.median()) if len(numbers) else np.nan
 
 
 def _worst(frame: pd.DataFrame, column: str) -> tuple[float, str]:
@@ -593,19 +604,24 @@ def transfer_table(run: RunAnalysis) -> Table | None:
     if cross is None or cross.empty:
         return None
     matched = cross.matched
-    # Of the ranks' collectives, only two columns are read: joined as arrays, not as frames.
+    # Of the ranks' collectives, only two columns are read: joined as arrays, not as frames
+    # (a frame without one of them reads as all missing there, as `pd.concat` aligns it).
     frames = [r.collectives for r in run.ranks if len(r.collectives)]
-    none = [np.empty(0, dtype=object)]
-    kinds = np.concatenate([f["collective"].to_numpy(dtype=object) for f in frames] or none)
-    kernel_busbw = pd.to_numeric(
-        pd.Series(np.concatenate([f["busbw_gbps"].to_numpy() for f in frames] or none)),
-        errors="coerce",
-    )
+
+    def joined(column: str) -> pd.Series:
+        parts = [
+            f[column].to_numpy(dtype=object) if column in f else np.full(len(f), np.nan, object)
+            for f in frames
+        ]
+        return pd.Series(np.concatenate(parts or [np.empty(0, dtype=object)]), dtype=object)
+
+    kinds = joined("collective")
+    kernel_busbw = pd.to_numeric(joined("busbw_gbps"), errors="coerce")
     rows = []
     for kind in sorted(matched["collective"].dropna().astype(str).unique()):
         mine = matched[matched["collective"].astype(str) == kind]
         bw = pd.to_numeric(mine["transfer_busbw_gbps"], errors="coerce").dropna()
-        kernel = kernel_busbw[kinds == kind].dropna()
+        kernel = kernel_busbw[(kinds == kind).to_numpy(dtype=bool)].dropna()
         rows.append(
             [
                 kind,

@@ -289,13 +289,23 @@ def _start_worker() -> None:
     cache_mod.defer_for_this_process()
 
 
+STOP_WAIT_SECONDS = 5.0  # for the pool's manager thread to wind down after its workers end
+
+
 def stop_pool(pool) -> None:
-    """Cancel what has not started and end the workers now (not after their current trace)."""
-    # Taken before shutdown, which sets the pool's `_processes` to None.
+    """Cancel what has not started and end the workers now (not after their current trace),
+    then wait (a bounded time) for the pool's manager thread to close its wake-up pipe: left
+    closing it while the interpreter exits, it races the exit hook that writes to that pipe
+    (CPython 3.11: "OSError: [Errno 9] Bad file descriptor", a traceback after the error's
+    one line)."""
+    # Taken before shutdown, which sets the pool's `_processes` and manager thread to None.
     processes = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.terminate()
+    if manager is not None:
+        manager.join(STOP_WAIT_SECONDS)
 
 
 def _compute_in_worker(lookup: _Lookup, keep: bool) -> RankAnalysis:
