@@ -249,21 +249,41 @@ def test_a_failing_output_leaves_none_behind(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]
 
 
+_started = None  # a semaphore the workers below release, inherited by their fork
+
+
+def _tell_then_sleep() -> None:
+    import time
+
+    _started.release()
+    time.sleep(30)
+
+
 def test_a_stopped_pool_leaves_no_manager_thread_for_the_exit_hook():
     """After an error the pool is stopped; its manager thread must have closed its wake-up
     pipe before the interpreter's exit hook writes to it (else, now and then, a traceback
-    after the error's one line: the next test's failure once in CI)."""
-    import time
+    after the error's one line: the next test's failure once in CI). The workers, forked
+    while the command's own SIGTERM handler is in place, end at once all the same."""
+    import multiprocessing
+    import signal
     from concurrent.futures import ProcessPoolExecutor
 
     from fsdp_trace.analysis.job import perrank
 
-    pool = ProcessPoolExecutor(max_workers=2)
-    for _ in range(4):
-        pool.submit(time.sleep, 30)
-    manager = pool._executor_manager_thread
-    perrank.stop_pool(pool)
-    assert manager is not None and not manager.is_alive()
+    global _started
+    fork = multiprocessing.get_context("fork")
+    _started = fork.Semaphore(0)
+    before = signal.signal(signal.SIGTERM, lambda *_: None)  # a handler that does not end
+    try:
+        pool = ProcessPoolExecutor(2, mp_context=fork, initializer=perrank._start_worker)
+        for _ in range(2):
+            pool.submit(_tell_then_sleep)
+        assert all(_started.acquire(timeout=60) for _ in range(2))  # both inside their call
+        manager = pool._executor_manager_thread
+        perrank.stop_pool(pool)
+        assert manager is not None and not manager.is_alive()
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])

@@ -281,11 +281,14 @@ class SharedGroups:
 
 
 def _start_worker() -> None:
-    """A pool worker's start: Ctrl-C is the main process's; its cache writes deferred (the
-    main process scans once when the run ends)."""
+    """A pool worker's start: Ctrl-C is the main process's; SIGTERM (`stop_pool`) ends it at
+    once, even inside a long C call (the command's own handler, inherited by the fork, would
+    wait for the next Python line); its cache writes deferred (the main process scans once
+    when the run ends)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     cache_mod.defer_for_this_process()
 
 
