@@ -241,3 +241,28 @@ def test_union_length_by_code_equals_pandas_groupby_sum():
         assert np.array_equal(present, frame.index.to_numpy())
         assert np.array_equal(lengths, frame.to_numpy())
         assert np.array_equal(codes[heads], present)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pd.Series([3.0, np.nan, 1.0, 2.5]),
+        pd.Series([5, 1, 4, 2], dtype=np.int64),
+        pd.Series([2**53 + 1, 3], dtype=np.int64),
+        pd.Series(["1.5", None, "x", 4.0], dtype=object),
+        pd.Series([16777216, 16777218], dtype=np.float32),  # pandas' median in float32
+        pd.Series([], dtype=np.float64),
+        pd.Series([np.nan, np.nan]),
+        pd.Series([1.0, np.inf, -np.inf]),
+    ],
+)
+def test_column_numbers_and_median_read_as_to_numeric(values):
+    frame = pd.DataFrame({"c": values})
+    numeric = pd.to_numeric(frame["c"], errors="coerce")
+    expected = numeric.dropna()
+    want = float(expected.median()) if len(expected) else float("nan")
+    got = iv.column_median(frame, "c")
+    assert (np.isnan(want) and np.isnan(got)) or got == want
+    np.testing.assert_array_equal(
+        iv.column_numbers(frame, "c"), numeric.to_numpy(dtype=np.float64, na_value=np.nan)
+    )

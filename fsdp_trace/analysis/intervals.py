@@ -353,6 +353,27 @@ def median(values) -> float:
     return float(np.median(values)) if values.size else float("nan")
 
 
+def column_numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """A column's values as `pd.to_numeric(errors="coerce")` reads them, widened to float64
+    (NaN: missing or not a number); a float or integer column read as it is (a thousand
+    ranks' tables are read through here)."""
+    values = frame[column]
+    if values.dtype.kind in "fi":
+        return values.to_numpy(dtype=np.float64)
+    return pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def column_median(frame: pd.DataFrame, column: str) -> float:
+    """`pd.to_numeric(frame[column], errors="coerce").median()` (NaN for none): `median` of
+    the array where the column is float64 or integer (pandas takes an integer column's
+    median in float64 too), else pandas' own (a float32 column's median is float32's)."""
+    values = frame[column]
+    if values.dtype == np.float64 or values.dtype.kind in "iu":
+        return median(values.to_numpy(dtype=np.float64))
+    numbers = pd.to_numeric(values, errors="coerce").dropna()
+    return float(numbers.median()) if len(numbers) else float("nan")
+
+
 def total(values) -> float:
     """`Series.sum()`: NaN counted as 0 where it stands (numpy's pairwise sum over the same
     positions, so the same bits), 0 for none."""

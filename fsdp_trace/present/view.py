@@ -223,9 +223,9 @@ def per_rank(run: RunAnalysis) -> pd.DataFrame:
     for r, label in zip(run.ranks, rank_labels(run.ranks, run.ranks), strict=True):
         row: dict[str, Any] = {"label": label, "rank": r.rank}
         b = run.rank_breakdown(r)
-        row["overlap_pct"] = _median(r.steps, "overlap_pct")
+        row["overlap_pct"] = iv.column_median(r.steps, "overlap_pct")
         if b is None:  # CPU traces: the step only
-            row["step_us"] = _median(r.steps, "step_us")
+            row["step_us"] = iv.column_median(r.steps, "step_us")
             for part in ("exposed", *PARTS):
                 row[part.replace("_us", "") + "_pct"] = np.nan
             rows.append(row)
@@ -241,27 +241,6 @@ def per_rank(run: RunAnalysis) -> pd.DataFrame:
         row["exposed_pct"] = 100.0 * exposed / step
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
-    """A column's values as `pd.to_numeric(errors="coerce")` reads them, widened to float64
-    (NaN: missing or not a number); a float or integer column read as it is (a thousand ranks'
-    steps are read through here)."""
-    values = frame[column]
-    if values.dtype.kind in "fi":
-        return values.to_numpy(dtype=np.float64)
-    return pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-
-
-def _median(frame: pd.DataFrame, column: str) -> float:
-    """`pd.to_numeric(frame[column], errors="coerce").median()` (NaN for none): on the array
-    where the column is float64 or integer (pandas takes an integer column's median in
-    float64 too), else pandas' own (a float32 column's median is taken in float32)."""
-    values = frame[column]
-    if values.dtype == np.float64 or values.dtype.kind in "iu":
-        return iv.median(values.to_numpy(dtype=np.float64))
-    numbers = pd.to_numeric(values, errors="coerce").dropna()
-    return float(numbers.median()) if len(numbers) else np.nan
 
 
 def _worst(frame: pd.DataFrame, column: str) -> tuple[float, str]:
@@ -424,7 +403,7 @@ def breakdown_table(run: RunAnalysis) -> tuple[Table, list[BreakdownBar]]:
 def rank_table(run: RunAnalysis) -> Table:
     """Per rank: median and min–max over the profiled steps of the headline figures."""
     with_recompute = any(
-        bool((np.nan_to_num(_numbers(r.steps, "recompute_us"), nan=0.0) > 0).any())
+        bool((np.nan_to_num(iv.column_numbers(r.steps, "recompute_us"), nan=0.0) > 0).any())
         for r in run.ranks
         if len(r.steps)
     )
