@@ -86,28 +86,28 @@ def test_blocks_of_two_threads_overlapping_give_the_thresholds_back(thresholds):
     assert gc.get_threshold() == (555, 7, 9)
 
 
+def _noting_threshold(seen: dict, key: str, function):
+    """`function`, noting the collector's third threshold under `key` whenever it is called."""
+
+    def noted(*args, **kwargs):
+        seen[key] = gc.get_threshold()[2]
+        return function(*args, **kwargs)
+
+    return noted
+
+
 def test_pipeline_and_report_defer_full_passes(thresholds, monkeypatch):
     seen = {}
-    run_level = pipeline.analyze_run
-
-    def analyze_run(*args, **kwargs):
-        seen["run level"] = gc.get_threshold()[2]
-        return run_level(*args, **kwargs)
-
-    monkeypatch.setattr(pipeline, "analyze_run", analyze_run)
+    monkeypatch.setattr(
+        pipeline, "analyze_run", _noting_threshold(seen, "run level", pipeline.analyze_run)
+    )
     result = pipeline.analyze(SAMPLES / "gpt-small-2gpu", cache=False)
     assert seen["run level"] == DEFERRED
     assert gc.get_threshold() == thresholds
 
     from fsdp_trace.render.report import page
 
-    render = page.render
-
-    def page_render(*args, **kwargs):
-        seen["report"] = gc.get_threshold()[2]
-        return render(*args, **kwargs)
-
-    monkeypatch.setattr(page, "render", page_render)
+    monkeypatch.setattr(page, "render", _noting_threshold(seen, "report", page.render))
     report.render_html(result)
     assert seen["report"] == DEFERRED
     assert gc.get_threshold() == thresholds
@@ -122,13 +122,7 @@ def test_the_analyze_command_defers_them_until_its_last_output(thresholds, monke
     from fsdp_trace.render import terminal
 
     seen = {}
-    render = terminal.render
-
-    def terminal_render(*args, **kwargs):
-        seen["terminal"] = gc.get_threshold()[2]
-        return render(*args, **kwargs)
-
-    monkeypatch.setattr(terminal, "render", terminal_render)
+    monkeypatch.setattr(terminal, "render", _noting_threshold(seen, "terminal", terminal.render))
     sample = str(SAMPLES / "gpt-small-2gpu")
     done = CliRunner().invoke(cli.app, ["analyze", sample, "--no-report", "--no-cache"])
     assert done.exit_code == 0, done.output

@@ -113,9 +113,9 @@ def _split_by_rank(participants: pd.DataFrame) -> dict[int, Matched]:
     order = np.flatnonzero(pd.notna(ranks))  # rows of no rank in no rank's (as groupby)
     order = order[np.argsort(ranks[order], kind="stable")]
     ranks = ranks[order]
-    columns = [participants[c].to_numpy()[order] for c in ("correlation", "transfer_us", "wait_us")]
     if not ranks.size:
         return {}
+    columns = [participants[c].to_numpy()[order] for c in ("correlation", "transfer_us", "wait_us")]
     cuts = np.flatnonzero(ranks[1:] != ranks[:-1]) + 1
     starts = np.concatenate([[0], cuts])
     ends = np.concatenate([cuts, [ranks.size]])
