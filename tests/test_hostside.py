@@ -224,7 +224,7 @@ def test_self_time_of_nested_operators():
         nest(thread * 1e4, thread * 1e4 + 500, 0)
     s, e = np.array(starts), np.array(ends)
     values = e - s
-    own = hostside._self_time(s, e)(values)
+    own = hostside._self_time(s, e, values)
     assert own == pytest.approx(_self_by_stack(starts, ends, list(values)), abs=1e-9)
 
 
@@ -340,6 +340,9 @@ def _interval_work(monkeypatch, tmp_path: Path, steps: int) -> int:
     for name, sets in (
         ("intersect", (0, 1)),
         ("subtract", (0, 1)),
+        ("intersect_each", (0, 1)),
+        ("subtract_each", (0, 1)),
+        ("union_each", ()),
         ("overlap_each", ()),
         ("clip", (0,)),
         ("union", ()),
@@ -355,3 +358,115 @@ def test_a_rank_s_interval_work_grows_with_its_steps_not_their_square(monkeypatc
     at every step: four times the steps then read ~16 times as much. Now ~4 times."""
     few, many = (_interval_work(monkeypatch, tmp_path, n) for n in (8, 32))
     assert 3.0 < many / few < 5.0
+
+
+# --- every step at once is step by step, to the bit ------------------------------------------
+
+
+def _step_by_step(windows, busy, kernels, launch_thread, main, keys, unions):
+    """Per step window, one after the other: its gaps, their time by category, the gaps as
+    thread keys (the definitions `hostside.gaps_per_step` computes for all steps at once)."""
+    from fsdp_trace.analysis import classify
+    from fsdp_trace.analysis import intervals as iv
+
+    kind = kernels["kind"].to_numpy()
+    ends_gap = (kind == classify.COMPUTE) | (kind == classify.COMM)
+    k_ts = kernels["ts"].to_numpy(np.float64)[ends_gap]
+    k_thread = launch_thread[ends_gap]
+    order = np.argsort(k_ts, kind="stable")
+    k_ts, k_thread = k_ts[order], k_thread[order]
+    idle, per_step, step_keys = [], {c: [] for c in hostside.CATEGORIES}, []
+    for start, stop in zip(windows["start"].to_numpy(), windows["end"].to_numpy(), strict=True):
+        inside = iv.clip(iv.near(busy, [start], [stop]), float(start), float(stop))
+        g0, g1 = iv.subtract((np.array([start], float), np.array([stop], float)), inside)
+        idle.append(iv.length((g0, g1)))
+        nxt = np.searchsorted(k_ts, g1, side="left")
+        thread = np.where(nxt < k_ts.size, k_thread[np.minimum(nxt, max(k_ts.size - 1, 0))], -1)
+        if main is not None:
+            thread = np.where(thread >= 0, thread, main)
+        known = thread >= 0
+        gap_keys = iv.union(keys.key(thread[known], g0[known]), keys.key(thread[known], g1[known]))
+        step_keys.append(gap_keys)
+        remaining = gap_keys
+        for category in hostside.CATEGORIES[:-1]:
+            got = iv.intersect(remaining, iv.near(unions[category], *remaining))
+            per_step[category].append(iv.length(got))
+            remaining = iv.subtract(remaining, got)
+        per_step["Python"].append(iv.length(remaining) + float(np.sum(g1[~known] - g0[~known])))
+    return idle, per_step, step_keys
+
+
+def _main_step_by_step(cpu_steps, main, keys, unions):
+    from fsdp_trace.analysis import intervals as iv
+
+    whole, own = {c: [] for c in hostside.CATEGORIES}, []
+    for start, stop in zip(cpu_steps["cpu_start"], cpu_steps["cpu_end"], strict=True):
+        remaining = iv.union(
+            [keys.key(np.array([main]), float(start))[0]],
+            [keys.key(np.array([main]), float(stop))[0]],
+        )
+        for category in hostside.CATEGORIES[:-1]:
+            got = iv.intersect(remaining, iv.near(unions[category], *remaining))
+            whole[category].append(iv.length(got))
+            remaining = iv.subtract(remaining, got)
+        whole["Python"].append(iv.length(remaining))
+        own.append(float(stop) - float(start) - whole["synchronization"][-1])
+    return whole, own
+
+
+def _captured(monkeypatch, path: Path) -> dict[str, tuple]:
+    """The arguments `host_time` gives its per-step parts while `path` is analyzed."""
+    from fsdp_trace.analysis.rank.analyze import analyze_trace
+    from fsdp_trace.analysis.read.loader import load_trace
+
+    seen: dict[str, tuple] = {}
+
+    def spying(name: str, f):
+        def spy(*args):
+            seen[name] = args
+            return f(*args)
+
+        return spy
+
+    for name in ("gaps_per_step", "time_in_gaps", "main_per_step"):
+        monkeypatch.setattr(hostside, name, spying(name, getattr(hostside, name)))
+    analyze_trace(load_trace(path), "timing")
+    monkeypatch.undo()
+    return seen
+
+
+@pytest.mark.parametrize("overlapping", [False, True])
+@pytest.mark.parametrize("source", ["hta", "sim"])
+def test_every_step_at_once_is_step_by_step_to_the_bit(monkeypatch, tmp_path, source, overlapping):
+    """Idle time, its categories, each operator's time in the gaps and the main thread's
+    categories per step, for all steps at once, against the same computed one step after the
+    other; also with step windows that overlap (each step's gaps its own)."""
+    from fsdp_trace.analysis import intervals as iv
+
+    path = HTA if source == "hta" else Sim(steps=9, gap_us=40.0).write(tmp_path)[0]
+    seen = _captured(monkeypatch, path)
+    windows, busy, kernels, launch_thread, main, keys, unions = seen["gaps_per_step"]
+    assert len(windows) > 1
+    if overlapping:  # each window from halfway through the one before
+        windows = windows.copy()
+        start, end = windows["start"].to_numpy(), windows["end"].to_numpy()
+        windows["start"] = np.concatenate([start[:1], (start[:-1] + end[:-1]) / 2])
+    idle, per_step, gap_keys = hostside.gaps_per_step(
+        windows, busy, kernels, launch_thread, main, keys, unions
+    )
+    want_idle, want_per_step, step_keys = _step_by_step(
+        windows, busy, kernels, launch_thread, main, keys, unions
+    )
+    assert idle == want_idle and per_step == want_per_step
+    assert sum(want_idle) > 0 and sum(map(sum, per_step.values())) > 0
+    _, n_steps, op_start, op_end = seen["time_in_gaps"]
+    want = np.zeros(op_start.size)
+    for step_gaps in step_keys:
+        met = iv.StartIndex(op_start, op_end).meeting(*step_gaps)
+        want[met] += iv.overlap_each(op_start[met], op_end[met], step_gaps)
+    got = hostside.time_in_gaps(gap_keys, n_steps, op_start, op_end)
+    assert got.tobytes() == want.tobytes() and want.sum() > 0
+    cpu_steps, main, keys, unions = seen["main_per_step"]
+    assert hostside.main_per_step(cpu_steps, main, keys, unions) == _main_step_by_step(
+        cpu_steps, main, keys, unions
+    )

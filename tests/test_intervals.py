@@ -266,3 +266,67 @@ def test_column_numbers_and_median_read_as_to_numeric(values):
     np.testing.assert_array_equal(
         iv.column_numbers(frame, "c"), numeric.to_numpy(dtype=np.float64, na_value=np.nan)
     )
+
+
+def _loose_intervals(rng, points, n: int):
+    """`n` intervals in any order: overlapping, nested, touching, repeated, zero-length."""
+    s = rng.choice(points, n) if rng.random() < 0.5 else np.round(rng.uniform(0, 100, n), 3)
+    return s, s + rng.choice([0.0, 0.5, 1.7, 10.0, 40.0], n)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_each_interval_by_itself_is_the_sweep_to_the_bit(seed):
+    """`intersect_each` / `subtract_each`: every interval of a loose set (any order,
+    overlapping) against a union form with zero-length pieces, each piece with its row: for
+    each row, its pieces are the sweep of that interval alone."""
+    rng = np.random.default_rng(seed)
+    points = np.round(rng.uniform(0, 100, 12), 2)
+    a = _loose_intervals(rng, points, int(rng.integers(0, 20)))
+    b = iv.union(*_loose_intervals(rng, points, int(rng.integers(0, 20))))
+    for each, keep in (
+        (iv.intersect_each, np.logical_and),
+        (iv.subtract_each, lambda x, y: x & ~y),
+    ):
+        s, e, row = each(a, b)
+        assert np.all(np.diff(row) >= 0)  # in the order of a's intervals
+        for i in range(a[0].size):
+            want = sweep((a[0][i : i + 1], a[1][i : i + 1]), b, keep)
+            mine = row == i
+            assert s[mine].tobytes() == want[0].tobytes()
+            assert e[mine].tobytes() == want[1].tobytes()
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_union_and_length_of_each_label_are_each_labels_own(seed):
+    """`union_each` and `lengths_each` against `union` and `length` of each label's
+    intervals taken apart (labels interleaved, some labels empty)."""
+    rng = np.random.default_rng(seed)
+    points = np.round(rng.uniform(0, 100, 12), 2)
+    n = int(rng.integers(0, 40))
+    s, e = _loose_intervals(rng, points, n)
+    labels = rng.integers(0, 5, n)
+    us, ue, ul = iv.union_each(s, e, labels)
+    assert np.all(np.diff(ul) >= 0)
+    lengths = iv.lengths_each(us, ue, ul, 6)
+    for label in range(6):
+        want = iv.union(s[labels == label], e[labels == label])
+        assert us[ul == label].tobytes() == want[0].tobytes()
+        assert ue[ul == label].tobytes() == want[1].tobytes()
+        assert lengths[label] == iv.length(want)  # the same sum, to the bit
+
+
+@pytest.mark.parametrize("kind", ["float", "nan", "int64"])
+def test_parents_first_is_the_lexsort(kind):
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n = int(rng.integers(0, 50))
+        s = rng.integers(0, 8, n)
+        e = s + rng.integers(0, 4, n)
+        if kind == "int64":  # ns since the epoch: beyond a float's integers
+            s, e = s + 1_700_000_000_000_000_123, e + 1_700_000_000_000_000_123
+        else:
+            s, e = s.astype(float), e.astype(float)
+        if kind == "nan":
+            s[rng.random(n) < 0.2] = np.nan
+            e[rng.random(n) < 0.2] = np.nan
+        assert np.array_equal(iv.parents_first(s, e), np.lexsort((-e, s)))

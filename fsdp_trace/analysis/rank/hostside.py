@@ -14,13 +14,14 @@ rank's analysis, from its CPU events and kernels."""
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis.rank.context import CpuContext, name_mask
+from fsdp_trace.analysis.rank.context import CpuContext, ThreadKeys, name_mask
 from fsdp_trace.analysis.results import HostTime
 
 SYNC_NAMES = re.compile(
@@ -78,65 +79,22 @@ def host_time(
         c: iv.union(keys.key(codes[m], ts[m]), keys.key(codes[m], end[m])) for c, m in masks.items()
     }
 
-    # The GPU events that can end a gap (compute and communication: what `busy` is made of).
-    kind = kernels["kind"].to_numpy()
-    ends_gap = (kind == classify.COMPUTE) | (kind == classify.COMM)
-    k_ts = kernels["ts"].to_numpy(np.float64)[ends_gap]
-    k_thread = launch_thread[ends_gap]
-    order = np.argsort(k_ts, kind="stable")
-    k_ts, k_thread = k_ts[order], k_thread[order]
-
     main = _main_thread(cpu, cpu_kinds, codes)
-    per_step: dict[str, list[float]] = {c: [] for c in CATEGORIES}
-    idle, op_time = [], np.zeros(len(cpu))
+    n_steps = len(windows)
+    idle, per_step, gap_keys = gaps_per_step(
+        windows, busy, kernels, launch_thread, main, keys, unions
+    )
     op_rows = np.flatnonzero(is_op)
     op_start, op_end = keys.key(codes[is_op], ts[is_op]), keys.key(codes[is_op], end[is_op])
-    ops = iv.StartIndex(op_start, op_end)
-    # Each step reads only the busy time, category time and operators its gaps can meet
-    # (`iv.near`, `StartIndex.meeting`: the same figures to the bit), not the whole trace's.
-    for start, stop in zip(windows["start"].to_numpy(), windows["end"].to_numpy(), strict=True):
-        inside = iv.clip(iv.near(busy, [start], [stop]), float(start), float(stop))
-        gaps = iv.subtract((np.array([start], float), np.array([stop], float)), inside)
-        idle.append(iv.length(gaps))
-        g0, g1 = gaps
-        nxt = np.searchsorted(k_ts, g1, side="left")
-        thread = np.where(nxt < k_ts.size, k_thread[np.minimum(nxt, max(k_ts.size - 1, 0))], -1)
-        if main is not None:  # no kernel ends it (the step's last gap): the training loop's
-            thread = np.where(thread >= 0, thread, main)
-        known = thread >= 0
-        gap_keys = iv.union(keys.key(thread[known], g0[known]), keys.key(thread[known], g1[known]))
-        remaining = gap_keys
-        for category in CATEGORIES[:-1]:
-            got = iv.intersect(remaining, iv.near(unions[category], *remaining))
-            per_step[category].append(iv.length(got))
-            remaining = iv.subtract(remaining, got)
-        per_step["Python"].append(iv.length(remaining) + float(np.sum(g1[~known] - g0[~known])))
-        met = ops.meeting(*gap_keys)  # the others' overlap with the gaps is exactly 0
-        op_time[op_rows[met]] += iv.overlap_each(op_start[met], op_end[met], gap_keys)
-    del ops  # its sorted copies: not held beside what follows
-    n_steps = len(windows)
-    own = _self_time(op_start, op_end)
+    own = _self_time(op_start, op_end, time_in_gaps(gap_keys, n_steps, op_start, op_end))
     # Per operator name (sorted, as groupby's), its time in gaps; the top ones by time.
-    op_names, totals = _sum_by_name(
-        np.asarray(names.array[is_op], object), own(op_time[is_op]) / n_steps
-    )
+    op_names, totals = _sum_by_name(names, op_rows, own / n_steps)
     positive = np.flatnonzero(totals > 0)
     top = positive[iv.descending_order(totals[positive], kind="quicksort")][:TOP_OPS]
-    whole: dict[str, list[float]] = {c: [] for c in CATEGORIES}
+    whole: dict[str, list[float]] = {}
     host_steps: list[float] = []
     if main is not None and not cpu_steps.empty:
-        for start, stop in zip(cpu_steps["cpu_start"], cpu_steps["cpu_end"], strict=True):
-            remaining = iv.union(
-                [keys.key(np.array([main]), float(start))[0]],
-                [keys.key(np.array([main]), float(stop))[0]],
-            )
-            for category in CATEGORIES[:-1]:
-                got = iv.intersect(remaining, iv.near(unions[category], *remaining))
-                whole[category].append(iv.length(got))
-                remaining = iv.subtract(remaining, got)
-            whole["Python"].append(iv.length(remaining))
-            step_span = float(stop) - float(start)
-            host_steps.append(step_span - whole["synchronization"][-1])
+        whole, host_steps = main_per_step(cpu_steps, main, keys, unions)
     recorded = cpu_kinds != classify.OTHER
     if cpu_steps.empty:
         events = float(recorded.sum())
@@ -154,10 +112,117 @@ def host_time(
     )
 
 
-def _sum_by_name(names: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`Series(values).groupby(names).sum()`: the names sorted (missing ones left out), each
-    one's sum as pandas adds it."""
-    code, uniques = pd.factorize(names, sort=True)
+def gaps_per_step(
+    windows: pd.DataFrame,
+    busy: iv.Intervals,
+    kernels: pd.DataFrame,
+    launch_thread: np.ndarray,
+    main: int | None,
+    keys: ThreadKeys,
+    unions: dict[str, iv.Intervals],
+) -> tuple[list[float], dict[str, list[float]], iv.Labelled]:
+    """Per step window: its idle time (the window less `busy`), that time by what the host
+    thread that launches the kernel ending each gap does meanwhile (a gap no kernel ends is
+    `main`'s; `unions`: each category's time as thread keys), and the gaps as thread keys,
+    labelled with their step. Every step at once (`iv.*_each`): the same figures to the bit
+    as step by step, without a dozen numpy calls per step."""
+    n_steps = len(windows)
+    # The GPU events that can end a gap (compute and communication: what `busy` is made of).
+    kind = kernels["kind"].to_numpy()
+    ends_gap = (kind == classify.COMPUTE) | (kind == classify.COMM)
+    k_ts = kernels["ts"].to_numpy(np.float64)[ends_gap]
+    k_thread = launch_thread[ends_gap]
+    order = np.argsort(k_ts, kind="stable")
+    k_ts, k_thread = k_ts[order], k_thread[order]
+    g0, g1, step = iv.subtract_each(
+        (windows["start"].to_numpy(np.float64), windows["end"].to_numpy(np.float64)), busy
+    )
+    idle = iv.lengths_each(g0, g1, step, n_steps)
+    nxt = np.searchsorted(k_ts, g1, side="left")
+    thread = np.where(nxt < k_ts.size, k_thread[np.minimum(nxt, max(k_ts.size - 1, 0))], -1)
+    if main is not None:  # no kernel ends it (the step's last gap): the training loop's
+        thread = np.where(thread >= 0, thread, main)
+    known = thread >= 0
+    gap_keys = iv.union_each(
+        keys.key(thread[known], g0[known]), keys.key(thread[known], g1[known]), step[known]
+    )
+    per_step = _by_category(gap_keys[:2], gap_keys[2], n_steps, unions)
+    unknown = iv.lengths_each(g0[~known], g1[~known], step[~known], n_steps)
+    per_step["Python"] = [a + b for a, b in zip(per_step["Python"], unknown, strict=True)]
+    return idle, per_step, gap_keys
+
+
+def time_in_gaps(
+    gap_keys: iv.Labelled, n_steps: int, op_start: np.ndarray, op_end: np.ndarray
+) -> np.ndarray:
+    """Each operator's time (thread keys) in the gaps, summed over the steps in order. Each
+    step reads only the operators its gaps can meet (`StartIndex.meeting`: the same figures
+    to the bit), not the whole trace's."""
+    out = np.zeros(op_start.size)
+    ops = iv.StartIndex(op_start, op_end)
+    gap_s, gap_e, gap_step = gap_keys
+    bounds = np.searchsorted(gap_step, np.arange(n_steps + 1)).tolist()
+    for lo, hi in pairwise(bounds):
+        if hi > lo:
+            step_gaps = gap_s[lo:hi], gap_e[lo:hi]
+            met = ops.meeting(*step_gaps)  # the others' overlap with the gaps is exactly 0
+            out[met] += iv.overlap_each(op_start[met], op_end[met], step_gaps)
+    return out
+
+
+def main_per_step(
+    cpu_steps: pd.DataFrame, main: int, keys: ThreadKeys, unions: dict[str, iv.Intervals]
+) -> tuple[dict[str, list[float]], list[float]]:
+    """Per CPU step, the main thread's time by category (`_by_category`), and its own time:
+    the step less its waiting for the GPU (synchronization)."""
+    cpu_start = cpu_steps["cpu_start"].to_numpy(np.float64)
+    cpu_end = cpu_steps["cpu_end"].to_numpy(np.float64)
+    on_main = np.full(cpu_start.size, main)
+    whole = _by_category(
+        (keys.key(on_main, cpu_start), keys.key(on_main, cpu_end)),
+        np.arange(cpu_start.size),
+        cpu_start.size,
+        unions,
+    )
+    own = [
+        (stop - start) - waiting
+        for start, stop, waiting in zip(
+            cpu_start.tolist(), cpu_end.tolist(), whole["synchronization"], strict=True
+        )
+    ]
+    return whole, own
+
+
+def _by_category(
+    intervals: iv.Intervals, labels: np.ndarray, n: int, unions: dict[str, iv.Intervals]
+) -> dict[str, list[float]]:
+    """Per label 0..n-1 (`labels` ascending, each label's intervals in union form), the time
+    of its intervals in each category, given to the first that applies, and what none
+    covers ("Python")."""
+    out: dict[str, list[float]] = {}
+    (s, e), label = intervals, np.asarray(labels, dtype=np.int64)
+    for category in CATEGORIES[:-1]:
+        got_s, got_e, row = iv.intersect_each((s, e), unions[category])
+        out[category] = iv.lengths_each(got_s, got_e, label[row], n)
+        s, e, row = iv.subtract_each((s, e), unions[category])
+        label = label[row]
+    out["Python"] = iv.lengths_each(s, e, label, n)
+    return out
+
+
+def _sum_by_name(
+    names: pd.Series, rows: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`Series(values).groupby(names[rows]).sum()`: the names sorted (missing ones left out),
+    each one's sum as pandas adds it. A name column of sorted categories (the loader's) is
+    grouped by its codes: no string is read but the names that are there."""
+    column = names.array
+    if isinstance(column, pd.Categorical) and column.categories.is_monotonic_increasing:
+        code = column.codes[rows].astype(np.int64)
+        there = np.flatnonzero(np.bincount(code[code >= 0], minlength=len(column.categories)))
+        totals = iv.group_sum(code, values, len(column.categories))
+        return np.asarray(column.categories, dtype=object)[there], totals[there]
+    code, uniques = pd.factorize(np.asarray(column[rows], dtype=object), sort=True)
     return uniques, iv.group_sum(code.astype(np.int64), values, len(uniques))
 
 
@@ -174,19 +239,27 @@ def _optimizer_impl(names: pd.Series, codes, ts, is_op, cpu_ctx: CpuContext) -> 
     return ""
 
 
-def _self_time(start_keys: np.ndarray, end_keys: np.ndarray):
-    """A function from each operator's time (in the order given) to its self time: its own
-    less that of the operators directly inside it (same thread; keys keep threads apart).
-    Nesting depth is counted from the starts and ends; each operator's parent is the one a
-    level up that starts last before it and contains it."""
+def _self_time(start_keys: np.ndarray, end_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each operator's self time of `values` (in the order given): its own less that of the
+    operators directly inside it (same thread; keys keep threads apart). Nesting depth is
+    counted from the starts and ends; each operator's parent is the one a level up that
+    starts last before it and contains it. Only operators with time are subtracted from
+    their parent (a 0 leaves it as it is)."""
     n = start_keys.size
-    order = np.lexsort((-end_keys, start_keys))  # parents before children at equal starts
+    order = iv.parents_first(start_keys, end_keys)
     s, e = start_keys[order], end_keys[order]
+    sorted_values = np.asarray(values, np.float64)[order]
     depth = np.maximum(np.arange(n) - np.searchsorted(np.sort(e), s, side="right"), 0)
+    # Each level's rows, in sorted order (a radix sort: the levels are few).
+    by_depth = np.argsort(
+        depth.astype(np.int16 if n and depth.max() < 2**15 else np.int64), kind="stable"
+    )
+    level = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2 if n else 1))
     parent = np.full(n, -1, dtype=np.int64)
-    for d in range(1, int(depth.max()) + 1 if n else 1):
-        up = np.flatnonzero(depth == d - 1)
-        child = np.flatnonzero(depth == d)
+    for d in range(1, level.size - 1):
+        up = by_depth[level[d - 1] : level[d]]
+        child = by_depth[level[d] : level[d + 1]]
+        child = child[sorted_values[child] != 0]
         if up.size == 0 or child.size == 0:
             continue
         at = np.searchsorted(s[up], s[child], side="right") - 1
@@ -194,17 +267,12 @@ def _self_time(start_keys: np.ndarray, end_keys: np.ndarray):
         cand = up[np.maximum(at, 0)]
         ok &= (e[cand] >= e[child]) & (cand < child)
         parent[child[ok]] = cand[ok]
-
-    def own(values: np.ndarray) -> np.ndarray:
-        sorted_values = np.asarray(values, np.float64)[order]
-        out = sorted_values.copy()
-        has = parent >= 0
-        np.subtract.at(out, parent[has], sorted_values[has])
-        result = np.empty(n)
-        result[order] = np.maximum(out, 0.0)
-        return result
-
-    return own
+    out = sorted_values.copy()
+    has = parent >= 0
+    np.subtract.at(out, parent[has], sorted_values[has])
+    result = np.empty(n)
+    result[order] = np.maximum(out, 0.0)
+    return result
 
 
 def _main_thread(cpu: pd.DataFrame, cpu_kinds: np.ndarray, codes: np.ndarray) -> int | None:

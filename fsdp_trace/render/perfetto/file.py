@@ -15,6 +15,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
     TracePacket,
 )
 
+from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.render.perfetto.wire import (
     BEGIN_TYPE,
     CLEARED,
@@ -51,8 +52,7 @@ def nesting_sequence(
     Checked exactly: matching each end with the latest open begin of its lane (a stack, done
     as pairs per depth level) must pair every slice with itself."""
     one_lane = not lane.any()
-    o1 = np.argsort(-end, kind="stable")  # start order, parents (longer) first: a lexsort
-    order = o1[np.argsort(ts[o1], kind="stable")]
+    order = iv.parents_first(ts, end)  # start order, parents (longer) first
     if not one_lane:
         order = order[np.argsort(lane[order], kind="stable")]
     zero = (end == ts)[order]
