@@ -437,6 +437,39 @@ def test_member_lists_are_shared_across_a_runs_ranks():
     assert shared("not a result") == "not a result"  # failures pass through
 
 
+def test_the_names_ranks_key_their_records_by_are_held_once():
+    """Each rank names the same kernels in `kernel_time` (and the same figures in `host` and
+    `setup`), its tables the same columns: a run keeps one string per name and one Index
+    per set of column labels, every record and table equal to what arrived."""
+    import pickle
+
+    from fsdp_trace.analysis.job.perrank import SharedGroups
+
+    base = _ranks("gpt-small-2gpu")[0]
+    assert base.kernel_time and base.host["by_category"]
+    shared = SharedGroups()
+    arrived = [pickle.dumps(base) for _ in range(3)]  # each unpickled: its strings apart
+    kept = [shared(pickle.loads(a)) for a in arrived]
+    arrived = [pickle.loads(a) for a in arrived]
+    for a, k in zip(arrived, kept, strict=True):
+        assert (k.kernel_time, k.host, k.setup) == (a.kernel_time, a.host, a.setup)
+        assert list(k.kernel_time) == list(a.kernel_time)  # in their order
+    for record in (
+        lambda r: r.kernel_time,
+        lambda r: r.host,
+        lambda r: r.host["by_category"],
+        lambda r: r.setup,
+    ):
+        names = [list(record(k)) for k in kept]
+        assert all(len({id(n[i]) for n in names}) == 1 for i in range(len(names[0])))
+    for name in ("steps", "collectives", "blocks", "exposed", "fsdp", "op_tax"):
+        assert len({id(getattr(k, name).columns) for k in kept}) == 1, name
+        for a, k in zip(arrived, kept, strict=True):
+            pd.testing.assert_frame_equal(getattr(k, name), getattr(a, name), check_exact=True)
+    kept[0].collectives["extra"] = 1.0  # a column added: that table's own labels
+    assert "extra" not in kept[1].collectives
+
+
 def test_each_ranks_matched_collectives_are_its_participant_rows_in_order():
     rng = np.random.default_rng(7)
     n = 500

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from fsdp_trace.analysis.rank.analyze import analyze_trace
 from fsdp_trace.analysis.read import cache as cache_mod
 from fsdp_trace.analysis.read import loader, remote
@@ -258,17 +260,24 @@ def _analyze_all(
 
 
 class SharedGroups:
-    """One list per distinct process-group member list over a run's ranks. Each rank's trace
-    lists its groups' members (`distributedInfo.pg_config`): a thousand ranks of one job each
-    carry the same thousand-rank list, a million integers on the client (quadratic in the
-    ranks). Each result's lists, as it arrives, become the first equal one seen (read only,
-    never changed: every reader only reads them)."""
+    """What every rank's result repeats, held once over a run's ranks, as each result
+    arrives: its process groups' member lists (`distributedInfo.pg_config`: a thousand ranks
+    of one job each carry the same thousand-rank list, a million integers on the client,
+    quadratic in the ranks) and the names its records are keyed by (the kernel names of
+    `kernel_time`, ~100 characters each, 50 a rank; the figures' names of `host` and
+    `setup`), and its tables' column labels (an Index a table, ~1 KB each). Each becomes the
+    first equal one seen (read only, never changed: every reader only reads them; a table
+    given a column makes an Index of its own)."""
 
     def __init__(self) -> None:
         self.seen: dict[tuple, list] = {}
+        self.names: dict[str, str] = {}
+        self.columns: dict[tuple, Any] = {}  # pandas Index
 
     def __call__(self, result: Any) -> Any:
-        distributed = result.meta.get("distributed") if isinstance(result, RankAnalysis) else None
+        if not isinstance(result, RankAnalysis):
+            return result
+        distributed = result.meta.get("distributed")
         groups = distributed.get("pg_config") if isinstance(distributed, dict) else None
         for pg in groups if isinstance(groups, list) else []:
             ranks = pg.get("ranks") if isinstance(pg, dict) else None
@@ -277,7 +286,25 @@ class SharedGroups:
                     pg["ranks"] = self.seen.setdefault(tuple(ranks), ranks)
                 except TypeError:  # an unhashable member: left as it is
                     continue
+        result.kernel_time = self._keyed(result.kernel_time)
+        result.host = {
+            k: self._keyed(v) if isinstance(v, dict) else v
+            for k, v in self._keyed(result.host).items()
+        }
+        result.setup = self._keyed(result.setup)
+        for field in dataclasses.fields(result):
+            table = getattr(result, field.name)
+            if isinstance(table, pd.DataFrame):
+                key = (str(table.columns.dtype), *table.columns)
+                columns = self.columns.setdefault(key, table.columns)
+                if columns is not table.columns:
+                    table.columns = columns
         return result
+
+    def _keyed(self, record: dict) -> dict:
+        """`record` with its keys the names seen first."""
+        name = self.names.setdefault
+        return {name(k, k) if type(k) is str else k: v for k, v in record.items()}
 
 
 def _start_worker() -> None:
