@@ -894,6 +894,44 @@ def test_bad_process_groups_are_dropped_with_a_notice(tmp_path, base):
     _analyze_json(tmp_path, tmp_path / "rank0.json")
 
 
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        [],
+        list(range(1000)),
+        [0, 1, (1 << 31) - 1],
+        [0, 1 << 31],  # beyond a rank number
+        [3, -1],
+        [0, True],  # a bool is not a rank
+        [0, 1.0],
+        [0, "1"],
+        [0, None],
+        [(1 << 63) - 1],
+        [-(1 << 63)],
+        [1 << 63],  # beyond int64: not plain JSON
+        [-(1 << 63) - 1],
+    ],
+)
+def test_process_group_members_are_checked_one_by_one(ranks):
+    """A group's member list is read in one pass where every member is an int (thousands at a
+    thousand ranks): the same verdict as checking each member."""
+    from fsdp_trace.analysis.read import validate
+
+    def plain(v):
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return True
+        if isinstance(v, int):
+            return -(1 << 63) <= v < 1 << 63
+        return isinstance(v, float) and math.isfinite(v)
+
+    def member(v):
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < validate.RANK_LIMIT
+
+    group = {"pg_name": "0", "ranks": ranks}
+    assert validate.plain(ranks) == all(map(plain, ranks))
+    assert validate._good_group(group) == (all(map(plain, ranks)) and all(map(member, ranks)))
+
+
 def test_perfetto_with_timestamps_out_of_its_range_is_one_line(tmp_path, base):
     document = copy.deepcopy(base)
     for event in document["traceEvents"]:  # the whole trace before 1970: negative ns

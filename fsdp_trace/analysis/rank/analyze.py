@@ -21,6 +21,8 @@ from fsdp_trace.analysis.read.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
 from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Kind, Phase, Source
 
+BREAKDOWN_FROM = STEP_COLUMNS.index("model_compute_us")  # the step breakdown's columns
+
 
 def _text_column(events: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
     """A sparse text column of `events` at `rows` (None where absent or not loaded)."""
@@ -304,9 +306,10 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
                 "recompute_pct": 100.0 * recompute_us / step_us,
                 "n_comm_kernels": count(classify.COMM),
                 "n_compute_kernels": count(classify.COMPUTE),
+                # The breakdown's columns (filled in by `kernel_figures` and the run).
+                **{c: np.full(starts.size, np.nan) for c in STEP_COLUMNS[BREAKDOWN_FROM:]},
             }
         )
-    step_frame = step_frame.reindex(columns=STEP_COLUMNS)
     n_comm_in_trace = int((kinds[gpu_idx] == classify.COMM).sum())
     if n_comm_in_trace == 0:
         notices.append(
@@ -351,9 +354,8 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     host = hostside.host_time(
         cpu, kinds[cpu_mask], cpu_ctx, k, launch.thread, windows, cover.busy, cpu_steps
     )
-    kernels = k.drop(columns=["launch_row"]).assign(
-        kind=lambda f: f["kind"].map(classify.KIND_NAMES)
-    )
+    kernels = k.drop(columns=["launch_row"])
+    kernels["kind"] = kernels["kind"].map(classify.KIND_NAMES)
     return RankAnalysis(
         rank=trace.rank,
         path=trace.path,

@@ -109,7 +109,9 @@ def block_table(
     }
     order = iv.descending_order(columns["exposed_us_per_step"])
     out = {name: values[order] for name, values in columns.items()}
-    return pd.DataFrame({"rank": rank, "source": source, **out})[BLOCK_COLUMNS]
+    table = pd.DataFrame({"rank": rank, "source": source, **out})
+    assert list(table.columns) == BLOCK_COLUMNS
+    return table
 
 
 def phase_table(lengths: pd.Series, rank: int | None, source: str) -> pd.DataFrame:

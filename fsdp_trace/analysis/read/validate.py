@@ -297,6 +297,8 @@ def plain(value: Any, depth: int = 0) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, list):
+        if _all_int(value):  # a process group's members: thousands at a thousand ranks
+            return not value or (min(value) >= -_INT64 and max(value) < _INT64)
         return all(plain(v, depth + 1) for v in value)
     if isinstance(value, dict):
         return all(isinstance(k, str) and plain(v, depth + 1) for k, v in value.items())
@@ -309,6 +311,11 @@ def plain_items(items: Any) -> tuple[list[Any], int]:
         return [], 0
     kept = [item for item in items if isinstance(item, dict) and plain(item)]
     return kept, len(items) - len(kept)
+
+
+def _all_int(values: list) -> bool:
+    """Every value a plain int (not a bool): one C-level pass over the list."""
+    return set(map(type, values)) <= {int}
 
 
 def _count(value: Any, low: int) -> int | None:
@@ -324,7 +331,11 @@ def _good_group(pg: Any) -> bool:
         return False
     ranks = pg.get("ranks")
     if ranks is not None and not (
-        isinstance(ranks, list) and all(_count(r, 0) is not None for r in ranks)
+        isinstance(ranks, list)
+        and (
+            (_all_int(ranks) and (not ranks or (min(ranks) >= 0 and max(ranks) < RANK_LIMIT)))
+            or all(_count(r, 0) is not None for r in ranks)
+        )
     ):
         return False
     size = pg.get("pg_size")
