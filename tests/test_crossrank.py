@@ -468,6 +468,18 @@ def test_the_names_ranks_key_their_records_by_are_held_once():
             pd.testing.assert_frame_equal(getattr(k, name), getattr(a, name), check_exact=True)
     kept[0].collectives["extra"] = 1.0  # a column added: that table's own labels
     assert "extra" not in kept[1].collectives
+    # Labels alike only in their values (a range, integers, named, in two levels) stay apart.
+    kinds = [
+        pd.RangeIndex(2),
+        pd.Index([0, 1]),
+        pd.Index([0, 1], name="x"),
+        pd.MultiIndex.from_tuples([("a", 0), ("a", 1)]),
+        pd.Index([("a", 0), ("a", 1)], tupleize_cols=False),
+    ]
+    for columns in kinds:
+        table = pd.DataFrame(np.zeros((1, 2)), columns=columns)
+        got = shared(dataclasses.replace(base, op_tax=table)).op_tax.columns
+        assert type(got) is type(columns) and got.name == columns.name and got.equals(columns)
 
 
 def test_each_ranks_matched_collectives_are_its_participant_rows_in_order():

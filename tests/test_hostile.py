@@ -930,6 +930,11 @@ def test_process_group_members_are_checked_one_by_one(ranks):
     group = {"pg_name": "0", "ranks": ranks}
     assert validate.plain(ranks) == all(map(plain, ranks))
     assert validate._good_group(group) == (all(map(plain, ranks)) and all(map(member, ranks)))
+    for levels in (31, 32, 33):  # plain JSON nests under 32 levels, lists of ints too
+        nested = ranks
+        for _ in range(levels - 1):
+            nested = [nested]
+        assert validate.plain(nested) == (all(map(plain, ranks)) and (levels <= 32 or not ranks))
 
 
 def test_perfetto_with_timestamps_out_of_its_range_is_one_line(tmp_path, base):

@@ -470,3 +470,57 @@ def test_every_step_at_once_is_step_by_step_to_the_bit(monkeypatch, tmp_path, so
     assert hostside.main_per_step(cpu_steps, main, keys, unions) == _main_step_by_step(
         cpu_steps, main, keys, unions
     )
+
+
+@pytest.mark.parametrize("categories", ["sorted", "unsorted", "text"])
+def test_time_per_operator_name_is_pandas_groupby_sum(categories):
+    """`_sum_by_name`: per name present (sorted, missing names left out), the sum of its rows'
+    values as pandas' groupby adds them, whatever order the name column's categories are in
+    (or names held as text)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    pool = ["aten::mm", "aten::add", "aten::copy_", "zeta", "Optimizer.step#SGD.step", None]
+    names = [pool[i] for i in rng.integers(0, len(pool), 400)]
+    order = sorted(p for p in pool if p) if categories == "sorted" else ["zeta", "aten::mm"]
+    if categories == "text":
+        column = pd.Series(names, dtype=object)
+    else:
+        cat = pd.Categorical(names, categories=order + [p for p in pool if p and p not in order])
+        column = pd.Series(cat)
+    rows = np.sort(rng.choice(400, 300, replace=False))
+    values = rng.exponential(10.0, 300) * (rng.random(300) < 0.7)
+    got_names, got = hostside._sum_by_name(column, rows, values)
+    want = pd.Series(values).groupby(np.asarray(column.astype(object))[rows]).sum()
+    assert list(got_names) == list(want.index)
+    assert got.tobytes() == want.to_numpy().tobytes()
+
+
+def test_a_step_window_without_a_time_or_a_gap_no_kernel_ends_is_left_idle_free():
+    """A window whose start or end is missing has no gaps (as each step alone gave it); a
+    gap that no compute or communication kernel ends belongs to the main thread, also where
+    the kept kernels are copies only (no kernel can end a gap)."""
+    import pandas as pd
+
+    from fsdp_trace.analysis import classify
+    from fsdp_trace.analysis import intervals as iv
+    from fsdp_trace.analysis.rank.context import ThreadKeys
+
+    keys = ThreadKeys(np.zeros(2, np.int64), np.zeros(2, np.int64), np.array([0.0, 100.0]))
+    busy = iv.union(np.array([10.0, 30.0]), np.array([20.0, 40.0]))
+    unions = {c: iv.EMPTY for c in hostside.CATEGORIES[:-1]}
+    windows = pd.DataFrame({"start": [0.0, 50.0, np.nan], "end": [np.nan, 60.0, 70.0]})
+    for kind in (classify.COMPUTE, classify.MEMCPY):
+        kernels = pd.DataFrame({"ts": [10.0, 30.0], "kind": [kind, kind]})
+        idle, per_step, gap_keys = hostside.gaps_per_step(
+            windows, busy, kernels, np.zeros(2, np.int64), 0, keys, unions
+        )
+        assert idle == [0.0, 10.0, 0.0]
+        assert per_step["Python"] == [0.0, 10.0, 0.0]  # the main thread's, nothing recorded
+        assert gap_keys[2].tolist() == [1]
+    cpu_steps = pd.DataFrame({"cpu_start": [0.0, 5.0], "cpu_end": [np.nan, 15.0]})
+    on_main = np.zeros(1, np.int64)
+    unions["synchronization"] = (keys.key(on_main, [8.0]), keys.key(on_main, [9.0]))
+    whole, own = hostside.main_per_step(cpu_steps, 0, keys, unions)
+    assert whole["synchronization"] == [0.0, 1.0] and whole["Python"] == [0.0, 9.0]
+    assert np.isnan(own[0]) and own[1] == 9.0  # the step less its waiting

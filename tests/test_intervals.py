@@ -330,3 +330,20 @@ def test_parents_first_is_the_lexsort(kind):
             s[rng.random(n) < 0.2] = np.nan
             e[rng.random(n) < 0.2] = np.nan
         assert np.array_equal(iv.parents_first(s, e), np.lexsort((-e, s)))
+
+
+def test_lengths_of_labels_of_many_intervals_are_numpys_sums():
+    """A label's length is numpy's sum of its intervals in order (pairwise beyond 8 values:
+    not the sum one by one), as `length` of that label's intervals alone."""
+    rng = np.random.default_rng(5)
+    n = 2000
+    s = rng.uniform(0.0, 1.0, n)  # near 0: durations keep all their bits (not exact sums)
+    e = s + 10 ** rng.uniform(-3, 3, n)  # of every magnitude: the order of the sum shows
+    labels = np.sort(rng.integers(0, 4, n))  # about 500 intervals a label
+    lengths = iv.lengths_each(s, e, labels, 5)
+    for label in range(5):
+        mine = labels == label
+        assert lengths[label] == iv.length((s[mine], e[mine]))
+    assert lengths[4] == 0.0
+    one_by_one = [float(np.cumsum((e - s)[labels == label])[-1]) for label in range(4)]
+    assert one_by_one != lengths[:4]  # the order of the sum shows in the last bits

@@ -295,7 +295,8 @@ class SharedGroups:
         for field in dataclasses.fields(result):
             table = getattr(result, field.name)
             if isinstance(table, pd.DataFrame):
-                key = (str(table.columns.dtype), *table.columns)
+                labels = table.columns
+                key = (type(labels).__name__, tuple(labels.names), str(labels.dtype), *labels)
                 columns = self.columns.setdefault(key, table.columns)
                 if columns is not table.columns:
                     table.columns = columns

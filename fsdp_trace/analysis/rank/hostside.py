@@ -134,12 +134,15 @@ def gaps_per_step(
     k_thread = launch_thread[ends_gap]
     order = np.argsort(k_ts, kind="stable")
     k_ts, k_thread = k_ts[order], k_thread[order]
-    g0, g1, step = iv.subtract_each(
-        (windows["start"].to_numpy(np.float64), windows["end"].to_numpy(np.float64)), busy
-    )
+    start, end = windows["start"].to_numpy(np.float64), windows["end"].to_numpy(np.float64)
+    timed = np.flatnonzero(~np.isnan(start) & ~np.isnan(end))  # a window without a time: no gap
+    g0, g1, step = iv.subtract_each((start[timed], end[timed]), busy)
+    step = timed[step]
     idle = iv.lengths_each(g0, g1, step, n_steps)
     nxt = np.searchsorted(k_ts, g1, side="left")
-    thread = np.where(nxt < k_ts.size, k_thread[np.minimum(nxt, max(k_ts.size - 1, 0))], -1)
+    thread = np.full(g1.size, -1, dtype=np.int64)  # no kernel ends the gap
+    later = nxt < k_ts.size
+    thread[later] = k_thread[nxt[later]]
     if main is not None:  # no kernel ends it (the step's last gap): the training loop's
         thread = np.where(thread >= 0, thread, main)
     known = thread >= 0
@@ -201,6 +204,8 @@ def _by_category(
     covers ("Python")."""
     out: dict[str, list[float]] = {}
     (s, e), label = intervals, np.asarray(labels, dtype=np.int64)
+    timed = ~np.isnan(s) & ~np.isnan(e)  # an interval without a time is in no category
+    s, e, label = s[timed], e[timed], label[timed]
     for category in CATEGORIES[:-1]:
         got_s, got_e, row = iv.intersect_each((s, e), unions[category])
         out[category] = iv.lengths_each(got_s, got_e, label[row], n)

@@ -297,7 +297,7 @@ def plain(value: Any, depth: int = 0) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, list):
-        if _all_int(value):  # a process group's members: thousands at a thousand ranks
+        if depth < 32 and _all_int(value):  # a group's members: thousands at a thousand ranks
             return not value or (min(value) >= -_INT64 and max(value) < _INT64)
         return all(plain(v, depth + 1) for v in value)
     if isinstance(value, dict):
