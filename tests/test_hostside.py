@@ -366,15 +366,9 @@ def test_a_rank_s_interval_work_grows_with_its_steps_not_their_square(monkeypatc
 def _step_by_step(windows, busy, kernels, launch_thread, main, keys, unions):
     """Per step window, one after the other: its gaps, their time by category, the gaps as
     thread keys (the definitions `hostside.gaps_per_step` computes for all steps at once)."""
-    from fsdp_trace.analysis import classify
     from fsdp_trace.analysis import intervals as iv
 
-    kind = kernels["kind"].to_numpy()
-    ends_gap = (kind == classify.COMPUTE) | (kind == classify.COMM)
-    k_ts = kernels["ts"].to_numpy(np.float64)[ends_gap]
-    k_thread = launch_thread[ends_gap]
-    order = np.argsort(k_ts, kind="stable")
-    k_ts, k_thread = k_ts[order], k_thread[order]
+    k_ts, k_thread = hostside.gap_enders(kernels, launch_thread)
     idle, per_step, step_keys = [], {c: [] for c in hostside.CATEGORIES}, []
     for start, stop in zip(windows["start"].to_numpy(), windows["end"].to_numpy(), strict=True):
         inside = iv.clip(iv.near(busy, [start], [stop]), float(start), float(stop))

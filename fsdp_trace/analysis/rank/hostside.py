@@ -127,13 +127,7 @@ def gaps_per_step(
     labelled with their step. Every step at once (`iv.*_each`): the same figures to the bit
     as step by step, without a dozen numpy calls per step."""
     n_steps = len(windows)
-    # The GPU events that can end a gap (compute and communication: what `busy` is made of).
-    kind = kernels["kind"].to_numpy()
-    ends_gap = (kind == classify.COMPUTE) | (kind == classify.COMM)
-    k_ts = kernels["ts"].to_numpy(np.float64)[ends_gap]
-    k_thread = launch_thread[ends_gap]
-    order = np.argsort(k_ts, kind="stable")
-    k_ts, k_thread = k_ts[order], k_thread[order]
+    k_ts, k_thread = gap_enders(kernels, launch_thread)
     start, end = windows["start"].to_numpy(np.float64), windows["end"].to_numpy(np.float64)
     timed = np.flatnonzero(~np.isnan(start) & ~np.isnan(end))  # a window without a time: no gap
     g0, g1, step = iv.subtract_each((start[timed], end[timed]), busy)
@@ -153,6 +147,16 @@ def gaps_per_step(
     unknown = iv.lengths_each(g0[~known], g1[~known], step[~known], n_steps)
     per_step["Python"] = [a + b for a, b in zip(per_step["Python"], unknown, strict=True)]
     return idle, per_step, gap_keys
+
+
+def gap_enders(kernels: pd.DataFrame, launch_thread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The GPU events that can end a gap (compute and communication: what `busy` is made of),
+    by start: their starts and the codes of their launching threads."""
+    kind = kernels["kind"].to_numpy()
+    ends_gap = (kind == classify.COMPUTE) | (kind == classify.COMM)
+    k_ts = kernels["ts"].to_numpy(np.float64)[ends_gap]
+    order = np.argsort(k_ts, kind="stable")
+    return k_ts[order], launch_thread[ends_gap][order]
 
 
 def time_in_gaps(
