@@ -232,22 +232,25 @@ def _recomputing(
     (`in_forward`) that the unit's forward ran; by unit window where FSDP2 labels give them,
     else over the whole trace."""
 
-    def units(mask: np.ndarray) -> np.ndarray:
-        idx = windows.innermost(keys, code[mask], ts[mask])
-        found = windows.fqn_at(idx)
-        return np.where(pd.isna(found), "", found).astype(object)
+    # Each window's unit as a number (a unit has a window per step and phase; no window: ""),
+    # the window index -1 reading the last entry: ops are counted, not their names compared.
+    fqn = np.asarray(windows.fqn, dtype=object)
+    names = np.where(pd.isna(fqn), "", fqn).astype(object)
+    unit_of, units = pd.factorize(np.append(names, ""))
 
-    back, fwd = units(in_backward), units(in_forward)
-    forward_ops = iv.value_counts(fwd)
+    def units_of(mask: np.ndarray) -> np.ndarray:
+        return unit_of[windows.innermost(keys, code[mask], ts[mask])]
+
+    back = units_of(in_backward)
+    n_back = np.bincount(back, minlength=len(units)).tolist()
+    n_fwd = np.bincount(units_of(in_forward), minlength=len(units)).tolist()
     # no forward ops to compare with (reentrant checkpointing runs forward without grad):
     # everything re-run in backward is the forward
-    keep_units = {
-        unit
-        for unit, n in iv.value_counts(back).items()
-        if not forward_ops.get(unit) or n / forward_ops[unit] >= RECOMPUTE_SHARE
-    }
+    kept_unit = np.array(
+        [not f or b / f >= RECOMPUTE_SHARE for b, f in zip(n_back, n_fwd, strict=True)]
+    )
     keep = np.ones(len(code), dtype=bool)
-    keep[np.flatnonzero(in_backward)] = np.isin(back, list(keep_units))
+    keep[np.flatnonzero(in_backward)] = kept_unit[back]
     return keep
 
 
