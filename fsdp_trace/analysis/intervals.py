@@ -143,20 +143,26 @@ def union_each(starts, ends, labels) -> Labelled:
     label = np.asarray(labels, dtype=np.int64)
     if not s.size:
         return _EMPTY_EACH
+    order, first = _merged_by_label(s, e, label)
+    return s[order][first], np.maximum.reduceat(e[order], first), label[order][first]
+
+
+def _merged_by_label(s: np.ndarray, e: np.ndarray, label: np.ndarray):
+    """The order that sorts intervals by label, then by start (stable, as `union` sorts), and
+    where, in that order, each label's union starts a merged interval (`union`'s rule: a
+    start past the running maximum of the label's ends so far). Not empty."""
     order = np.lexsort((s, label))
     s, e, label = s[order], e[order], label[order]
     group = np.concatenate([[0], np.cumsum(label[1:] != label[:-1])])
-    # The running maximum of the ends within each label, exact: by rank, a label's ranks
-    # above every earlier label's.
-    by_end = np.argsort(e, kind="stable")
-    rank = np.empty(e.size, dtype=np.int64)
-    rank[by_end] = np.arange(e.size)
-    running_end = e[by_end[np.maximum.accumulate(group * e.size + rank) - group * e.size]]
+    # The running maximum of the ends within each label, exact: ends as their ranks among
+    # all ends, offset by the label's group so that a group never reads an earlier one's.
+    values, rank = np.unique(e, return_inverse=True)
+    offset = group * (values.size + 1)
+    running_end = values[np.maximum.accumulate(offset + rank) - offset]
     new = np.empty(s.size, dtype=bool)
     new[0] = True
     new[1:] = (group[1:] != group[:-1]) | (s[1:] > running_end[:-1])
-    first = np.flatnonzero(new)
-    return s[first], np.maximum.reduceat(e, first), label[first]
+    return order, np.flatnonzero(new)
 
 
 def lengths_each(starts, ends, labels, n: int) -> list[float]:
@@ -332,18 +338,8 @@ def union_length_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray):
     ascending; their lengths; a row of each), the lengths summed as `grouped_union_length`
     sums them."""
     codes = np.asarray(codes, dtype=np.int64)
-    order = np.lexsort((s, codes))  # by group, then start (stable: as a stable sort)
+    order, first = _merged_by_label(s, e, codes)
     codes, s, e = codes[order], s[order], e[order]
-    # The running max of the ends within each group: ends as their ranks among all ends
-    # (exact), offset by the group's code so that a group's running max never reads the
-    # previous group's (codes ascend).
-    values, rank = np.unique(e, return_inverse=True)
-    offset = codes * (values.size + 1)
-    running = values[np.maximum.accumulate(offset + rank) - offset]
-    new = np.empty(codes.size, dtype=bool)
-    new[0] = True
-    new[1:] = (codes[1:] != codes[:-1]) | (s[1:] > running[:-1])
-    first = np.flatnonzero(new)
     merged = np.maximum.reduceat(e, first) - s[first]
     lengths = pd.Series(merged).groupby(codes[first]).sum()
     heads = np.flatnonzero(np.diff(codes, prepend=-1))  # each group's first row, by code
