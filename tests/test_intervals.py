@@ -184,6 +184,42 @@ def test_group_reductions_equal_pandas_groupby():
     assert np.array_equal(iv.group_sum(big, values, 3), pd.Series(values).groupby(big).sum())
 
 
+def _pandas_sums(codes: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:
+    """The public groupby over the rows of a code (>= 0), every group 0..n_groups-1."""
+    kept = codes >= 0
+    sums = pd.Series(values[kept]).groupby(codes[kept]).sum()
+    out = np.zeros(n_groups)
+    out[sums.index.to_numpy()] = sums.to_numpy()
+    return out
+
+
+@pytest.mark.parametrize("way", ["as installed", "kernel missing", "kernel refuses"])
+def test_groupby_sum_is_pandas_groupby_sum_to_the_bit(monkeypatch, way):
+    """Sorted codes (pandas >= 3.1 sums their runs with reduceat) and unsorted ones (its
+    compensated kernel), NaN values, -1 codes, empty groups: the public groupby's bits, also
+    where pandas' kernel is not there or refuses the arguments."""
+    if way == "kernel missing":
+        monkeypatch.setattr(iv, "_pandas_group_sum", None)
+    elif way == "kernel refuses":
+
+        def refuses(**_):
+            raise TypeError("another signature")
+
+        monkeypatch.setattr(iv, "_pandas_group_sum", refuses)
+    rng = np.random.default_rng(5)
+    for i in range(400):
+        n, n_groups = int(rng.integers(0, 300)), int(rng.integers(1, 12))
+        codes = rng.integers(-1, n_groups, n)
+        if i % 2:
+            codes = np.sort(codes)
+        values = rng.normal(0, 1e3, n) * rng.choice([1.0, 1e-9, 1e9], n)  # Kahan-sensitive
+        if i % 3 == 0:
+            values[rng.random(n) < 0.1] = np.nan
+        got = iv.groupby_sum(codes, values, n_groups)
+        expected = _pandas_sums(codes, values, n_groups)
+        assert np.array_equal(got.view(np.int64), expected.view(np.int64))
+
+
 def test_group_totals_are_a_per_group_series_sum_to_the_bit():
     """`group_totals` against the lambda it replaces, `groupby(...).agg(lambda s:
     s.sum(min_count=...))`, on groups of 1 to hundreds of values (numpy's pairwise sum

@@ -39,8 +39,14 @@ def _per_step(values: np.ndarray, step_of: np.ndarray, steps: np.ndarray) -> flo
     """Median over `steps` of the per-step sums of `values` (steps with none count 0)."""
     if steps.size == 0:
         return 0.0
-    sums = pd.Series(values).groupby(step_of).sum().reindex(steps, fill_value=0.0)
-    return float(np.median(sums.to_numpy(dtype=np.float64)))
+    per_step = np.zeros(steps.size, dtype=np.float64)  # `groupby(step_of).sum()`, reindexed
+    if step_of.size:
+        present, where = np.unique(step_of, return_inverse=True)
+        sums = iv.groupby_sum(where.reshape(-1), values, present.size)
+        at = np.minimum(np.searchsorted(present, steps), present.size - 1)
+        found = present[at] == steps
+        per_step[found] = sums[at[found]]
+    return float(np.median(per_step))
 
 
 def _union_per_step(
