@@ -557,6 +557,20 @@ def mean(values) -> float:
     return total(values) / count if count else float("nan")
 
 
+def nan_min(values) -> float:
+    """`Series.min()`: the least value that is not NaN (NaN for none)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    return float(values.min()) if values.size else float("nan")
+
+
+def nan_max(values) -> float:
+    """`Series.max()`: the largest value that is not NaN (NaN for none)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    return float(values.max()) if values.size else float("nan")
+
+
 def group_max(codes: np.ndarray, values, n_groups: int) -> np.ndarray:
     """`groupby(codes).max()` per group (codes -1 left out): NaN skipped, NaN for none."""
     values = np.asarray(values, dtype=np.float64)

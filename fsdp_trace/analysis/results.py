@@ -208,6 +208,12 @@ class HostTime(DictRecord):
         return max(found, key=found.get) if found else None
 
 
+# The empty defaults, copied for each result (a copy costs ~1/10 of making one; every GPU
+# rank's analysis replaces them).
+_NO_BACKWARD_END = pd.DataFrame({"step": np.empty(0, np.int64), "end_us": np.empty(0)})
+_NO_OP_TAX = pd.DataFrame(columns=OP_TAX_COLUMNS)
+
+
 @dataclass
 class RankAnalysis:
     """One trace (one rank, one capture phase) analyzed.
@@ -243,10 +249,8 @@ class RankAnalysis:
     n_kernels: int = 0  # kept GPU events
     n_compute: int = 0  # of them, compute kernels
     compute_mean_us: float | None = None  # their mean duration (None: none)
-    backward_end: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame({"step": np.empty(0, np.int64), "end_us": np.empty(0)})
-    )
-    op_tax: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=OP_TAX_COLUMNS))
+    backward_end: pd.DataFrame = field(default_factory=lambda: _NO_BACKWARD_END.copy())
+    op_tax: pd.DataFrame = field(default_factory=lambda: _NO_OP_TAX.copy())
     op_tax_blocks: list[str] = field(default_factory=list)  # the blocks `op_tax` measures
     op_blocks: list[str] = field(default_factory=list)  # every block of a measurable op
     # Compute time per step by kernel name (the `KERNEL_TIME_TOP` largest): what tells which

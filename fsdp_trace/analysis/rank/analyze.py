@@ -24,6 +24,16 @@ from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Kind, Phase, Sour
 BREAKDOWN_FROM = STEP_COLUMNS.index("model_compute_us")  # the step breakdown's columns
 
 
+# The kernel table's columns `_collectives` reads, and those of its compute kernels that the
+# block and phase tables read.
+_COMM_COLUMNS = ("step", "ts", "end", "dur", "stream", "correlation", "name", "phase")
+_COMPUTE_COLUMNS = ("step", "ts", "end", "block", "phase")
+# A kind's name by its number (the kernel table names kinds).
+_KIND_NAMES = np.array(
+    [classify.KIND_NAMES.get(i) for i in range(max(classify.KIND_NAMES) + 1)], dtype=object
+)
+
+
 def _text_column(events: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
     """A sparse text column of `events` at `rows` (None where absent or not loaded)."""
     if name not in events:
@@ -211,53 +221,53 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
             "in the trace) were left out"
         )
     kidx = gpu_idx[keep]
-    k = pd.DataFrame(
-        {
-            "ts": events["ts"].to_numpy()[kidx],
-            "end": events["end"].to_numpy()[kidx],
-            "dur": events["dur"].to_numpy()[kidx],
-            "device": events["pid"].to_numpy()[kidx],
-            "stream": events["tid"].to_numpy()[kidx],
-            "kind": kinds[kidx],
-            "name": events["name"].array[kidx],
-            "step": step_of[keep],
-            "correlation": events["correlation"].to_numpy()[kidx],
-            # Launch shape (JSON text): tells apart kernels of one name (rule 7).
-            "grid": _text_column(events, "grid", kidx),
-            "block_dim": _text_column(events, "block", kidx),
-            "launch_row": launch_row[keep],
-        }
-    )
+    # The kept GPU events' columns as arrays (the kernel table's, in its order); the frames
+    # are made once each at the end (a column set on a frame, a mask or a drop cost a pandas
+    # step each).
+    ts_arr, end_arr = events["ts"].to_numpy()[kidx], events["end"].to_numpy()[kidx]
+    kind_arr = kinds[kidx]
+    kc: dict[str, np.ndarray] = {
+        "ts": ts_arr,
+        "end": end_arr,
+        "dur": events["dur"].to_numpy()[kidx],
+        "device": events["pid"].to_numpy()[kidx],
+        "stream": events["tid"].to_numpy()[kidx],
+        "kind": kind_arr,
+        "name": events["name"].array[kidx],
+        "step": step_of[keep],
+        "correlation": events["correlation"].to_numpy()[kidx],
+        # Launch shape (JSON text): tells apart kernels of one name (rule 7).
+        "grid": _text_column(events, "grid", kidx),
+        "block_dim": _text_column(events, "block", kidx),
+    }
+    k_step = kc["step"]
     if cpu_steps.empty or not linked.any():
-        windows = pd.DataFrame({"step": [0], "start": [k["ts"].min()], "end": [k["end"].max()]})
+        windows = pd.DataFrame(
+            {"step": [0], "start": [iv.nan_min(ts_arr)], "end": [iv.nan_max(end_arr)]}
+        )
     else:
         windows = steps_mod.gpu_windows(
-            cpu_steps,
-            k["step"].to_numpy(),
-            k["ts"].to_numpy(),
-            k["end"].to_numpy(),
-            setup.optimizer_ends(cpu, cpu_steps),
+            cpu_steps, k_step, ts_arr, end_arr, setup.optimizer_ends(cpu, cpu_steps)
         )
 
-    kind_arr = k["kind"].to_numpy()
     is_comm = kind_arr == classify.COMM
     is_compute = kind_arr == classify.COMPUTE
-    ts_arr, end_arr = k["ts"].to_numpy(), k["end"].to_numpy()
     cover = Coverage.of(ts_arr, end_arr, kind_arr)
 
     # Context of every kept GPU event's launch: block, phase, FSDP's own work.
     cpu_ctx = CpuContext.build(cpu)
-    launch = _LaunchContext.of(k["launch_row"].to_numpy(), events, cpu_ctx)
-    k["block"] = launch.block
-    k["phase"] = launch.phase
+    launch = _LaunchContext.of(launch_row[keep], events, cpu_ctx)
+    kc["block"] = launch.block
+    kc["phase"] = launch.phase
     # FSDP's own copy/cast kernels: launched inside any FSDP2 label (copy-in/out, chunk_cat,
     # casts, gradient accumulation); the units' compute runs between the labels.
-    k["fsdp"] = launch.inside_label & (kind_arr == classify.COMPUTE)
+    kc["fsdp"] = launch.inside_label & is_compute
     # The CPU time of each launch, and for FSDP's own kernels the unit of the label they
     # were launched in (the unit being gathered or reduced): what a replay of the step reads.
-    k["launch_ts"] = launch.time
+    kc["launch_ts"] = launch.time
     label_unit = cpu_ctx.labels.fqn_at(launch.chain[:, 0])
-    k["unit"] = np.where(k["fsdp"].to_numpy(), label_unit, k["block"].to_numpy())
+    kc["unit"] = np.where(kc["fsdp"], label_unit, kc["block"])
+    k = pd.DataFrame(kc, copy=False)
 
     # Steps.
     starts = windows["start"].to_numpy(dtype=np.float64)
@@ -271,11 +281,10 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     rs = coll == Collective.REDUCE_SCATTER
     ag_u = iv.union(comm_ts[ag], comm_end[ag])
     rs_u = iv.union(comm_ts[rs], comm_end[rs])
-    is_recompute = is_compute & (k["phase"].to_numpy() == Phase.RECOMPUTE)
+    is_recompute = is_compute & (kc["phase"] == Phase.RECOMPUTE)
     recompute_us = _windowed_lengths(
         iv.union(ts_arr[is_recompute], end_arr[is_recompute]), starts, ends
     )
-    k_step = k["step"].to_numpy()
 
     def count(kind: int) -> np.ndarray:
         """Per window, its kernels of `kind`."""
@@ -329,7 +338,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     collectives = _collectives(
         trace,
         comm_events,
-        k[is_comm],
+        {c: kc[c][is_comm] for c in _COMM_COLUMNS},
         coll,
         cpu_ctx,
         launch.chain[is_comm],
@@ -338,7 +347,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         notices,
         fsdp1_units,
     )
-    k_compute = k[is_compute]
+    k_compute = pd.DataFrame({c: kc[c][is_compute] for c in _COMPUTE_COLUMNS}, copy=False)
     blocks = block_table(collectives, k_compute, len(windows), trace.rank, source)
     compute_phases = iv.grouped_union_length_by_label(
         lambda step, phase: f"{step}|{phase}",
@@ -354,8 +363,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     host = hostside.host_time(
         cpu, kinds[cpu_mask], cpu_ctx, k, launch.thread, windows, cover.busy, cpu_steps
     )
-    kernels = k.drop(columns=["launch_row"])
-    kernels["kind"] = kernels["kind"].map(classify.KIND_NAMES)
+    kernels = pd.DataFrame({**kc, "kind": _KIND_NAMES[kind_arr]}, copy=False)
     return RankAnalysis(
         rank=trace.rank,
         path=trace.path,
@@ -431,7 +439,7 @@ class _LaunchContext:
 def _collectives(
     trace: Trace,
     comm_events: pd.DataFrame,
-    comm: pd.DataFrame,
+    comm: dict[str, np.ndarray],
     coll: np.ndarray,
     cpu_ctx: CpuContext,
     chain: np.ndarray,
@@ -441,7 +449,8 @@ def _collectives(
     fsdp1_units: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """One row per communication kernel (`comm_events`: their trace events with the NCCL args;
-    `comm`: their rows of the kernel table): unit, phase, bytes, bandwidth, exposed share."""
+    `comm`: their columns of the kernel table, `_COMM_COLUMNS`): unit, phase, bytes,
+    bandwidth, exposed share."""
     n = len(comm_events)
     if n == 0:
         return empty_frame(COLLECTIVE_COLUMNS)
@@ -482,11 +491,11 @@ def _collectives(
     nelems = np.maximum(in_n, out_n)
     nbytes = np.where((nelems >= 0) & (elem > 0), nelems * elem, np.nan)
     group = _group_sizes(trace, comm_events, col("group_size", MISSING), notices)
-    dur = comm["dur"].to_numpy()
+    dur = comm["dur"]
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(dur > 0, nbytes / (dur * 1e-6) / 1e9, np.nan)
     factor = classify.bus_factors(coll, group)
-    phase = comm["phase"].to_numpy().copy()
+    phase = comm["phase"].copy()
     hook_kind = labels.kind_at(hooks)
     not_recompute = phase != Phase.RECOMPUTE
     phase = np.where(
@@ -514,18 +523,16 @@ def _collectives(
         {
             "rank": trace.rank,
             "source": source,
-            "step": comm["step"].to_numpy(),
+            "step": comm["step"],
             "collective": coll,
             "block": block,
             "phase": phase,
             "issued_by": issued_by,
             "prefetched": prefetch >= 0,
-            "start_us": comm["ts"].to_numpy(),
-            "end_us": comm["end"].to_numpy(),
+            "start_us": comm["ts"],
+            "end_us": comm["end"],
             "dur_us": dur,
-            "exposed_us": iv.split_uncovered(
-                comm["ts"].to_numpy(), comm["end"].to_numpy(), compute_u
-            ),
+            "exposed_us": iv.split_uncovered(comm["ts"], comm["end"], compute_u),
             "bytes": nbytes,
             "group_size": group,
             "algbw_gbps": algbw,
@@ -535,9 +542,9 @@ def _collectives(
             "pg_desc": col("pg_desc", None),
             "pg_ranks": comm_events["pg_ranks"].array if "pg_ranks" in comm_events else None,
             "seq": col("seq", MISSING),
-            "stream": comm["stream"].to_numpy(),
-            "correlation": comm["correlation"].to_numpy(),
-            "kernel": comm["name"].astype(str).to_numpy(),
+            "stream": comm["stream"],
+            "correlation": comm["correlation"],
+            "kernel": pd.Series(comm["name"], copy=False).astype(str).to_numpy(),
             "transfer_us": no_match,
             "wait_us": no_match.copy(),
             "exposed_transfer_us": no_match.copy(),
