@@ -361,3 +361,38 @@ def test_numpy_ways_equal_pandas_ways(path):
         merged.reset_index(drop=True),
         check_exact=True,
     )
+
+
+_ASKED: list[str] = []
+
+
+def _asked_if_fsdp(name):
+    """A question that holds nothing of its own (module names only), counting its askings."""
+    _ASKED.append(name)
+    return name.startswith("FSDP::")
+
+
+def test_per_category_answers_are_kept_for_the_next_rank_only_where_the_question_is_pure():
+    """A question without state of its own is asked once per set of names (the next rank of
+    the job reads the kept answers); a closure's answers depend on what it holds: asked again."""
+    from fsdp_trace.analysis import classify
+
+    _ASKED.clear()
+    names = tuple(f"FSDP::op{i}" if i % 2 else f"aten::op{i}" for i in range(40))
+    first = classify.category_table(names, _asked_if_fsdp, bool, "nan")
+    again = classify.category_table(tuple(list(names)), _asked_if_fsdp, bool, "nan")  # a copy
+    assert len(_ASKED) == len(names) + 1  # asked once, the missing value too
+    assert np.array_equal(first, [n.startswith("FSDP::") for n in names] + [False])
+    assert again is first and not first.flags.writeable
+    other = classify.category_table(names[:-1], _asked_if_fsdp, bool, "nan")  # other names
+    assert len(_ASKED) == 2 * len(names) + 1 and other.size == len(names)
+
+    def prefixed(prefix):
+        return lambda name: name.startswith(prefix)
+
+    fsdp = classify.category_table(names, prefixed("FSDP::"), bool, "nan")
+    aten = classify.category_table(names, prefixed("aten::"), bool, "nan")
+    assert np.array_equal(fsdp[:-1], ~aten[:-1])  # one code, two closures: never shared
+    for i in range(classify._TABLES_KEPT + 5):  # bounded: the oldest go
+        classify.category_table((f"n{i}",), _asked_if_fsdp, bool, "nan")
+    assert len(classify._TABLES) <= classify._TABLES_KEPT

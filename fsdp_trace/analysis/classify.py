@@ -121,8 +121,37 @@ def _per_category(values: pd.Categorical, fn, dtype) -> np.ndarray:
         texts = values.categories[used[used >= 0]].tolist()
         results = ([fn(None)] if used.size and used[0] < 0 else []) + [fn(c) for c in texts]
         return np.array(results, dtype=dtype)[where.reshape(codes.shape)]
-    lookup = np.array([fn(c) for c in values.categories] + [fn(None)], dtype=dtype)
+    lookup = category_table(tuple(values.categories.tolist()), fn, dtype, None)
     return lookup[codes]  # code -1 (missing) reads the last entry: fn(None)
+
+
+# Per-category answers kept for the next trace: the ranks of one job name the same operators
+# and kernels, and a rank's analysis asks a dozen questions (regular expressions, prefixes) of
+# the same few hundred names. Keyed by the function's code, so only functions that hold
+# nothing of their own (no closure, no defaults: module constants at most) are kept.
+_TABLES: dict[tuple, np.ndarray] = {}
+_TABLES_KEPT = 64  # the oldest goes first
+
+
+def category_table(texts: tuple, fn, dtype, missing) -> np.ndarray:
+    """`[fn(t) for t in texts] + [fn(missing)]` as an array of `dtype` (read only: index it)."""
+    code = getattr(fn, "__code__", None)
+    pure = (
+        code is not None
+        and getattr(fn, "__closure__", None) is None
+        and not getattr(fn, "__defaults__", None)
+        and not getattr(fn, "__kwdefaults__", None)
+    )
+    key = (code, np.dtype(dtype).str, missing, texts) if pure else None
+    table = _TABLES.get(key) if key is not None else None
+    if table is None:
+        table = np.array([fn(t) for t in texts] + [fn(missing)], dtype=dtype)
+        table.flags.writeable = False
+        if key is not None:
+            if len(_TABLES) >= _TABLES_KEPT:
+                del _TABLES[next(iter(_TABLES))]
+            _TABLES[key] = table
+    return table
 
 
 per_category = _per_category

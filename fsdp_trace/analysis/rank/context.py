@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.read.trace import MISSING
 from fsdp_trace.vocab import ROOT, Collective, Phase
@@ -99,6 +101,7 @@ def display_name(fqn: str) -> str:
     return ", ".join(parts)
 
 
+@lru_cache(maxsize=4096)  # the ranks of one job carry the same labels
 def parse_fsdp_label(name: str) -> tuple[str, str, str] | None:
     """('all_gather', 'layers.3', raw) from 'FSDP::all_gather (layers.3)': the kind, the unit
     as users know it (`display_name`) and its raw path; the root's is 'root'."""
@@ -305,22 +308,21 @@ def name_mask(names: pd.Series, fn) -> np.ndarray:
                 fn(texts[i]) for i in used[used >= 0].tolist()
             ]
             return np.array(found, dtype=bool)[where.reshape(codes.shape)]
-        lookup = np.array([bool(fn(t)) for t in texts] + [fn("nan")], bool)
-        return lookup[codes]
+        return classify.category_table(texts, fn, bool, "nan")[codes]
     return names.astype(str).map(fn).to_numpy(dtype=bool)
 
 
 # The categories of the name column read last and their text: a trace's slices share its
 # categories, and a dozen string tests read them (reading a pandas Index is ~1 µs a value).
-_texts_of: tuple[pd.Index, list[str]] | None = None
+_texts_of: tuple[pd.Index, tuple[str, ...]] | None = None
 
 
-def _category_texts(categories: pd.Index) -> list[str]:
-    """`[str(c) for c in categories]`, made once per categories object."""
+def _category_texts(categories: pd.Index) -> tuple[str, ...]:
+    """`tuple(str(c) for c in categories)`, made once per categories object."""
     global _texts_of
     last = _texts_of
     if last is None or last[0] is not categories:
-        last = (categories, [str(c) for c in categories.tolist()])
+        last = (categories, tuple([str(c) for c in categories.tolist()]))
         _texts_of = last
     return last[1]
 
