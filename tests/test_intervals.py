@@ -383,3 +383,18 @@ def test_lengths_of_labels_of_many_intervals_are_numpys_sums():
     assert lengths[4] == 0.0
     one_by_one = [float(np.cumsum((e - s)[labels == label])[-1]) for label in range(4)]
     assert one_by_one != lengths[:4]  # the order of the sum shows in the last bits
+
+
+def test_first_seen_codes_of_many_wide_columns_number_as_groupby():
+    """Columns whose distinct values multiply past 2^62 (renumbered on the way): the numbers
+    `groupby(columns, sort=False).ngroup()` gives, with and without NaN rows."""
+    rng = np.random.default_rng(41)
+    n = 4000
+    columns = [pd.Series(rng.integers(0, 3000, n)) for _ in range(6)]
+    columns.append(pd.Series(rng.choice(["a", "b", None], n), dtype=object))
+    frame = pd.DataFrame({f"c{i}": c for i, c in enumerate(columns)})
+    for dropna in (True, False):
+        codes, first = iv.first_seen_codes(columns, dropna=dropna)
+        expected = frame.groupby(list(frame.columns), sort=False, dropna=dropna).ngroup()
+        assert np.array_equal(codes, expected.fillna(-1).to_numpy(dtype=np.int64))
+        assert np.array_equal(np.sort(codes[first]), np.arange(first.size))

@@ -396,3 +396,32 @@ def test_per_category_answers_are_kept_for_the_next_rank_only_where_the_question
     for i in range(classify._TABLES_KEPT + 5):  # bounded: the oldest go
         classify.category_table((f"n{i}",), _asked_if_fsdp, bool, "nan")
     assert len(classify._TABLES) <= classify._TABLES_KEPT
+
+
+@pytest.mark.parametrize("column", ["sorted categories", "unsorted categories", "missing", "text"])
+def test_kernel_time_by_codes_is_the_groupby_of_names(column):
+    """The top kernel names by compute time per step, read from the name column's codes,
+    against `groupby(names).sum()` sorted descending written here (ties: the first name)."""
+    from fsdp_trace.analysis.rank.kernel_figures import KERNEL_TIME_TOP, _kernel_time
+
+    rng = np.random.default_rng(3)
+    pool = [f"kernel_{i:03d}_{'x' * (i % 7)}" for i in range(120)]
+    names = rng.choice(pool, 3000)
+    dur = np.round(rng.exponential(20.0, 3000), 1)  # rounded: ties between names
+    if column == "sorted categories":
+        series = pd.Series(pd.Categorical(names))
+    elif column == "unsorted categories":
+        series = pd.Series(pd.Categorical(names, categories=sorted(pool, reverse=True)))
+    elif column == "missing":
+        series = pd.Series(pd.Categorical(np.where(rng.random(3000) < 0.1, None, names)))
+    else:
+        series = pd.Series(names, dtype=object)
+    rows = rng.random(3000) < 0.7
+    expected = (
+        (pd.Series(dur[rows]).groupby(series.astype(str).to_numpy()[rows]).sum() / 4)
+        .sort_values(ascending=False, kind="quicksort")
+        .head(KERNEL_TIME_TOP)
+    )
+    got = _kernel_time(series, rows, dur[rows], 4)
+    assert list(got) == [str(n) for n in expected.index]
+    assert np.array_equal(np.array(list(got.values())), expected.to_numpy())

@@ -367,12 +367,17 @@ def first_seen_codes(columns: list, dropna: bool = True) -> tuple[np.ndarray, np
     n = len(columns[0])
     combined = np.zeros(n, dtype=np.int64)
     missing = np.zeros(n, dtype=bool)
+    span = 1  # the numbers `combined` can hold so far
     for column in columns:
         codes, uniques = pd.factorize(column, use_na_sentinel=dropna)
         if dropna:
             missing |= codes < 0
+        if span * (len(uniques) + 1) >= 1 << 62:  # numbered again to stay small
+            combined = pd.factorize(combined)[0].astype(np.int64)
+            span = int(combined.max()) + 1 if n else 1
         combined = combined * (len(uniques) + 1) + codes + 1
-        combined = pd.factorize(combined)[0].astype(np.int64)  # keeps the numbers small
+        span *= len(uniques) + 1
+    combined = pd.factorize(combined)[0].astype(np.int64)  # in order of first appearance
     if dropna and missing.any():
         kept = np.flatnonzero(~missing)
         renumbered = pd.factorize(combined[kept])[0].astype(np.int64)

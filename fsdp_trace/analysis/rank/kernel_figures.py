@@ -39,9 +39,7 @@ def attach(result: RankAnalysis) -> RankAnalysis:
     result.n_kernels = len(k)
     result.n_compute = int(is_compute.sum())
     result.compute_mean_us = iv.mean(dur) if dur.size else None
-    result.kernel_time = _kernel_time(
-        k["name"].astype(str).to_numpy()[is_compute], dur, max(len(result.steps), 1)
-    )
+    result.kernel_time = _kernel_time(k["name"], is_compute, dur, max(len(result.steps), 1))
     result.backward_end = _backward_end(k, is_compute)
     result.op_blocks = overlap_tax.op_blocks(k)
     result.op_tax_blocks = [b for b in result.op_blocks if overlap_tax.block_like(b)]
@@ -54,11 +52,27 @@ def attach(result: RankAnalysis) -> RankAnalysis:
     return result
 
 
-def _kernel_time(names: np.ndarray, dur: np.ndarray, n_steps: int) -> dict[str, float]:
-    """The `KERNEL_TIME_TOP` kernel names of most compute time, per step: `groupby(names)
-    ["dur"].sum()` (names sorted), `sort_values(ascending=False).head(KERNEL_TIME_TOP)`."""
-    code, uniques = pd.factorize(names, sort=True)
-    per_name = iv.group_sum(code, dur, len(uniques))
+def _kernel_time(
+    name: pd.Series, rows: np.ndarray, dur: np.ndarray, n_steps: int
+) -> dict[str, float]:
+    """The `KERNEL_TIME_TOP` kernel names of most compute time, per step, among the kernels
+    at `rows` (their durations `dur`): `groupby(names)["dur"].sum()` (names sorted as text),
+    `sort_values(ascending=False).head(KERNEL_TIME_TOP)`. A name column of sorted text
+    categories is grouped by its codes (their order is the names'), without making a string
+    per kernel."""
+    values = name.array
+    if (
+        isinstance(values, pd.Categorical)
+        and values.categories.inferred_type == "string"
+        and values.categories.is_monotonic_increasing
+        and (codes := values.codes[rows]).size
+        and codes.min() >= 0
+    ):
+        present, code = np.unique(codes, return_inverse=True)
+        uniques = values.categories[present].astype(object).to_numpy()
+    else:
+        code, uniques = pd.factorize(name.astype(str).to_numpy()[rows], sort=True)
+    per_name = iv.group_sum(code.reshape(-1), dur, len(uniques))
     top = iv.descending_order(per_name, kind="quicksort")[:KERNEL_TIME_TOP]
     return {str(uniques[i]): float(v) for i, v in zip(top, per_name[top] / n_steps, strict=True)}
 

@@ -122,12 +122,7 @@ def _first_seen(columns: list) -> np.ndarray:
     """A number per row for each distinct combination of `columns` (NaN a value like any
     other), in order of first appearance: `groupby(columns, sort=False, dropna=False)
     .ngroup()`."""
-    combined = np.zeros(len(columns[0]), dtype=np.int64)
-    for column in columns:
-        codes, uniques = pd.factorize(column, use_na_sentinel=False)
-        combined = combined * max(len(uniques), 1) + codes
-        combined = pd.factorize(combined)[0].astype(np.int64)  # keeps the numbers small
-    return combined
+    return iv.first_seen_codes(columns, dropna=False)[0]
 
 
 def _ops(compute: Mapping[str, Any], dur: np.ndarray, with_: np.ndarray, alone: np.ndarray):
