@@ -28,6 +28,19 @@ BREAKDOWN_FROM = STEP_COLUMNS.index("model_compute_us")  # the step breakdown's 
 # block and phase tables read.
 _COMM_COLUMNS = ("step", "ts", "end", "dur", "stream", "correlation", "name", "phase")
 _COMPUTE_COLUMNS = ("step", "ts", "end", "block", "phase")
+# The events' columns of the NCCL kernels that their collectives read (names, NCCL arguments).
+_NCCL_COLUMNS = (
+    "name",
+    "collective_name",
+    "in_nelems",
+    "out_nelems",
+    "dtype",
+    "group_size",
+    "pg_name",
+    "pg_desc",
+    "pg_ranks",
+    "seq",
+)
 # A kind's name by its number (the kernel table names kinds).
 _KIND_NAMES = np.array(
     [classify.KIND_NAMES.get(i) for i in range(max(classify.KIND_NAMES) + 1)], dtype=object
@@ -267,14 +280,16 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     kc["launch_ts"] = launch.time
     label_unit = cpu_ctx.labels.fqn_at(launch.chain[:, 0])
     kc["unit"] = np.where(kc["fsdp"], label_unit, kc["block"])
-    k = pd.DataFrame(kc, copy=False)
 
     # Steps.
     starts = windows["start"].to_numpy(dtype=np.float64)
     ends = windows["end"].to_numpy(dtype=np.float64)
     step_us = ends - starts
     figures = cover.in_windows(starts, ends)
-    comm_events = events.iloc[kidx[is_comm]]  # the NCCL kernels' events, sliced once
+    # The NCCL kernels' events, the columns their collectives read, sliced once.
+    comm_events = _rows_of(
+        events, kidx[is_comm], tuple(c for c in _NCCL_COLUMNS if c in events.columns)
+    )
     coll = classify.collective_types(comm_events) if is_comm.any() else np.array([], dtype=object)
     comm_ts, comm_end = ts_arr[is_comm], end_arr[is_comm]
     ag = coll == Collective.ALL_GATHER
@@ -359,9 +374,9 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     exposed["step"] = steps_mod.step_of_time(
         windows, exposed["start_us"].to_numpy(), "start", "end"
     )
-    signals = setup.signals(cpu, cpu_ctx, cpu_steps, k, launch.thread, cover.busy, cover.compute)
+    signals = setup.signals(cpu, cpu_ctx, cpu_steps, kc, launch.thread, cover.busy, cover.compute)
     host = hostside.host_time(
-        cpu, kinds[cpu_mask], cpu_ctx, k, launch.thread, windows, cover.busy, cpu_steps
+        cpu, kinds[cpu_mask], cpu_ctx, kc, launch.thread, windows, cover.busy, cpu_steps
     )
     kernels = pd.DataFrame({**kc, "kind": _KIND_NAMES[kind_arr]}, copy=False)
     return RankAnalysis(

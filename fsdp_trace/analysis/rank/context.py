@@ -296,10 +296,10 @@ def fsdp_labels(cpu: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def name_mask(names: pd.Series, fn) -> np.ndarray:
+def name_mask(names: pd.Series | pd.Categorical, fn) -> np.ndarray:
     """`fn(name)` per row, once per distinct name when the column is categorical."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        values = names.array
+        values = names.array if isinstance(names, pd.Series) else names
         codes = values.codes
         texts = _category_texts(values.categories)
         if codes.size * 4 < len(texts):  # few rows: the categories they use

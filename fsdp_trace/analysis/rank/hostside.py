@@ -14,7 +14,9 @@ rank's analysis, from its CPU events and kernels."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -53,15 +55,16 @@ def host_time(
     cpu: pd.DataFrame,
     cpu_kinds: np.ndarray,
     cpu_ctx: CpuContext,
-    kernels: pd.DataFrame,
+    kernels: Mapping[str, Any],
     launch_thread: np.ndarray,
     windows: pd.DataFrame,
     busy: iv.Intervals,
     cpu_steps: pd.DataFrame,
 ) -> HostTime:
     """From the CPU events (`cpu`, their classify kinds), the kept GPU events with the code
-    of each one's launching thread, the GPU step windows and the busy union."""
-    if windows.empty or kernels.empty:
+    of each one's launching thread (`kernels`: their columns by name, a frame or arrays), the
+    GPU step windows and the busy union."""
+    if windows.empty or not len(kernels["ts"]):
         return HostTime()
     keys = cpu_ctx.keys
     codes = keys.codes
@@ -115,7 +118,7 @@ def host_time(
 def gaps_per_step(
     windows: pd.DataFrame,
     busy: iv.Intervals,
-    kernels: pd.DataFrame,
+    kernels: Mapping[str, Any],
     launch_thread: np.ndarray,
     main: int | None,
     keys: ThreadKeys,
@@ -149,12 +152,14 @@ def gaps_per_step(
     return idle, per_step, gap_keys
 
 
-def gap_enders(kernels: pd.DataFrame, launch_thread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gap_enders(
+    kernels: Mapping[str, Any], launch_thread: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The GPU events that can end a gap (compute and communication: what `busy` is made of),
     by start: their starts and the codes of their launching threads."""
-    kind = kernels["kind"].to_numpy()
+    kind = np.asarray(kernels["kind"])
     ends_gap = (kind == classify.COMPUTE) | (kind == classify.COMM)
-    k_ts = kernels["ts"].to_numpy(np.float64)[ends_gap]
+    k_ts = np.asarray(kernels["ts"], np.float64)[ends_gap]
     order = np.argsort(k_ts, kind="stable")
     return k_ts[order], launch_thread[ends_gap][order]
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -96,20 +98,21 @@ def signals(
     cpu: pd.DataFrame,
     cpu_ctx: CpuContext,
     cpu_steps: pd.DataFrame,
-    kernels: pd.DataFrame,
+    kernels: Mapping[str, Any],
     launch_thread: np.ndarray,
     busy: iv.Intervals,
     compute: iv.Intervals,
 ) -> Signals:
     """A rank's set-up evidence from its CPU events (`cpu`: operators, annotations,
-    launches), its kept GPU events (`kernels`: kind, name, step, times, `launch_ts`, phase),
+    launches), its kept GPU events (`kernels`, their columns by name, a frame or arrays: kind,
+    name, step, times, `launch_ts`, phase),
     the thread code of each one's launch, and the unions of busy and compute GPU time."""
     names = cpu["name"]
-    steps = np.sort(kernels["step"].unique()) if len(kernels) else np.empty(0, np.int64)
+    step_of = np.asarray(kernels["step"])
+    steps = np.unique(step_of) if step_of.size else np.empty(0, np.int64)
     n_steps = max(int(steps.size), 1)
-    kind = kernels["kind"].to_numpy()
-    ts, end = kernels["ts"].to_numpy(np.float64), kernels["end"].to_numpy(np.float64)
-    step_of = kernels["step"].to_numpy()
+    kind = np.asarray(kernels["kind"])
+    ts, end = np.asarray(kernels["ts"], np.float64), np.asarray(kernels["end"], np.float64)
 
     gemm = name_mask(names, lambda n: n == FLOAT8_GEMM)
     cast_us = cast_kernels = 0.0
@@ -119,9 +122,9 @@ def signals(
         t0, t1 = cpu["ts"].to_numpy(), cpu["end"].to_numpy()
         in_region = ThreadUnion(keys, code[region & ~gemm], t0[region & ~gemm], t1[region & ~gemm])
         in_gemm = ThreadUnion(keys, code[gemm], t0[gemm], t1[gemm])
-        launch = kernels["launch_ts"].to_numpy(np.float64)
+        launch = np.asarray(kernels["launch_ts"], np.float64)
         known = np.isfinite(launch)
-        cast = np.zeros(len(kernels), dtype=bool)
+        cast = np.zeros(kind.size, dtype=bool)
         at = np.nan_to_num(launch[known])
         cast[known] = in_region.contains(launch_thread[known], at) & ~in_gemm.contains(
             launch_thread[known], at
@@ -147,7 +150,7 @@ def signals(
             for s, e in zip(o_ts[inside], o_end[inside], strict=True)
         ]
         opt_idle = _per_step(np.asarray(idle, dtype=np.float64), o_step[inside], steps)
-        in_opt = (kernels["phase"].to_numpy() == Phase.OPTIMIZER) & (kind == classify.COMPUTE)
+        in_opt = (np.asarray(kernels["phase"]) == Phase.OPTIMIZER) & (kind == classify.COMPUTE)
         opt_gpu = _union_per_step(ts[in_opt], end[in_opt], step_of[in_opt], steps)
 
     return dataclasses.replace(
