@@ -44,11 +44,9 @@ def attach(result: RankAnalysis) -> RankAnalysis:
     result.op_blocks = overlap_tax.op_blocks(k)
     result.op_tax_blocks = [b for b in result.op_blocks if overlap_tax.block_like(b)]
     ops = overlap_tax.measure(k, set(result.op_tax_blocks), overlap_tax.moving(result.collectives))
-    result.op_tax = (
-        ops.reset_index()[OP_TAX_COLUMNS]
-        if "slowdown" in ops
-        else pd.DataFrame(columns=OP_TAX_COLUMNS)
-    )
+    if "slowdown" not in ops:
+        ops = pd.DataFrame(columns=OP_TAX_COLUMNS)
+    result.op_tax = ops if list(ops.columns) == OP_TAX_COLUMNS else ops[OP_TAX_COLUMNS]
     return result
 
 

@@ -39,7 +39,7 @@ def op_table(r: RankAnalysis, blocks: set[str]) -> pd.DataFrame:
     chosen = {b for b in r.op_blocks if b in blocks}
     if chosen == set(r.op_tax_blocks):
         return r.op_tax
-    return measure(r.load_kernels(), blocks, moving(r.collectives)).reset_index()
+    return measure(r.load_kernels(), blocks, moving(r.collectives))
 
 
 def block_like(name: str) -> bool:
@@ -82,10 +82,11 @@ def moving(collectives: pd.DataFrame) -> iv.Intervals | None:
 def measure(
     kernels: pd.DataFrame, blocks: set[str], transfer: iv.Intervals | None = None
 ) -> pd.DataFrame:
-    """Per compute op of `blocks`, its median duration with NCCL beside it and alone, from a
-    rank's kernels. "Beside NCCL" is beside NCCL moving data (`transfer`, see `moving`; the
-    NCCL kernels' whole span where not given): a kernel that waits for a late peer takes
-    little from the compute beside it, and what a late peer costs is the straggler's.
+    """Per compute op of `blocks` (a row each, `OP_TAX_COLUMNS`), its median duration with
+    NCCL beside it and alone, from a rank's kernels. "Beside NCCL" is beside NCCL moving data
+    (`transfer`, see `moving`; the NCCL kernels' whole span where not given): a kernel that
+    waits for a late peer takes little from the compute beside it, and what a late peer
+    costs is the straggler's.
 
     An op is one kernel position of a block: name, launch grid and block shape, phase and the
     n-th launch of that shape in the block's phase. Every block runs the same ops on the same
@@ -126,8 +127,9 @@ def _first_seen(columns: list) -> np.ndarray:
 
 
 def _ops(compute: Mapping[str, Any], dur: np.ndarray, with_: np.ndarray, alone: np.ndarray):
-    """`_ops_frame` in numpy (durations without NaN): the same table, to the bit. `compute`:
-    the measured kernels' columns (a frame, or arrays by name)."""
+    """`_ops_frame` in numpy (durations without NaN): the same table, to the bit (one row per
+    op, `OP_TAX_COLUMNS`). `compute`: the measured kernels' columns (a frame, or arrays by
+    name)."""
     shape = _first_seen([compute[c] for c in ("name", "grid", "block_dim", "phase")])
     group = _first_seen([compute["step"], compute["block"], shape])
     order = np.argsort(group, kind="stable")  # n-th launch: position in its group, in order
@@ -156,6 +158,8 @@ def _ops(compute: Mapping[str, Any], dur: np.ndarray, with_: np.ndarray, alone: 
     slowdown, added_us = _tax(median_with[at_with], median_alone[at_alone], time_with[at_with])
     return pd.DataFrame(
         {
+            "shape": shape[row],
+            "nth": nth[row],
             # Text typed as a frame of the whole column types it (pandas 3: `str`).
             "kernel": pd.Series(np.asarray(compute["name"])).array[row],
             "phase": pd.Series(np.asarray(compute["phase"])).array[row],
@@ -167,7 +171,6 @@ def _ops(compute: Mapping[str, Any], dur: np.ndarray, with_: np.ndarray, alone: 
             "slowdown": slowdown,
             "added_us": added_us,
         },
-        index=pd.MultiIndex.from_arrays([shape[row], nth[row]], names=["shape", "nth"]),
     )
 
 
@@ -215,7 +218,7 @@ def _ops_frame(compute: pd.DataFrame, dur: np.ndarray, frac: np.ndarray, touched
     slowdown, added_us = _tax(ops["median_with"], ops["median_alone"], ops["time_with"])
     ops["slowdown"] = slowdown
     ops["added_us"] = added_us
-    return ops
+    return ops.reset_index()
 
 
 def tax_rate(ranks: list[RankAnalysis], blocks: set[str]) -> float:
