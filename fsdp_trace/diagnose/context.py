@@ -22,13 +22,19 @@ from fsdp_trace.vocab import Collective, Device
 
 @dataclass(frozen=True)
 class Rows:
-    """Some rows of a frame, read a column at a time as an array (no frame copied)."""
+    """Some rows of a frame, read a column at a time as an array (no frame copied), each
+    column once: several rules read a rank's gathers (read them, never change them)."""
 
     frame: pd.DataFrame
     rows: np.ndarray
+    _read: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def __getitem__(self, column: str) -> np.ndarray:
-        return self.frame[column].to_numpy()[self.rows]
+        values = self._read.get(column)
+        if values is None:
+            values = self._read[column] = self.frame[column].to_numpy()[self.rows]
+            values.flags.writeable = False  # shared by the rules that read it
+        return values
 
     def __len__(self) -> int:
         return int(self.rows.size)
