@@ -398,3 +398,11 @@ def test_first_seen_codes_of_many_wide_columns_number_as_groupby():
         expected = frame.groupby(list(frame.columns), sort=False, dropna=dropna).ngroup()
         assert np.array_equal(codes, expected.fillna(-1).to_numpy(dtype=np.int64))
         assert np.array_equal(np.sort(codes[first]), np.arange(first.size))
+
+
+def test_groupby_sum_refuses_a_code_past_its_groups():
+    """pandas' kernel writes where a code points: a code past the groups is an IndexError
+    (as the public groupby's reindex gave), sorted or not."""
+    for codes in (np.array([0, 3, 1]), np.array([0, 1, 3])):
+        with pytest.raises(IndexError):
+            iv.groupby_sum(codes, np.ones(3), 2)

@@ -368,6 +368,10 @@ def test_numpy_ways_equal_pandas_ways(path):
 _ASKED: list[str] = []
 
 
+def _type_name(value) -> str:
+    return type(value).__name__
+
+
 def _asked_if_fsdp(name):
     """A question that holds nothing of its own (module names only), counting its askings."""
     _ASKED.append(name)
@@ -427,3 +431,58 @@ def test_kernel_time_by_codes_is_the_groupby_of_names(column):
     got = _kernel_time(series, rows, dur[rows], 4)
     assert list(got) == [str(n) for n in expected.index]
     assert np.array_equal(np.array(list(got.values())), expected.to_numpy())
+
+
+def test_per_category_answers_of_methods_and_numbers_are_not_kept_and_threads_share_them():
+    """A bound method holds its instance (two instances, one code): never kept; numeric names
+    (1 and 1.0 are equal keys) are not kept; threads evicting at once never fail."""
+    import threading
+
+    from fsdp_trace.analysis import classify
+
+    class Prefix:
+        def __init__(self, prefix):
+            self.prefix = prefix
+
+        def hit(self, name):
+            return name is not None and name.startswith(self.prefix)
+
+    names = ("FSDP::a", "aten::b")
+    assert classify.category_table(names, Prefix("FSDP::").hit, bool, None).tolist()[:2] == [
+        True,
+        False,
+    ]
+    assert classify.category_table(names, Prefix("aten::").hit, bool, None).tolist()[:2] == [
+        False,
+        True,
+    ]
+    ints, floats = pd.Categorical([1, 2]), pd.Categorical([1.0, 2.0])  # equal as keys
+    assert classify.per_category(ints, _type_name, object).tolist() == ["int", "int"]
+    assert classify.per_category(floats, _type_name, object).tolist() == ["float", "float"]
+    failures: list[BaseException] = []
+
+    def ask(offset: int) -> None:
+        try:
+            for i in range(300):
+                classify.category_table((f"t{offset}-{i}",), _asked_if_fsdp, bool, "nan")
+        except BaseException as exc:  # any failure fails the test
+            failures.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures and len(classify._TABLES) <= classify._TABLES_KEPT
+
+
+def test_kind_names_are_typed_as_a_mapped_column_also_when_empty():
+    """The kernel table's kind names against `Series.map(KIND_NAMES)` (values and dtype), for
+    kept kernels and for none (every kernel launched outside the profiled steps)."""
+    from fsdp_trace.analysis import classify
+    from fsdp_trace.analysis.rank.analyze import _kind_names
+
+    for kinds in (np.array([1, 2, 3, 2], dtype=np.int8), np.empty(0, dtype=np.int8)):
+        expected = pd.Series(kinds).map(classify.KIND_NAMES)
+        got = pd.DataFrame({"kind": _kind_names(kinds)})["kind"]
+        pd.testing.assert_series_equal(got, expected, check_names=False)

@@ -5,6 +5,7 @@ per distinct name, never per event."""
 from __future__ import annotations
 
 import re
+import threading
 
 import numpy as np
 import pandas as pd
@@ -121,23 +122,31 @@ def _per_category(values: pd.Categorical, fn, dtype) -> np.ndarray:
         texts = values.categories[used[used >= 0]].tolist()
         results = ([fn(None)] if used.size and used[0] < 0 else []) + [fn(c) for c in texts]
         return np.array(results, dtype=dtype)[where.reshape(codes.shape)]
-    lookup = category_table(tuple(values.categories.tolist()), fn, dtype, None)
+    categories = values.categories
+    texts = tuple(categories.tolist())
+    lookup = category_table(texts, fn, dtype, None, keep=categories.inferred_type == "string")
     return lookup[codes]  # code -1 (missing) reads the last entry: fn(None)
 
 
 # Per-category answers kept for the next trace: the ranks of one job name the same operators
 # and kernels, and a rank's analysis asks a dozen questions (regular expressions, prefixes) of
-# the same few hundred names. Keyed by the function's code, so only functions that hold
-# nothing of their own (no closure, no defaults: module constants at most) are kept.
+# the same few hundred names. Keyed by the function's code and the names (text only: 1 and
+# 1.0 are equal keys), so only plain functions that hold nothing of their own (no closure, no
+# defaults, not a bound method: module constants at most) are kept. Threads of one process
+# (a Dask worker's) share the table.
 _TABLES: dict[tuple, np.ndarray] = {}
 _TABLES_KEPT = 64  # the oldest goes first
+_TABLES_LOCK = threading.Lock()
 
 
-def category_table(texts: tuple, fn, dtype, missing) -> np.ndarray:
-    """`[fn(t) for t in texts] + [fn(missing)]` as an array of `dtype` (read only: index it)."""
+def category_table(texts: tuple, fn, dtype, missing, keep: bool = True) -> np.ndarray:
+    """`[fn(t) for t in texts] + [fn(missing)]` as an array of `dtype` (read only: index it);
+    `keep`: `texts` are all text, the answers may be kept for the next set of equal names."""
     code = getattr(fn, "__code__", None)
     pure = (
-        code is not None
+        keep
+        and code is not None
+        and getattr(fn, "__self__", None) is None
         and getattr(fn, "__closure__", None) is None
         and not getattr(fn, "__defaults__", None)
         and not getattr(fn, "__kwdefaults__", None)
@@ -148,9 +157,10 @@ def category_table(texts: tuple, fn, dtype, missing) -> np.ndarray:
         table = np.array([fn(t) for t in texts] + [fn(missing)], dtype=dtype)
         table.flags.writeable = False
         if key is not None:
-            if len(_TABLES) >= _TABLES_KEPT:
-                del _TABLES[next(iter(_TABLES))]
-            _TABLES[key] = table
+            with _TABLES_LOCK:
+                while len(_TABLES) >= _TABLES_KEPT:
+                    del _TABLES[next(iter(_TABLES))]
+                _TABLES[key] = table
     return table
 
 

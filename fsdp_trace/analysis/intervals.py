@@ -400,6 +400,8 @@ def groupby_sum(codes: np.ndarray, values, n_groups: int) -> np.ndarray:
     keep = labels >= 0
     if not keep.all():
         labels, values = labels[keep], values[keep]
+    if labels.size and int(labels.max()) >= n_groups:  # pandas' kernel does not check
+        raise IndexError(f"group code {int(labels.max())} past the {n_groups} groups")
     if labels.size and _sums_sorted_runs() and not np.isnan(values).any():
         new_run = np.empty(labels.size, dtype=bool)
         new_run[0] = True
@@ -435,9 +437,12 @@ def _sums_sorted_runs() -> bool:
     """Whether this pandas sums sorted group codes with `np.add.reduceat` (3.1 and later)."""
     global _SORTED_RUNS
     if _SORTED_RUNS is None:
-        from pandas.core.groupby.ops import BaseGrouper
-
-        _SORTED_RUNS = hasattr(BaseGrouper, "_reduceat_aggregate")
+        try:
+            from pandas.core.groupby.ops import BaseGrouper
+        except ImportError:  # pragma: no cover - another pandas layout: its kernel everywhere
+            _SORTED_RUNS = False
+        else:
+            _SORTED_RUNS = hasattr(BaseGrouper, "_reduceat_aggregate")
     return _SORTED_RUNS
 
 

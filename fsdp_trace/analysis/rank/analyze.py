@@ -47,6 +47,14 @@ _KIND_NAMES = np.array(
 )
 
 
+def _kind_names(kinds: np.ndarray) -> np.ndarray | pd.Series:
+    """Each kind's name, typed as a column of names is (an empty one too: pandas types the
+    strings of a mapped column, not an empty object array)."""
+    if kinds.size:
+        return _KIND_NAMES[kinds]
+    return pd.Series(kinds).map(classify.KIND_NAMES)
+
+
 def _text_column(events: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
     """A sparse text column of `events` at `rows` (None where absent or not loaded)."""
     if name not in events:
@@ -378,7 +386,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     host = hostside.host_time(
         cpu, kinds[cpu_mask], cpu_ctx, kc, launch.thread, windows, cover.busy, cpu_steps
     )
-    kernels = pd.DataFrame({**kc, "kind": _KIND_NAMES[kind_arr]}, copy=False)
+    kernels = pd.DataFrame({**kc, "kind": _kind_names(kind_arr)}, copy=False)
     return RankAnalysis(
         rank=trace.rank,
         path=trace.path,
