@@ -6,8 +6,8 @@ intercept of a rank's CPU time against its size, side by side with another check
     done
     python benchmarks/fixed_cost.py /tmp/fixed/s1 /tmp/fixed/s2 /tmp/fixed/s4 --before BASE
 
-For each folder (ranks of one size), each checkout and each round (A B A B ..., each a fresh
-process): the rank's per-rank work done in one process, rank after rank, as a `--jobs`
+For each folder (ranks of one size), each checkout and each round (A B, then B A, ..., each a
+fresh process): the rank's per-rank work done in one process, rank after rank, as a `--jobs`
 worker does it (load the trace, `analyze_trace`, the compact copy a run keeps: `as_kept`),
 and the process's CPU time per rank after three ranks of warm-up; beside it the parse floor
 of the same files (the typed msgspec decode, `parse_floor.py`'s), per rank. The least CPU
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -40,23 +41,34 @@ from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.analysis.rank.analyze import analyze_trace
 from parse_floor import decode as floor
 files = sorted(folder.glob("rank*.json"))
+stages = {"load_ms": 0.0, "analyze_ms": 0.0, "kept_ms": 0.0}
 def work(path):
+    t0 = time.process_time()
     trace = load_trace(path, cache=False, progress=False, parallel=False)
-    analyze_trace(trace, "trace").as_kept(False, kernels=False)
+    t1 = time.process_time()
+    result = analyze_trace(trace, "trace")
+    t2 = time.process_time()
+    result.as_kept(False, kernels=False)
+    t3 = time.process_time()
+    return t1 - t0, t2 - t1, t3 - t2
 for path in files[:3]:
     work(path)
     floor(str(path))
 t0 = time.process_time()
 for path in files:
-    work(path)
+    for name, seconds in zip(stages, work(path)):
+        stages[name] += seconds / len(files) * 1e3
 rank_ms = (time.process_time() - t0) / len(files) * 1e3
 t0 = time.process_time()
 for path in files:
     floor(str(path))
 floor_ms = (time.process_time() - t0) / len(files) * 1e3
 mb = sum(p.stat().st_size for p in files) / len(files) / 1e6
-print(json.dumps({"rank_ms": rank_ms, "floor_ms": floor_ms, "mb": mb}))
+print(json.dumps({"rank_ms": rank_ms, "floor_ms": floor_ms, "mb": mb, **stages}))
 """
+
+
+STAGES = ("load_ms", "analyze_ms", "kept_ms")
 
 
 def measure(root: Path, folder: Path) -> dict[str, float]:
@@ -86,15 +98,15 @@ def main() -> None:
     if args.before is not None:
         checkouts["before"] = args.before.resolve()
     best: dict[tuple[str, Path], dict[str, float]] = {}
-    for _ in range(args.rounds):
+    runs: dict[tuple[str, Path], list[dict[str, float]]] = {}
+    for i in range(args.rounds):
         for folder in args.folders:
-            for name, root in checkouts.items():
+            order = list(checkouts.items())
+            for name, root in order if i % 2 == 0 else order[::-1]:  # who goes first alternates
                 got = measure(root, folder)
                 key = (name, folder)
-                if key not in best:
-                    best[key] = got
-                else:
-                    best[key] = {k: min(best[key][k], got[k]) for k in got}
+                runs.setdefault(key, []).append(got)
+                best[key] = {k: min(r[k] for r in runs[key]) for k in got}
     print(f"Least CPU time per rank over {args.rounds} rounds (ms), per folder:\n")
     print("| folder | MB a rank | " + " | ".join(checkouts) + " | parse floor |")
     print("|---|---:|" + "---:|" * (len(checkouts) + 1))
@@ -103,6 +115,12 @@ def main() -> None:
         cells = [f"{best[(n, folder)]['rank_ms']:.1f}" for n in checkouts]
         floor_ms = min(best[(n, folder)]["floor_ms"] for n in checkouts)
         print(f"| {folder} | {first['mb']:.2f} | " + " | ".join(cells) + f" | {floor_ms:.1f} |")
+    print("\nBy stage (ms a rank, each the least over the rounds): load / analyze_trace / kept\n")
+    for folder in args.folders:
+        parts = [
+            f"{n} " + " / ".join(f"{best[(n, folder)][k]:.1f}" for k in STAGES) for n in checkouts
+        ]
+        print(f"- {folder}: " + "; ".join(parts))
     print("\nFitted against the size (least squares): fixed ms a rank + ms per MB\n")
     for name in checkouts:
         mb = [best[(name, f)]["mb"] for f in args.folders]
@@ -112,6 +130,18 @@ def main() -> None:
     floors = [min(best[(n, f)]["floor_ms"] for n in checkouts) for f in args.folders]
     fixed, per_mb = fit(mb, floors)
     print(f"- parse floor: {fixed:.1f} ms a rank + {per_mb:.1f} ms per MB")
+    if args.before is None:
+        return
+    print("\nThe medians over the rounds, fitted the same way; this checkout / before per round\n")
+    for name in checkouts:
+        medians = [statistics.median(r["rank_ms"] for r in runs[(name, f)]) for f in args.folders]
+        fixed, per_mb = fit(mb, medians)
+        print(f"- {name}: {fixed:.1f} ms a rank + {per_mb:.1f} ms per MB")
+    for folder in args.folders:
+        pairs = zip(runs[("this checkout", folder)], runs[("before", folder)], strict=True)
+        ratios = [a["rank_ms"] / b["rank_ms"] for a, b in pairs]
+        shown = ", ".join(f"{r:.2f}" for r in ratios)
+        print(f"- {folder}: {shown} (median {statistics.median(ratios):.2f})")
 
 
 if __name__ == "__main__":
