@@ -16,6 +16,12 @@ try:  # pandas' own groupby-sum kernel (Kahan, in row order), called without the
     from pandas._libs.groupby import group_sum as _pandas_group_sum
 except ImportError:  # pragma: no cover - a pandas without it: the public groupby
     _pandas_group_sum = None
+try:  # pandas 3.1 and later sum runs of sorted group codes with np.add.reduceat
+    from pandas.core.groupby.ops import BaseGrouper
+
+    _SORTED_RUNS = hasattr(BaseGrouper, "_reduceat_aggregate")
+except ImportError:  # pragma: no cover - another pandas layout: its kernel everywhere
+    _SORTED_RUNS = False
 
 Intervals = tuple[np.ndarray, np.ndarray]
 EMPTY: Intervals = (np.empty(0), np.empty(0))
@@ -402,15 +408,16 @@ def groupby_sum(codes: np.ndarray, values, n_groups: int) -> np.ndarray:
         labels, values = labels[keep], values[keep]
     if labels.size and int(labels.max()) >= n_groups:  # pandas' kernel does not check
         raise IndexError(f"group code {int(labels.max())} past the {n_groups} groups")
-    if labels.size and _sums_sorted_runs() and not np.isnan(values).any():
-        new_run = np.empty(labels.size, dtype=bool)
-        new_run[0] = True
-        np.not_equal(labels[1:], labels[:-1], out=new_run[1:])
-        if (labels[1:] >= labels[:-1]).all():
-            starts = np.flatnonzero(new_run)
-            total = np.zeros(n_groups, dtype=np.float64)
-            total[labels[starts]] = np.add.reduceat(values, starts)
-            return total
+    if (
+        _SORTED_RUNS
+        and labels.size
+        and (labels[1:] >= labels[:-1]).all()
+        and not np.isnan(values).any()
+    ):
+        starts = np.flatnonzero(np.diff(labels, prepend=-1))  # each run of one code
+        total = np.zeros(n_groups, dtype=np.float64)
+        total[labels[starts]] = np.add.reduceat(values, starts)
+        return total
     if _pandas_group_sum is not None:
         out = np.zeros((n_groups, 1), dtype=np.float64)
         try:
@@ -433,20 +440,21 @@ def groupby_sum(codes: np.ndarray, values, n_groups: int) -> np.ndarray:
     return total
 
 
-def _sums_sorted_runs() -> bool:
-    """Whether this pandas sums sorted group codes with `np.add.reduceat` (3.1 and later)."""
-    global _SORTED_RUNS
-    if _SORTED_RUNS is None:
-        try:
-            from pandas.core.groupby.ops import BaseGrouper
-        except ImportError:  # pragma: no cover - another pandas layout: its kernel everywhere
-            _SORTED_RUNS = False
-        else:
-            _SORTED_RUNS = hasattr(BaseGrouper, "_reduceat_aggregate")
-    return _SORTED_RUNS
-
-
-_SORTED_RUNS: bool | None = None
+def sorted_category_codes(values: object, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """For a categorical column of sorted text categories (the loader's names): the codes at
+    `rows` numbered over the categories they use, in the names' order (-1 where missing), and
+    those names; what `pd.factorize(names, sort=True)` gives, without reading a string per
+    row. None for any other column (factorize its values)."""
+    if not (
+        isinstance(values, pd.Categorical)
+        and values.categories.inferred_type == "string"
+        and values.categories.is_monotonic_increasing
+    ):
+        return None
+    codes = values.codes[rows].astype(np.int64)
+    used = np.unique(codes[codes >= 0])
+    code = np.where(codes >= 0, np.searchsorted(used, codes), -1)
+    return code, np.asarray(values.categories[used], dtype=object)
 
 
 def group_sum(codes: np.ndarray, values, n_groups: int, min_count: int = 0) -> np.ndarray:

@@ -228,16 +228,13 @@ def _sum_by_name(
     names: pd.Series, rows: np.ndarray, values: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """`Series(values).groupby(names[rows]).sum()`: the names sorted (missing ones left out),
-    each one's sum as pandas adds it. A name column of sorted categories (the loader's) is
-    grouped by its codes: no string is read but the names that are there."""
-    column = names.array
-    if isinstance(column, pd.Categorical) and column.categories.is_monotonic_increasing:
-        code = column.codes[rows].astype(np.int64)
-        there = np.flatnonzero(np.bincount(code[code >= 0], minlength=len(column.categories)))
-        totals = iv.group_sum(code, values, len(column.categories))
-        return np.asarray(column.categories, dtype=object)[there], totals[there]
-    code, uniques = pd.factorize(np.asarray(column[rows], dtype=object), sort=True)
-    return uniques, iv.group_sum(code.astype(np.int64), values, len(uniques))
+    each one's sum as pandas adds it. The loader's name column is grouped by its codes
+    (`iv.sorted_category_codes`): no string is read but the names that are there."""
+    found = iv.sorted_category_codes(names.array, rows)
+    if found is None:
+        found = pd.factorize(np.asarray(names.array[rows], dtype=object), sort=True)
+    code, uniques = found
+    return uniques, iv.group_sum(np.asarray(code, dtype=np.int64), values, len(uniques))
 
 
 def _optimizer_impl(names: pd.Series, codes, ts, is_op, cpu_ctx: CpuContext) -> str:

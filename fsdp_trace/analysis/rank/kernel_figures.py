@@ -20,7 +20,7 @@ import pandas as pd
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank import overlap_tax
 from fsdp_trace.analysis.rank.breakdown import kernel_parts
-from fsdp_trace.analysis.results import OP_TAX_COLUMNS, RankAnalysis
+from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.vocab import Kind, Phase
 
 KERNEL_TIME_TOP = 50  # kernel names whose compute time per step a rank keeps
@@ -44,9 +44,8 @@ def attach(result: RankAnalysis) -> RankAnalysis:
     result.op_blocks = overlap_tax.op_blocks(k)
     result.op_tax_blocks = [b for b in result.op_blocks if overlap_tax.block_like(b)]
     ops = overlap_tax.measure(k, set(result.op_tax_blocks), overlap_tax.moving(result.collectives))
-    if "slowdown" not in ops:
-        ops = pd.DataFrame(columns=OP_TAX_COLUMNS)
-    result.op_tax = ops if list(ops.columns) == OP_TAX_COLUMNS else ops[OP_TAX_COLUMNS]
+    if "slowdown" in ops:  # measured (OP_TAX_COLUMNS); else the result's empty table stays
+        result.op_tax = ops
     return result
 
 
@@ -54,23 +53,15 @@ def _kernel_time(
     name: pd.Series, rows: np.ndarray, dur: np.ndarray, n_steps: int
 ) -> dict[str, float]:
     """The `KERNEL_TIME_TOP` kernel names of most compute time, per step, among the kernels
-    at `rows` (their durations `dur`): `groupby(names)["dur"].sum()` (names sorted as text),
-    `sort_values(ascending=False).head(KERNEL_TIME_TOP)`. A name column of sorted text
-    categories is grouped by its codes (their order is the names'), without making a string
-    per kernel."""
-    values = name.array
-    if (
-        isinstance(values, pd.Categorical)
-        and values.categories.inferred_type == "string"
-        and values.categories.is_monotonic_increasing
-        and (codes := values.codes[rows]).size
-        and codes.min() >= 0
-    ):
-        present, code = np.unique(codes, return_inverse=True)
-        uniques = values.categories[present].astype(object).to_numpy()
+    at `rows` (their durations `dur`): `groupby(names)["dur"].sum()` (names sorted as text, a
+    missing one as "nan"), `sort_values(ascending=False).head(KERNEL_TIME_TOP)`. The loader's
+    name column is grouped by its codes (`iv.sorted_category_codes`), no string made a kernel."""
+    found = iv.sorted_category_codes(name.array, rows)
+    if found is not None and found[1].size and (found[0] >= 0).all():
+        code, uniques = found
     else:
         code, uniques = pd.factorize(name.astype(str).to_numpy()[rows], sort=True)
-    per_name = iv.group_sum(code.reshape(-1), dur, len(uniques))
+    per_name = iv.group_sum(code, dur, len(uniques))
     top = iv.descending_order(per_name, kind="quicksort")[:KERNEL_TIME_TOP]
     return {str(uniques[i]): float(v) for i, v in zip(top, per_name[top] / n_steps, strict=True)}
 

@@ -105,8 +105,8 @@ def signals(
 ) -> Signals:
     """A rank's set-up evidence from its CPU events (`cpu`: operators, annotations,
     launches), its kept GPU events (`kernels`, their columns by name, a frame or arrays: kind,
-    name, step, times, `launch_ts`, phase),
-    the thread code of each one's launch, and the unions of busy and compute GPU time."""
+    name, step, times, `launch_ts`, phase), the thread code of each one's launch, and the
+    unions of busy and compute GPU time."""
     names = cpu["name"]
     step_of = np.asarray(kernels["step"])
     steps = np.unique(step_of) if step_of.size else np.empty(0, np.int64)

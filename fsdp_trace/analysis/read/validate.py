@@ -297,8 +297,10 @@ def plain(value: Any, depth: int = 0) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, list):
-        if depth < 32 and _all_int(value):  # a group's members: thousands at a thousand ranks
-            return not value or (min(value) >= -_INT64 and max(value) < _INT64)
+        # A group's members: thousands of ints at a thousand ranks, checked in one pass.
+        within = _ints_within(value, -_INT64, _INT64) if depth < 32 else None
+        if within is not None:
+            return within
         return all(plain(v, depth + 1) for v in value)
     if isinstance(value, dict):
         return all(isinstance(k, str) and plain(v, depth + 1) for k, v in value.items())
@@ -313,17 +315,19 @@ def plain_items(items: Any) -> tuple[list[Any], int]:
     return kept, len(items) - len(kept)
 
 
-def _all_int(values: list) -> bool:
-    """Every value a plain int (not a bool): one C-level pass over the list."""
-    return set(map(type, values)) <= {int}
+def _ints_within(values: list, low: int, high: int) -> bool | None:
+    """For a list of plain ints (not bools), whether every one lies in [low, high), in a few
+    C-level passes; None for a list of anything else (check it value by value)."""
+    if not set(map(type, values)) <= {int}:
+        return None
+    return not values or (min(values) >= low and max(values) < high)
 
 
 def _all_ranks(values: list) -> bool:
     """Every value a rank number (`_count(v, 0)`); a list of ints in one pass (thousands of
     members at a thousand ranks)."""
-    if _all_int(values):
-        return not values or (min(values) >= 0 and max(values) < RANK_LIMIT)
-    return all(_count(v, 0) is not None for v in values)
+    within = _ints_within(values, 0, RANK_LIMIT)
+    return within if within is not None else all(_count(v, 0) is not None for v in values)
 
 
 def _count(value: Any, low: int) -> int | None:
