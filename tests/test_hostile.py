@@ -1623,6 +1623,43 @@ def test_a_reader_that_stops_early_does_not_stop_the_command(tmp_path):
     assert json.loads(out.read_text())["verdict"]
 
 
+def _cli_into_closed_pipe(*args: str) -> subprocess.CompletedProcess:
+    """The command with stdout and stderr both into a pipe whose reader is gone before the
+    first line (`2>&1 | head -1`: every write meets a closed pipe)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "fsdp_trace", *args],
+            cwd=REPO,
+            stdout=write,
+            stderr=write,
+            timeout=120,
+            env={**os.environ, "FSDP_TRACE_QUIET": "1"},
+        )
+    finally:
+        os.close(write)
+
+
+def test_a_reader_of_both_streams_that_stops_early_does_not_stop_the_command(tmp_path):
+    """`2>&1 | head -1` exited 1 after writing its files: the last line on stderr ("wrote
+    ...") met the closed pipe and click ends an EPIPE with 1. stderr stops with its reader as
+    stdout does; the files are written and the exit is the command's own."""
+    run = _sim_run(tmp_path)
+    out = tmp_path / "o.json"
+    done = _cli_into_closed_pipe("analyze", str(run), "--json", str(out))
+    assert done.returncode == 0
+    assert json.loads(out.read_text())["verdict"]
+    assert (run / "report.html").stat().st_size > 0
+
+
+def test_bad_input_into_a_closed_pipe_still_exits_2(tmp_path):
+    """The one-line error has nowhere to go; the exit code still says what happened."""
+    missing = tmp_path / "missing.json"
+    done = _cli_into_closed_pipe("analyze", str(missing), "--no-report")
+    assert done.returncode == 2
+
+
 def test_a_trace_in_nanoseconds_says_so(tmp_path):
     """issue 21 (9): `displayTimeUnit: "ns"` traces (ts and dur in ns, as Perfetto reads
     them) were read as µs: 1000× longer steps and a false bandwidth finding."""

@@ -29,15 +29,17 @@ app.command(cls=PlainCommand)(view.view)
 app.add_typer(view.cache_app, name="cache")
 
 
-class _Stdout:
-    """Standard output as the commands write it: a reader that went away (`| head -1`) stops
-    the printing, not the command (its files are still written, and it exits as it would);
-    a stdout that cannot be written (`> /dev/full`) is a one-line error; text the terminal's
-    encoding cannot show is replaced, never a UnicodeEncodeError. Everything else is the
-    stream's own."""
+class _Output:
+    """Standard output or error as the commands write them: a reader that went away (`|
+    head -1`, `2>&1 | head -1`) stops the printing, not the command (its files are still
+    written, and it exits as it would); a stdout that cannot be written (`> /dev/full`) is a
+    one-line error, a stderr that cannot be written is quiet (it is where that line would
+    go); text the terminal's encoding cannot show is replaced, never a UnicodeEncodeError.
+    Everything else is the stream's own."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, errors_said: bool = True) -> None:
         self._stream = stream
+        self._errors_said = errors_said  # False: stderr, where an error line cannot go
         self._gone = False
 
     def __getattr__(self, name: str):
@@ -62,6 +64,8 @@ class _Stdout:
             self._closed_under_us()
         except OSError as exc:
             self._closed_under_us()
+            if not self._errors_said:
+                return None
             raise UserError(
                 f"cannot write to standard output ({exc.strerror or exc}): the output stops "
                 "here, nothing else written"
@@ -82,5 +86,7 @@ def main() -> None:
         with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
             stream.reconfigure(errors="backslashreplace" if stream is sys.stderr else "replace")
     if sys.stdout is not None:
-        sys.stdout = _Stdout(sys.stdout)
+        sys.stdout = _Output(sys.stdout)
+    if sys.stderr is not None:
+        sys.stderr = _Output(sys.stderr, errors_said=False)
     app()
