@@ -7,6 +7,7 @@ a partial output. Then one focused test per defect the reliability probe found."
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import gzip
 import hashlib
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1567,16 +1569,30 @@ def test_an_output_name_too_long_for_the_filesystem_is_one_line(tmp_path):
     assert "File name too long" in line and "give another path" in line
 
 
-def _cli_with_stdout(stdout, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _cli_with_stdout(
+    stdout, *args: str, env: dict | None = None, stderr=subprocess.PIPE
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "fsdp_trace", *args],
         cwd=REPO,
         stdout=stdout,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         timeout=120,
         env={**os.environ, "FSDP_TRACE_QUIET": "1", **(env or {})},
     )
+
+
+@contextlib.contextmanager
+def _closed_pipe() -> Iterator[int]:
+    """The writing end of a pipe whose reader is gone before the first line (`| head -1`:
+    every write meets a closed pipe)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        yield write
+    finally:
+        os.close(write)
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
@@ -1610,35 +1626,13 @@ def test_a_reader_that_stops_early_does_not_stop_the_command(tmp_path):
     a closed pipe); the files are written and the command ends as usual."""
     run = _sim_run(tmp_path)
     out = tmp_path / "o.json"
-    read, write = os.pipe()
-    os.close(read)
-    try:
+    with _closed_pipe() as write:
         done = _cli_with_stdout(write, "analyze", str(run), "--json", str(out))
-    finally:
-        os.close(write)
     assert done.returncode == 0 and done.stderr.strip().splitlines() == [
         f"fsdp-trace: wrote {out}",
         f"fsdp-trace: wrote {run / 'report.html'}",
     ], done.stderr
     assert json.loads(out.read_text())["verdict"]
-
-
-def _cli_into_closed_pipe(*args: str) -> subprocess.CompletedProcess:
-    """The command with stdout and stderr both into a pipe whose reader is gone before the
-    first line (`2>&1 | head -1`: every write meets a closed pipe)."""
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        return subprocess.run(
-            [sys.executable, "-m", "fsdp_trace", *args],
-            cwd=REPO,
-            stdout=write,
-            stderr=write,
-            timeout=120,
-            env={**os.environ, "FSDP_TRACE_QUIET": "1"},
-        )
-    finally:
-        os.close(write)
 
 
 def test_a_reader_of_both_streams_that_stops_early_does_not_stop_the_command(tmp_path):
@@ -1647,7 +1641,8 @@ def test_a_reader_of_both_streams_that_stops_early_does_not_stop_the_command(tmp
     stdout does; the files are written and the exit is the command's own."""
     run = _sim_run(tmp_path)
     out = tmp_path / "o.json"
-    done = _cli_into_closed_pipe("analyze", str(run), "--json", str(out))
+    with _closed_pipe() as write:
+        done = _cli_with_stdout(write, "analyze", str(run), "--json", str(out), stderr=write)
     assert done.returncode == 0
     assert json.loads(out.read_text())["verdict"]
     assert (run / "report.html").stat().st_size > 0
@@ -1656,7 +1651,8 @@ def test_a_reader_of_both_streams_that_stops_early_does_not_stop_the_command(tmp
 def test_bad_input_into_a_closed_pipe_still_exits_2(tmp_path):
     """The one-line error has nowhere to go; the exit code still says what happened."""
     missing = tmp_path / "missing.json"
-    done = _cli_into_closed_pipe("analyze", str(missing), "--no-report")
+    with _closed_pipe() as write:
+        done = _cli_with_stdout(write, "analyze", str(missing), "--no-report", stderr=write)
     assert done.returncode == 2
 
 
