@@ -38,16 +38,18 @@ def _rank_number(path: Path) -> int:
     return int(found[-1]) if found else -1
 
 
-def _held(make) -> tuple[object, float]:
-    """(what `make()` returns, the bytes of Python memory it holds once made)."""
+def _traced(make, frames: int = 1) -> tuple[object, int, int, tracemalloc.Snapshot]:
+    """(what `make()` returns, the bytes of Python memory it holds once made, the most it
+    held on the way, the snapshot of what it holds: tracebacks of `frames` frames)."""
     gc.collect()
-    tracemalloc.start()
+    tracemalloc.start(frames)
     before, _ = tracemalloc.get_traced_memory()
     made = make()
     gc.collect()
-    after, _ = tracemalloc.get_traced_memory()
+    after, peak = tracemalloc.get_traced_memory()
+    snapshot = tracemalloc.take_snapshot()
     tracemalloc.stop()
-    return made, after - before
+    return made, after - before, peak - before, snapshot
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         shared = SharedGroups()
         return [shared(pickle.loads(b)) for b in blobs]
 
-    kept, kept_bytes = _held(arrive)
+    kept, kept_bytes, _, _ = _traced(arrive)
     tables = [
         f.name
         for f in dataclasses.fields(kept[0])
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     per_table = {}
     for name in tables:
         table_blobs = [pickle.dumps(getattr(r, name), protocol=5) for r in kept]
-        _, size = _held(lambda tb=table_blobs: [pickle.loads(b) for b in tb])
+        _, size, _, _ = _traced(lambda tb=table_blobs: [pickle.loads(b) for b in tb])
         per_table[name] = size
     print(f"{n} ranks of {args.folder}; pickled result {sum(map(len, blobs)) / n / 1024:.1f} KB")
     print(f"kept results, as the client holds them: {kept_bytes / n / 1024:.1f} KB a rank")
@@ -105,18 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  of it the tables (KB a rank, strings not shared): {shown}")
     print(f"  tables in all: {sum(per_table.values()) / n / 1024:.1f} KB a rank")
 
-    gc.collect()
-    tracemalloc.start(8)
-    before, _ = tracemalloc.get_traced_memory()
-    tracemalloc.reset_peak()
-    run = pipeline.analyze_run(captured["run_in"], kept, **captured["kwargs"])
-    gc.collect()
-    after, peak = tracemalloc.get_traced_memory()
-    snapshot = tracemalloc.take_snapshot()
-    tracemalloc.stop()
+    run, held, peak, snapshot = _traced(
+        lambda: pipeline.analyze_run(captured["run_in"], kept, **captured["kwargs"]), frames=8
+    )
     print(
-        f"run level: holds {(after - before) / n / 1024:.1f} KB a rank when it returns, "
-        f"{(peak - before) / n / 1024:.1f} KB a rank at its peak"
+        f"run level: holds {held / n / 1024:.1f} KB a rank when it returns, "
+        f"{peak / n / 1024:.1f} KB a rank at its peak"
     )
     by_line: Counter[str] = Counter()
     for stat in snapshot.statistics("traceback"):
