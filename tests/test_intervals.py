@@ -252,16 +252,39 @@ def test_grouped_union_lengths_equal_the_frame_way():
         pd.testing.assert_series_equal(
             iv.grouped_union_length(labels, starts, ends), expected, check_exact=True
         )
-        by_label = iv.grouped_union_length_by_label(
-            lambda s, p: f"{s}|{p}", [step, phase], starts, ends
-        )
-        pd.testing.assert_series_equal(by_label, expected, check_exact=True)
+        rows, lengths = iv.union_length_by_keys([step, phase], starts, ends)
+        by_keys = pd.Series(lengths, index=pd.Index(labels.to_numpy()[rows], name="g"))
+        pd.testing.assert_series_equal(by_keys.sort_index(), expected, check_exact=True)
         ints = pd.Series(rng.integers(0, 5, n))
         pd.testing.assert_series_equal(
             iv.grouped_union_length(ints, starts, ends),
             iv._grouped_union_length_frame(ints, starts, ends),
             check_exact=True,
         )
+
+
+def test_union_length_by_keys_leaves_out_missing_keys_and_reads_missing_times():
+    """A row with a missing key is in no group; a missing start or end takes pandas' own way:
+    the lengths of the frame way over the rows with keys, per text label made of them."""
+    rng = np.random.default_rng(8)
+    for _ in range(100):
+        n = int(rng.integers(1, 80))
+        block = rng.choice(np.array(["layers.0", "layers.1", None], dtype=object), n)
+        phase = rng.choice(np.array(["forward", "backward"], dtype=object), n)
+        starts = np.round(rng.uniform(0, 100, n), 1)
+        ends = starts + np.round(rng.uniform(0, 20, n), 1)
+        ends[rng.random(n) < 0.1] = np.nan
+        labels = pd.Series(
+            [None if b is None else f"{b}|{p}" for b, p in zip(block, phase, strict=True)],
+            dtype=object,
+        )
+        keyed = labels.notna().to_numpy()
+        expected = iv._grouped_union_length_frame(
+            labels[keyed].reset_index(drop=True), starts[keyed], ends[keyed]
+        )
+        rows, lengths = iv.union_length_by_keys([block, phase], starts, ends)
+        got = pd.Series(lengths, index=pd.Index(labels.to_numpy()[rows], name="g"))
+        pd.testing.assert_series_equal(got.sort_index(), expected, check_exact=True)
 
 
 def test_union_length_by_code_equals_pandas_groupby_sum():
@@ -398,6 +421,37 @@ def test_first_seen_codes_of_many_wide_columns_number_as_groupby():
         expected = frame.groupby(list(frame.columns), sort=False, dropna=dropna).ngroup()
         assert np.array_equal(codes, expected.fillna(-1).to_numpy(dtype=np.int64))
         assert np.array_equal(np.sort(codes[first]), np.arange(first.size))
+
+
+def test_first_seen_codes_of_few_rows_number_as_groupby():
+    """A few rows (numbered with a dict) of every kind of column the analysis groups by: text
+    as str and categorical Series and object arrays (numpy's str among them), integers,
+    floats with 0.0 and -0.0, objects 1 and 1.0, with and without missing values: the numbers
+    and first rows of `groupby(columns, sort=False, dropna=...)`, as the factorizing way
+    gives them on more rows."""
+    rng = np.random.default_rng(43)
+    for _ in range(300):
+        n = int(rng.integers(1, iv.FEW_KEYS + 1))
+        text = rng.choice(["a", "b", "c"], n)
+        columns = [
+            pd.Series(text).astype(str),
+            pd.Series(text).astype("category"),
+            np.array([np.str_(t) if i % 2 else str(t) for i, t in enumerate(text)], dtype=object),
+            rng.integers(0, 3, n),
+            rng.choice([0.0, -0.0, 1.5], n),
+            np.array(rng.choice([1, 1.0, 2], n).tolist(), dtype=object),
+        ]
+        if rng.random() < 0.3:
+            columns.append(pd.Series(rng.choice(["x", None], n), dtype=object))
+        picked = [columns[i] for i in rng.choice(len(columns), int(rng.integers(1, 4)))]
+        frame = pd.DataFrame({f"c{i}": c for i, c in enumerate(picked)})
+        for dropna in (True, False):
+            codes, first = iv.first_seen_codes(picked, dropna=dropna)
+            expected = frame.groupby(list(frame.columns), sort=False, dropna=dropna).ngroup()
+            assert np.array_equal(codes, expected.fillna(-1).to_numpy(dtype=np.int64))
+            seen = expected.to_numpy()
+            wanted = [int(np.flatnonzero(seen == g)[0]) for g in range(first.size)]
+            assert first.tolist() == wanted
 
 
 def test_groupby_sum_refuses_a_code_past_its_groups():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -216,9 +217,10 @@ def collective_from_arg(arg: str | None) -> str | None:
     return None
 
 
-def collective_types(events: pd.DataFrame) -> np.ndarray:
-    """Collective type per event: the `Collective name` arg first (it is what torch asked
-    for; `ncclDevKernel_Generic` names none), else the kernel name; 'Unknown' otherwise."""
+def collective_types(events: Mapping[str, pd.Series]) -> np.ndarray:
+    """Collective type per event (`events`: their columns, a frame or Series by name): the
+    `Collective name` arg first (it is what torch asked for; `ncclDevKernel_Generic` names
+    none), else the kernel name; 'Unknown' otherwise."""
     from_name = _per_category(events["name"].array, collective_from_name, object)
     if "collective_name" in events:
         from_arg = _per_category(events["collective_name"].array, collective_from_arg, object)

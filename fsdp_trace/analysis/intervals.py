@@ -366,11 +366,43 @@ def union_length_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray):
 SMALL_GROUPS = 64  # largest group summed in numpy; larger ones go through pandas' own sum
 
 
+FEW_KEYS = 128  # rows numbered with a dict: a factorization a column costs more on so few
+
+
+def _first_seen_few(columns: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """`first_seen_codes` of a few rows, none missing a value (None where one is: pandas'
+    own rules for missing values apply), by a dict of the rows' values as Python objects,
+    which compares them as factorizing does (equal values, whatever their objects)."""
+    rows = list(zip(*(_python_values(c) for c in columns), strict=True))
+    for row in rows:
+        for value in row:
+            if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+                return None
+    numbers: dict[tuple, int] = {}
+    first: list[int] = []
+    codes = []
+    for i, row in enumerate(rows):
+        code = numbers.setdefault(row, len(numbers))
+        if code == len(first):
+            first.append(i)
+        codes.append(code)
+    return np.array(codes, dtype=np.int64), np.array(first, dtype=np.int64)
+
+
+def _python_values(column) -> list:
+    """A column's values as Python objects (a Series, array, Categorical or list)."""
+    return column if isinstance(column, list) else column.tolist()
+
+
 def first_seen_codes(columns: list, dropna: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the number of its combination of `columns` in order of first appearance
     (`groupby(columns, sort=False).ngroup()`), and a row of each combination (its first);
     with `dropna`, a row with NaN in any column gets -1 (groupby leaves it out)."""
     n = len(columns[0])
+    if n <= FEW_KEYS:
+        found = _first_seen_few(columns)
+        if found is not None:
+            return found
     combined = np.zeros(n, dtype=np.int64)
     missing = np.zeros(n, dtype=bool)
     span = 1  # the numbers `combined` can hold so far
@@ -523,6 +555,18 @@ def median(values) -> float:
     return float(np.median(values)) if values.size else float("nan")
 
 
+def short_median(values) -> float:
+    """`float(np.median(values))` for a short list of numbers (a few per step), without the
+    array numpy makes: the middle value, or the two middle ones' sum halved, as numpy's mean
+    of the two takes it. NaN among them (or none at all): numpy's own answer."""
+    ordered = sorted(map(float, values))
+    n = len(ordered)
+    if n == 0 or any(v != v for v in ordered):
+        return float(np.median(np.asarray(values, dtype=np.float64)))
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def column_numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
     """A column's values as `pd.to_numeric(errors="coerce")` reads them, widened to float64
     (NaN: missing or not a number); a float or integer column read as it is (a thousand
@@ -598,42 +642,22 @@ def group_max(codes: np.ndarray, values, n_groups: int) -> np.ndarray:
     return out
 
 
-def grouped_union_length_by_label(label, keys: list, starts, ends) -> pd.Series:
-    """`grouped_union_length(labels, starts, ends)` where each row's label is
-    `label(*its keys)` (text made of the keys, e.g. "step|phase"), making the text only once
-    per distinct combination of keys, not once per row. A NaN key (or label) sends it down
-    the per-row way."""
-    frames = [pd.Series(k) for k in keys]
-    factorized = [pd.factorize(f) for f in frames]
-    if any((codes < 0).any() for codes, _ in factorized):
-        return _grouped_union_length_of_rows(label, frames, starts, ends)
-    combined = np.zeros(len(frames[0]), dtype=np.int64)
-    for codes, uniques in factorized:
-        combined = combined * len(uniques) + codes
-    distinct, inverse = np.unique(combined, return_inverse=True)
-    parts = []
-    for _, uniques in reversed(factorized):
-        parts.append(np.asarray(uniques, dtype=object)[distinct % len(uniques)])
-        distinct = distinct // len(uniques)
-    texts = [label(*p) for p in zip(*reversed(parts), strict=True)]
-    if any(not isinstance(t, str) for t in texts):
-        return _grouped_union_length_of_rows(label, frames, starts, ends)
-    text_codes, names = pd.factorize(np.asarray(texts, dtype=object), sort=True)
+def union_length_by_keys(columns: list, starts, ends) -> tuple[np.ndarray, np.ndarray]:
+    """|union| per distinct combination of the key `columns` (a row with NaN in any key left
+    out): a row of each combination, in order of first appearance, and its length, summed
+    as `grouped_union_length` sums them (a group's length reads only its own intervals, so
+    how the groups are numbered never changes it)."""
     s, e = as_arrays(starts, ends)
-    if np.isnan(s).any() or np.isnan(e).any():
-        return _grouped_union_length_frame(np.asarray(texts, dtype=object)[inverse], s, e)
-    if inverse.size == 0:
-        return pd.Series(dtype=np.float64)
-    present, lengths, _ = union_length_by_code(text_codes[inverse], s, e)
-    return pd.Series(lengths, index=pd.Index(list(names[present]), name="g"))
-
-
-def _grouped_union_length_of_rows(label, frames: list[pd.Series], starts, ends) -> pd.Series:
-    """`grouped_union_length_by_label` one row at a time: a row with a NaN key has no label
-    (as text concatenated with NaN is NaN), and is left out."""
-    rows = zip(*(f.to_numpy(dtype=object) for f in frames), strict=True)
-    labels = [None if any(pd.isna(v) for v in r) else label(*r) for r in rows]
-    return grouped_union_length(pd.Series(labels, dtype=object), starts, ends)
+    code, first = first_seen_codes(columns)
+    if first.size == 0:
+        return first, np.empty(0)
+    kept = code >= 0
+    code, s, e = code[kept], s[kept], e[kept]
+    if np.isnan(s).any() or np.isnan(e).any():  # pandas' own ways
+        lengths = _grouped_union_length_frame(code, s, e)
+        return first, lengths.reindex(np.arange(first.size)).to_numpy(dtype=np.float64)
+    _, lengths, _ = union_length_by_code(code, s, e)  # every code 0..n-1 is present
+    return first, lengths
 
 
 def _grouped_union_length_frame(groups, starts, ends) -> pd.Series:

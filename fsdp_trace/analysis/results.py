@@ -412,6 +412,8 @@ def _compact(
         if not (python_strings or (isinstance(dtype, np.dtype) and dtype.kind == "O")):
             continue
         raw = out[name].to_numpy(dtype=object)
+        if name not in categorical and _held_once(raw):
+            continue  # one object per distinct value already (the analysis's own text)
         try:
             codes, uniques = pd.factorize(raw, use_na_sentinel=True)
         except TypeError:  # unhashable values: left as they are
@@ -420,7 +422,7 @@ def _compact(
             continue  # nothing repeats, or values 1 and 1.0 (equal) would merge
         found = codes >= 0
         if name in categorical and found.all():
-            out[name] = pd.Categorical(raw)  # its categories sorted
+            out[name] = _sorted_categorical(codes, uniques)
             continue
         if len(set(map(id, raw[found]))) == len(uniques):
             continue  # one object per distinct string already: nothing to share
@@ -433,6 +435,26 @@ def _compact(
             else pd.Series(shared, index=out.index, dtype=object)
         )
     return out
+
+
+def _sorted_categorical(codes: np.ndarray, uniques) -> pd.Categorical:
+    """`pd.Categorical(values)` (its categories the values sorted) from a factorization of
+    text values, none missing: the values are not hashed and sorted again."""
+    order = np.argsort(np.asarray(uniques, dtype=object), kind="stable")
+    place = np.empty(order.size, dtype=np.int64)
+    place[order] = np.arange(order.size)
+    names = pd.Index([uniques[i] for i in order.tolist()], dtype=str)
+    return pd.Categorical.from_codes(place[codes], categories=names, validate=False)
+
+
+def _held_once(values: np.ndarray) -> bool:
+    """Whether every distinct value of `values` is one object (nothing for `_compact` to
+    share): as many objects as values, without factorizing. Equal values that are distinct
+    objects count twice among the objects; a NaN, unequal to itself, counts alike in both."""
+    try:
+        return len(set(map(id, values))) == len(set(values))
+    except TypeError:  # unhashable values: `_compact` decides
+        return False
 
 
 # The kernels read last, and whose: one tuple, replaced whole (never changed in place), read

@@ -15,7 +15,7 @@ from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank import context, fsdp1, hostside, kernel_figures, setup
 from fsdp_trace.analysis.rank import steps as steps_mod
 from fsdp_trace.analysis.rank.blocks import block_table, empty_frame, phase_table
-from fsdp_trace.analysis.rank.context import CpuContext
+from fsdp_trace.analysis.rank.context import CpuContext, EventRows
 from fsdp_trace.analysis.rank.cpu_collectives import analyze_cpu_trace
 from fsdp_trace.analysis.read.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
@@ -62,13 +62,13 @@ def _text_column(events: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarra
     return np.asarray(events[name].array[rows], dtype=object)
 
 
-def _rows_of(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...]) -> pd.DataFrame:
-    """`events.loc[rows, columns]` (the same frame, index and dtypes) built from each column's
-    rows: `.loc` with a mask and a column list costs ~4x more on a small rank's events, a
-    fixed cost paid once per rank."""
-    return pd.DataFrame(
-        {c: events[c].array[rows] for c in columns}, index=events.index[rows], copy=False
-    )
+def _rows_of(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...]) -> EventRows:
+    """The columns of `events.loc[rows, columns]` (each a Series of that frame's index and
+    dtype) by name: `.loc` with a mask and a column list costs ~4x more on a small rank's
+    events, and a frame of them ~0.2 ms more to make and ~7 µs a column read, fixed costs
+    paid once per rank."""
+    index = events.index[rows]
+    return {c: pd.Series(events[c].array[rows], index=index, name=c, copy=False) for c in columns}
 
 
 def device_names(trace: Trace) -> list[str]:
@@ -370,14 +370,10 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         notices,
         fsdp1_units,
     )
-    k_compute = pd.DataFrame({c: kc[c][is_compute] for c in _COMPUTE_COLUMNS}, copy=False)
+    k_compute = {c: kc[c][is_compute] for c in _COMPUTE_COLUMNS}
     blocks = block_table(collectives, k_compute, len(windows), trace.rank, source)
-    compute_phases = iv.grouped_union_length_by_label(
-        lambda step, phase: f"{step}|{phase}",
-        [k_compute["step"], k_compute["phase"]],
-        k_compute["ts"],
-        k_compute["end"],
-    )
+    compute_keys = [k_compute["step"], k_compute["phase"]]
+    phase_rows, phase_us = iv.union_length_by_keys(compute_keys, k_compute["ts"], k_compute["end"])
     exposed = pd.DataFrame({"start_us": cover.exposed[0], "end_us": cover.exposed[1]})
     exposed["step"] = steps_mod.step_of_time(
         windows, exposed["start_us"].to_numpy(), "start", "end"
@@ -397,7 +393,9 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
         blocks=blocks,
         kernel_table=kernels,
         exposed=exposed,
-        compute_phases=phase_table(compute_phases, trace.rank, source),
+        compute_phases=phase_table(
+            *(key[phase_rows] for key in compute_keys), phase_us, trace.rank, source
+        ),
         fsdp=cpu_ctx.facts(cpu_steps),
         streams=_stream_roles(kernels, collectives),
         notices=notices,
@@ -461,7 +459,7 @@ class _LaunchContext:
 
 def _collectives(
     trace: Trace,
-    comm_events: pd.DataFrame,
+    comm_events: EventRows,
     comm: dict[str, np.ndarray],
     coll: np.ndarray,
     cpu_ctx: CpuContext,
@@ -474,7 +472,7 @@ def _collectives(
     """One row per communication kernel (`comm_events`: their trace events with the NCCL args;
     `comm`: their columns of the kernel table, `_COMM_COLUMNS`): unit, phase, bytes,
     bandwidth, exposed share."""
-    n = len(comm_events)
+    n = len(comm_events["name"])
     if n == 0:
         return empty_frame(COLLECTIVE_COLUMNS)
     labels = cpu_ctx.labels
@@ -580,7 +578,7 @@ def _collectives(
 
 
 def _group_sizes(
-    trace: Trace, comm_events: pd.DataFrame, stated: np.ndarray, notices: list[str]
+    trace: Trace, comm_events: EventRows, stated: np.ndarray, notices: list[str]
 ) -> np.ndarray:
     """Each kernel's group size: its `Group size` argument, else its process group's size in
     pg_config. Where the two disagree the group's member list wins, and a size larger than
@@ -617,14 +615,18 @@ def _group_sizes(
     return group
 
 
-def _configured_group_sizes(trace: Trace, comm_events: pd.DataFrame, n: int) -> np.ndarray:
+def _configured_group_sizes(trace: Trace, comm_events: EventRows, n: int) -> np.ndarray:
     """Group size of kernels that carry no `Group size` arg: their process group's size in
     the trace's `distributedInfo.pg_config` (by `Process Group Name`); NaN when unknown. Never
     the world size: an HSDP or TP group is smaller, and busbw would be wrong."""
     sizes = pg_sizes(trace.distributed)
     if not sizes or "pg_name" not in comm_events:
         return np.full(n, np.nan)
-    names = comm_events["pg_name"].astype(object).to_numpy()
+    names = comm_events["pg_name"].array
+    if isinstance(names, pd.Categorical):  # each name looked up once; code -1 (none): "nan"
+        known = [*names.categories.tolist(), np.nan]
+        return np.array([sizes.get(str(v), np.nan) for v in known], dtype=np.float64)[names.codes]
+    names = np.asarray(names, dtype=object)
     return np.array([sizes.get(str(v), np.nan) if v is not None else np.nan for v in names])
 
 

@@ -5,6 +5,9 @@ collective per step, and compute per step × phase. What the reshard setting imp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -20,7 +23,7 @@ def empty_frame(columns: list[str]) -> pd.DataFrame:
 
 def block_table(
     collectives: pd.DataFrame,
-    compute: pd.DataFrame,
+    compute: Mapping[str, Any],
     n_steps: int,
     rank: int | None,
     source: str,
@@ -66,13 +69,7 @@ def block_table(
     unit_code, unit_first = iv.first_seen_codes([c["block"], c["collective"]])
     per_unit = np.bincount(unit_code[unit_code >= 0], minlength=unit_first.size) / n_steps
     unit_count = per_unit[unit_code[first]]
-    by_label = iv.grouped_union_length_by_label(
-        lambda b, p: f"{b}|{p}",
-        [compute["block"].fillna("").astype(str), compute["phase"]],
-        compute["ts"],
-        compute["end"],
-    )
-    block_compute = dict(zip(by_label.index.tolist(), by_label.tolist(), strict=True))
+    block_compute = _compute_by_block_phase(compute)
     # algbw over the kernels whose bytes and duration are known: Σ bytes / Σ duration. busbw
     # is that × the collective's bus factor, so the two stay in the nccl-tests ratio.
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -114,21 +111,46 @@ def block_table(
     return table
 
 
-def phase_table(lengths: pd.Series, rank: int | None, source: str) -> pd.DataFrame:
-    """Compute per step × phase from `grouped_union_length` keyed 'step|phase'."""
-    if lengths.empty:
-        return pd.DataFrame(columns=["rank", "source", "step", "phase", "compute_us"])
-    # A handful of keys: split and sorted in Python (pandas' str.split and a two-column
-    # sort_values cost ~1 ms a rank). The keys are distinct: any sort gives the one order.
-    split = [str(key).split("|", 1) for key in lengths.index]
-    order = sorted(range(len(split)), key=lambda i: (int(split[i][0]), split[i][1]))
-    values = lengths.to_numpy()
+def _compute_by_block_phase(compute: Mapping[str, Any]) -> dict[str, float]:
+    """The union length of the compute kernels of each unit × phase, keyed "block|phase" (no
+    block: ""). Two pairs that read as one key (a "|" inside a name) are one group, as the
+    key says."""
+    if not len(compute["ts"]):
+        return {}
+    block = pd.Series(compute["block"], dtype=object).fillna("").astype(str).to_numpy()
+    phase = np.asarray(compute["phase"], dtype=object)
+    rows, lengths = iv.union_length_by_keys([block, phase], compute["ts"], compute["end"])
+    keys = [f"{b}|{p}" for b, p in zip(block[rows].tolist(), phase[rows].tolist(), strict=True)]
+    if len(set(keys)) < len(keys):  # grouped by the keys' text instead
+        texts = [f"{b}|{p}" for b, p in zip(block.tolist(), phase.tolist(), strict=True)]
+        by_text = np.array(texts, dtype=object)
+        rows, lengths = iv.union_length_by_keys([by_text], compute["ts"], compute["end"])
+        keys = by_text[rows].tolist()
+    return dict(zip(keys, lengths.tolist(), strict=True))
+
+
+def no_phases() -> pd.DataFrame:
+    """The compute per step × phase of a trace without compute kernels."""
+    return pd.DataFrame(columns=["rank", "source", "step", "phase", "compute_us"])
+
+
+def phase_table(
+    steps: np.ndarray, phases: np.ndarray, lengths: np.ndarray, rank: int | None, source: str
+) -> pd.DataFrame:
+    """Compute per step × phase (each pair once, with its union length), by step, then
+    phase."""
+    if not len(lengths):
+        return no_phases()
+    # A handful of rows: sorted in Python (a two-column sort_values costs ~1 ms a rank). The
+    # pairs are distinct: any sort gives the one order.
+    pairs = [(int(s), str(p)) for s, p in zip(steps.tolist(), phases.tolist(), strict=True)]
+    order = sorted(range(len(pairs)), key=pairs.__getitem__)
     return pd.DataFrame(
         {
             "rank": rank,
             "source": source,
-            "step": np.array([int(split[i][0]) for i in order], dtype=np.int64),
-            "phase": np.array([split[i][1] for i in order], dtype=object),
-            "compute_us": values[order],
+            "step": np.array([pairs[i][0] for i in order], dtype=np.int64),
+            "phase": np.array([pairs[i][1] for i in order], dtype=object),
+            "compute_us": np.asarray(lengths, dtype=np.float64)[order],
         }
     )

@@ -10,6 +10,7 @@ hops, vectorized over all queries. Threads are kept apart by composite keys
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -111,6 +112,11 @@ def parse_fsdp_label(name: str) -> tuple[str, str, str] | None:
     fqn = match.group("fqn")
     raw = (fqn.strip() or ROOT) if fqn is not None else ROOT
     return match.group("kind"), display_name(raw) if raw != ROOT else ROOT, raw
+
+
+# Some events' columns by name, each a Series (of a frame, or as `analyze._rows_of` gives
+# them): what the CPU-side readers take, frame or not; `len(rows["ts"])` rows.
+EventRows = Mapping[str, pd.Series]
 
 
 class ThreadKeys:
@@ -276,7 +282,7 @@ class ThreadUnion:
         return iv.contains(self.union, self.keys.key(np.asarray(q_thread, np.int64), q_time))
 
 
-def fsdp_labels(cpu: pd.DataFrame) -> pd.DataFrame:
+def fsdp_labels(cpu: EventRows) -> pd.DataFrame:
     """FSDP2 record-function labels with their kind and unit path, one row per label."""
     rows = np.flatnonzero(name_mask(cpu["name"], lambda n: n.startswith("FSDP::")))
     names = cpu["name"].array[rows]
@@ -428,7 +434,7 @@ class CpuContext:
     recompute: ThreadUnion
     optimizer: ThreadUnion
     label_table: pd.DataFrame  # one row per FSDP2 label: pid, tid, ts, end, kind, fqn
-    recompute_ops: pd.DataFrame  # forward ops run inside backward: pid, tid, ts
+    recompute_ops: tuple[np.ndarray, np.ndarray]  # forward ops run inside backward: thread, ts
     compiled_regions: int  # torch.compile regions entered (CPU ops)
 
     @property
@@ -442,7 +448,7 @@ class CpuContext:
     COLUMNS = ("pid", "tid", "ts", "end", "name", "sequence_number")
 
     @classmethod
-    def build(cls, cpu: pd.DataFrame) -> CpuContext:
+    def build(cls, cpu: EventRows) -> CpuContext:
         keys = ThreadKeys(cpu["pid"].to_numpy(), cpu["tid"].to_numpy(), cpu["ts"].to_numpy())
         code = keys.codes
         fsdp = fsdp_labels(cpu)
@@ -474,14 +480,14 @@ class CpuContext:
             & ~name_mask(names, lambda n: "Backward" in n)
             & ~is_autograd
         )
-        inside = np.zeros(len(cpu), dtype=bool)
+        inside = np.zeros(len(ts), dtype=bool)
         inside[candidate] = autograd.contains(code[candidate], ts[candidate])
         inside &= _recomputing(keys, windows, code, ts, inside, candidate & ~inside)
         recompute = ThreadUnion(keys, code[inside], ts[inside], end[inside])
         is_opt = name_mask(names, lambda n: n.startswith(OPTIMIZER_PREFIX))
         optimizer = ThreadUnion(keys, code[is_opt], ts[is_opt], end[is_opt])
         compiled = int(name_mask(names, lambda n: n.startswith(COMPILED_PREFIXES)).sum())
-        recompute_ops = pd.DataFrame({"thread": code[inside], "ts": ts[inside]})
+        recompute_ops = (code[inside], ts[inside])
         return cls(
             keys, labels, windows, autograd, recompute, optimizer, fsdp, recompute_ops, compiled
         )
@@ -494,13 +500,13 @@ class CpuContext:
         table = self.label_table
         label_kind = table["kind"].to_numpy()
         wanted = np.isin(label_kind, list(FACT_KINDS))
-        ops = self.recompute_ops
-        idx = self.windows.innermost(self.keys, ops["thread"].to_numpy(), ops["ts"].to_numpy())
+        op_thread, op_ts = self.recompute_ops
+        idx = self.windows.innermost(self.keys, op_thread, op_ts)
         units = self.windows.fqn_at(idx)
         found = pd.notna(units)
         kind = np.concatenate([label_kind[wanted], np.full(int(found.sum()), RECOMPUTE_FACT)])
         unit = np.concatenate([table["fqn"].to_numpy()[wanted], units[found]])
-        ts = np.concatenate([table["ts"].to_numpy()[wanted], ops["ts"].to_numpy()[found]])
+        ts = np.concatenate([table["ts"].to_numpy()[wanted], op_ts[found]])
         ts = ts.astype(np.float64)
         if cpu_steps.empty:
             step = np.zeros(ts.size, dtype=np.int64)

@@ -14,7 +14,7 @@ import pandas as pd
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank import steps as steps_mod
-from fsdp_trace.analysis.rank.blocks import block_table, empty_frame, phase_table
+from fsdp_trace.analysis.rank.blocks import block_table, empty_frame, no_phases
 from fsdp_trace.analysis.rank.context import (
     ALL_GATHER,
     BACKWARD_LABELS,
@@ -83,7 +83,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
             blocks=block_table(empty, pd.DataFrame(), 0, trace.rank, source),
             kernel_table=pd.DataFrame(),
             exposed=pd.DataFrame(columns=["start_us", "end_us", "step"]),
-            compute_phases=phase_table(pd.Series(dtype=float), trace.rank, source),
+            compute_phases=no_phases(),
             fsdp=cpu_ctx.facts(cpu_steps),
             notices=notices,
             meta=trace_meta(trace, 0, []),
@@ -178,7 +178,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
         blocks=blocks,
         kernel_table=pd.DataFrame(),
         exposed=pd.DataFrame(columns=["start_us", "end_us", "step"]),
-        compute_phases=phase_table(pd.Series(dtype=float), trace.rank, source),
+        compute_phases=no_phases(),
         fsdp=ctx.facts(cpu_steps),
         streams={},
         notices=notices,

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis.rank import steps as steps_mod
-from fsdp_trace.analysis.rank.context import ThreadKeys, name_mask
+from fsdp_trace.analysis.rank.context import EventRows, ThreadKeys, name_mask
 from fsdp_trace.vocab import ROOT, Phase
 
 PREFIX = "FullyShardedDataParallel."
@@ -40,7 +40,7 @@ def _inside(lab: pd.DataFrame, thread: np.ndarray, time: np.ndarray) -> np.ndarr
 
 
 def attribute(
-    cpu: pd.DataFrame,
+    cpu: EventRows,
     keys: ThreadKeys,
     cpu_steps: pd.DataFrame,
     thread: np.ndarray,

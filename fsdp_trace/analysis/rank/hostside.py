@@ -23,7 +23,7 @@ import pandas as pd
 
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
-from fsdp_trace.analysis.rank.context import CpuContext, ThreadKeys, name_mask
+from fsdp_trace.analysis.rank.context import CpuContext, EventRows, ThreadKeys, name_mask
 from fsdp_trace.analysis.results import HostTime
 
 SYNC_NAMES = re.compile(
@@ -52,7 +52,7 @@ TOP_OPS = 5
 
 
 def host_time(
-    cpu: pd.DataFrame,
+    cpu: EventRows,
     cpu_kinds: np.ndarray,
     cpu_ctx: CpuContext,
     kernels: Mapping[str, Any],
@@ -102,14 +102,15 @@ def host_time(
     if cpu_steps.empty:
         events = float(recorded.sum())
     else:
-        first, last = cpu_steps["cpu_start"].min(), cpu_steps["cpu_end"].max()
+        first = iv.nan_min(cpu_steps["cpu_start"].to_numpy(np.float64))
+        last = iv.nan_max(cpu_steps["cpu_end"].to_numpy(np.float64))
         events = float((recorded & (ts >= first) & (ts <= last)).sum()) / max(len(cpu_steps), 1)
     return HostTime(
-        idle_us=float(np.median(idle)),
-        by_category={c: float(np.median(v)) for c, v in per_step.items()},
+        idle_us=iv.short_median(idle),
+        by_category={c: iv.short_median(v) for c, v in per_step.items()},
         top_ops=[[str(op_names[i]), float(totals[i])] for i in top.tolist()],
         events_per_step=events,
-        main_by_category={c: float(np.median(v)) for c, v in whole.items() if v},
+        main_by_category={c: iv.short_median(v) for c, v in whole.items() if v},
         host_steps=host_steps,
         optimizer_impl=_optimizer_impl(names, codes, ts, is_op, cpu_ctx),
     )
@@ -286,7 +287,7 @@ def _self_time(start_keys: np.ndarray, end_keys: np.ndarray, values: np.ndarray)
     return result
 
 
-def _main_thread(cpu: pd.DataFrame, cpu_kinds: np.ndarray, codes: np.ndarray) -> int | None:
+def _main_thread(cpu: EventRows, cpu_kinds: np.ndarray, codes: np.ndarray) -> int | None:
     """The thread code of the training loop: the one holding the ProfilerStep annotations."""
     steps = (cpu_kinds == classify.ANNOTATION) & name_mask(
         cpu["name"], lambda n: n.startswith("ProfilerStep#")

@@ -19,7 +19,7 @@ import pandas as pd
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank import steps as steps_mod
-from fsdp_trace.analysis.rank.context import CpuContext, ThreadUnion, name_mask
+from fsdp_trace.analysis.rank.context import CpuContext, EventRows, ThreadUnion, name_mask
 from fsdp_trace.analysis.results import Signals
 from fsdp_trace.vocab import Parallelism, Phase
 
@@ -48,7 +48,7 @@ def _per_step(values: np.ndarray, step_of: np.ndarray, steps: np.ndarray) -> flo
         at = np.minimum(np.searchsorted(present, steps), present.size - 1)
         found = present[at] == steps
         per_step[found] = sums[at[found]]
-    return float(np.median(per_step))
+    return iv.short_median(per_step)
 
 
 def _union_per_step(
@@ -69,10 +69,10 @@ def _union_per_step(
         if cover is not None:
             u = iv.subtract(u, iv.near(cover, *u))
         lengths.append(iv.length(u))
-    return float(np.median(lengths))
+    return iv.short_median(lengths)
 
 
-def optimizer_ends(cpu: pd.DataFrame, cpu_steps: pd.DataFrame) -> pd.Series:
+def optimizer_ends(cpu: EventRows, cpu_steps: pd.DataFrame) -> pd.Series:
     """Per step, when its last optimizer step (`Optimizer.step#…`) ends on the host."""
     is_opt = name_mask(cpu["name"], lambda n: n.startswith(OPTIMIZER_PREFIX))
     if not is_opt.any() or cpu_steps.empty:
@@ -83,7 +83,7 @@ def optimizer_ends(cpu: pd.DataFrame, cpu_steps: pd.DataFrame) -> pd.Series:
     return pd.Series(iv.group_max(where, ends[step >= 0], steps.size), index=steps)
 
 
-def label_signals(cpu: pd.DataFrame, cpu_ctx: CpuContext, steps: int) -> Signals:
+def label_signals(cpu: EventRows, cpu_ctx: CpuContext, steps: int) -> Signals:
     """The wrappers' labels alone (a CPU/gloo trace: no GPU work to read)."""
     names = cpu["name"]
     return Signals(
@@ -95,7 +95,7 @@ def label_signals(cpu: pd.DataFrame, cpu_ctx: CpuContext, steps: int) -> Signals
 
 
 def signals(
-    cpu: pd.DataFrame,
+    cpu: EventRows,
     cpu_ctx: CpuContext,
     cpu_steps: pd.DataFrame,
     kernels: Mapping[str, Any],

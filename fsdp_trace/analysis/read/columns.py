@@ -112,13 +112,12 @@ class Codes(dict):
         if not names:
             empty = pd.Index([], dtype=str)
             return pd.Categorical.from_codes(np.full(codes.size, -1, np.int8), categories=empty)
-        categories = pd.Index(names, dtype=str)
         order = np.argsort(np.asarray(names, dtype=object), kind="stable")
         remap = np.full(len(self) + 1, -1, dtype=np.int32)
         first = [self[k] for k in names]
         remap[np.asarray(first, dtype=np.int64)[order]] = np.arange(len(names), dtype=np.int32)
         codes = remap[codes]  # code -1 (None) reads remap[-1] == -1
-        return pd.Categorical.from_codes(_narrow(codes), categories=categories[order])
+        return _categorical(_narrow(codes), [names[i] for i in order.tolist()])
 
 
 def _sparse_categorical(n: int, rows: np.ndarray, values: list[str | None]) -> pd.Categorical:
@@ -134,7 +133,26 @@ def _sparse_categorical(n: int, rows: np.ndarray, values: list[str | None]) -> p
     )
     codes = np.full(n, -1, dtype=dtype)
     codes[rows] = np.fromiter(map(lookup.__getitem__, values), dtype, len(rows))
-    return pd.Categorical.from_codes(codes, categories=pd.Index(names, dtype=str))
+    return _categorical(codes, names)
+
+
+# The categories of text columns made lately, by their names: every rank of a job names the
+# same operators, kernels and NCCL arguments, and making the dtype (an Index of the names,
+# checked distinct) costs more than the column it types.
+_DTYPES: dict[tuple[str, ...], pd.CategoricalDtype] = {}
+DTYPES_KEPT = 64
+
+
+def _categorical(codes: np.ndarray, names) -> pd.Categorical:
+    """A Categorical of `codes` (each one -1, missing, or a place in `names`: they are made
+    so, and not checked again) into `names` (text, sorted and distinct)."""
+    key = tuple(names)
+    dtype = _DTYPES.get(key)
+    if dtype is None:
+        if len(_DTYPES) >= DTYPES_KEPT:
+            _DTYPES.clear()
+        dtype = _DTYPES[key] = pd.CategoricalDtype(pd.Index(key, dtype=str))
+    return pd.Categorical.from_codes(codes, dtype=dtype, validate=False)
 
 
 def _narrow(codes: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 MISSING = -1  # integer columns use -1 for "absent"
@@ -86,5 +87,5 @@ def trace_meta(
         "unit_names": unit_names or {},  # unit as shown → its raw path in the labels
         # The process (and device) ids of its first events: two ranks' traces never share
         # them with every timestamp too (`pipeline.copied_ranks`).
-        "first_pids": sorted({int(p) for p in trace.events["pid"].to_numpy()[:1000]}),
+        "first_pids": np.unique(trace.events["pid"].to_numpy()[:1000]).tolist(),
     }
