@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -151,6 +151,11 @@ class Forest:
     fqn: np.ndarray  # object
     parent: np.ndarray
     start_key: np.ndarray
+    # The kinds numbered (each interval's code, -1 appended for index -1; the distinct kinds):
+    # made on the first `kind_in`, which a rank asks a dozen times of a few hundred intervals.
+    _kinds: tuple[np.ndarray, list] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def build(cls, keys: ThreadKeys, thread, ts, end, kind, fqn) -> Forest:
@@ -215,10 +220,16 @@ class Forest:
 
     def kind_in(self, kinds: set[str], idx: np.ndarray) -> np.ndarray:
         """Whether the interval at each index (-1: none, never) has a kind in `kinds`; the
-        same as `np.isin(self.kind_at(idx), list(kinds))`, tested once per interval."""
-        node = np.zeros(self.kind.size + 1, dtype=bool)
-        node[:-1] = np.isin(self.kind, list(kinds))
-        return node[idx]  # idx -1 reads the trailing False
+        same as `np.isin(self.kind_at(idx), list(kinds))`, tested once per distinct kind."""
+        if self._kinds is None:
+            codes, distinct = pd.factorize(self.kind)  # a missing kind: -1, in no set
+            at = np.full(self.kind.size + 1, -1, dtype=np.int64)
+            at[:-1] = codes  # idx -1 (none) reads the trailing -1
+            self._kinds = (at, distinct.tolist())
+        at, distinct = self._kinds
+        node = np.zeros(len(distinct) + 1, dtype=bool)  # code -1 reads the trailing False
+        node[:-1] = [k in kinds for k in distinct]
+        return node[at[idx]]
 
 
 # A unit recomputes when backward re-runs at least this share of the forward ops its forward
