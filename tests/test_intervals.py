@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import decimal
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -452,6 +455,51 @@ def test_first_seen_codes_of_few_rows_number_as_groupby():
             seen = expected.to_numpy()
             wanted = [int(np.flatnonzero(seen == g)[0]) for g in range(first.size)]
             assert first.tolist() == wanted
+
+
+def test_first_seen_codes_of_few_rows_leave_other_values_to_pandas(monkeypatch):
+    """Values that are not plain text or numbers (dates and their NaT, Decimal NaN, numpy
+    float32 and complex NaN, tuples holding NaN) number as the factorizing way numbers them."""
+    stamp = pd.Timestamp("2026-01-01")
+    columns = [
+        pd.Series([stamp, pd.NaT, stamp]),
+        pd.Series([pd.Timedelta(1), pd.NaT, pd.Timedelta(1)]),
+        np.array([decimal.Decimal("NaN"), decimal.Decimal(1), decimal.Decimal("NaN")], object),
+        np.array([np.float32("nan"), np.float32(1), np.float32("nan")], dtype=object),
+        np.array([complex("nan"), 1j, complex("nan")], dtype=object),
+        _objects([(float("nan"),), (1,), (float("nan"),)]),
+    ]
+    for column in columns:
+        for dropna in (True, False):
+            got = iv.first_seen_codes([column], dropna=dropna)
+            monkeypatch.setattr(iv, "FEW_KEYS", 0)
+            expected = iv.first_seen_codes([column], dropna=dropna)
+            monkeypatch.undo()
+            assert [a.tolist() for a in got] == [a.tolist() for a in expected], column
+
+
+def _objects(values: list) -> np.ndarray:
+    """`values` as a 1-D object array (tuples kept whole)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def test_short_median_is_numpys():
+    """The same float as `float(np.median(values))`, to the bit and the sign of zero, on short
+    lists of floats and integers with -0.0, infinities and NaN, and on none."""
+    rng = np.random.default_rng(47)
+    pool = [0.0, -0.0, 1.5, -2.25, 1e308, np.inf, -np.inf, 0.1, 0.2, 3]
+    cases = [[], [-0.0], [-0.0, -0.0], [1.0, -0.0, -1.0], [np.nan, 1.0], [1, 2], [2, 3, 5, 7]]
+    cases += [list(rng.choice(pool, int(rng.integers(1, 8)))) for _ in range(3000)]
+    for values in cases:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = float(np.median(np.asarray(values, dtype=np.float64)))
+            got = iv.short_median(values)
+        assert np.float64(got).view(np.int64) == np.float64(expected).view(np.int64) or (
+            np.isnan(got) and np.isnan(expected)
+        ), values
 
 
 def test_groupby_sum_refuses_a_code_past_its_groups():

@@ -367,16 +367,18 @@ SMALL_GROUPS = 64  # largest group summed in numpy; larger ones go through panda
 
 
 FEW_KEYS = 128  # rows numbered with a dict: a factorization a column costs more on so few
+_PLAIN_NUMBERS = (int, float, bool)  # Python's own: `tolist` makes them of numpy's numbers
 
 
 def _first_seen_few(columns: list) -> tuple[np.ndarray, np.ndarray] | None:
-    """`first_seen_codes` of a few rows, none missing a value (None where one is: pandas'
-    own rules for missing values apply), by a dict of the rows' values as Python objects,
-    which compares them as factorizing does (equal values, whatever their objects)."""
+    """`first_seen_codes` of a few rows of text and numbers, none missing, by a dict of the
+    rows' values as Python objects, which compares them as factorizing does (equal values,
+    whatever their objects). None for anything else (a missing value, a date, a tuple ...):
+    pandas' own rules apply to those."""
     rows = list(zip(*(_python_values(c) for c in columns), strict=True))
     for row in rows:
         for value in row:
-            if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+            if not (isinstance(value, str) or type(value) in _PLAIN_NUMBERS) or value != value:
                 return None
     numbers: dict[tuple, int] = {}
     first: list[int] = []
@@ -556,15 +558,18 @@ def median(values) -> float:
 
 
 def short_median(values) -> float:
-    """`float(np.median(values))` for a short list of numbers (a few per step), without the
-    array numpy makes: the middle value, or the two middle ones' sum halved, as numpy's mean
-    of the two takes it. NaN among them (or none at all): numpy's own answer."""
+    """`float(np.median(values))` for a short list of float64 or integer numbers (a few per
+    step), without the array numpy makes: the middle value, or the two middle ones, summed
+    as numpy's mean sums them (from 0.0, so -0.0 reads +0.0) and halved. NaN among them, none
+    at all, or an array of another float type: numpy's own answer."""
+    if isinstance(values, np.ndarray) and values.dtype.kind not in "iub" and values.dtype != float:
+        return float(np.median(values))
     ordered = sorted(map(float, values))
     n = len(ordered)
     if n == 0 or any(v != v for v in ordered):
         return float(np.median(np.asarray(values, dtype=np.float64)))
     mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return 0.0 + ordered[mid] if n % 2 else (0.0 + ordered[mid - 1] + ordered[mid]) / 2
 
 
 def column_numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
@@ -644,9 +649,10 @@ def group_max(codes: np.ndarray, values, n_groups: int) -> np.ndarray:
 
 def union_length_by_keys(columns: list, starts, ends) -> tuple[np.ndarray, np.ndarray]:
     """|union| per distinct combination of the key `columns` (a row with NaN in any key left
-    out): a row of each combination, in order of first appearance, and its length, summed
-    as `grouped_union_length` sums them (a group's length reads only its own intervals, so
-    how the groups are numbered never changes it)."""
+    out before anything is summed): a row of each combination, in order of first
+    appearance, and its length, summed as `grouped_union_length` sums the rows with keys (a
+    group's length reads only its own intervals, so how the groups are numbered never
+    changes it)."""
     s, e = as_arrays(starts, ends)
     code, first = first_seen_codes(columns)
     if first.size == 0:

@@ -121,8 +121,9 @@ def _compute_by_block_phase(compute: Mapping[str, Any]) -> dict[str, float]:
     phase = np.asarray(compute["phase"], dtype=object)
     rows, lengths = iv.union_length_by_keys([block, phase], compute["ts"], compute["end"])
     keys = [f"{b}|{p}" for b, p in zip(block[rows].tolist(), phase[rows].tolist(), strict=True)]
-    if len(set(keys)) < len(keys):  # grouped by the keys' text instead
-        texts = [f"{b}|{p}" for b, p in zip(block.tolist(), phase.tolist(), strict=True)]
+    if len(set(keys)) < len(keys):  # grouped by the keys' text instead (no phase: no text)
+        pairs = zip(block.tolist(), pd.isna(phase).tolist(), phase.tolist(), strict=True)
+        texts = [None if missing else f"{b}|{p}" for b, missing, p in pairs]
         by_text = np.array(texts, dtype=object)
         rows, lengths = iv.union_length_by_keys([by_text], compute["ts"], compute["end"])
         keys = by_text[rows].tolist()

@@ -140,7 +140,7 @@ def _sparse_categorical(n: int, rows: np.ndarray, values: list[str | None]) -> p
 # same operators, kernels and NCCL arguments, and making the dtype (an Index of the names,
 # checked distinct) costs more than the column it types.
 _DTYPES: dict[tuple[str, ...], pd.CategoricalDtype] = {}
-DTYPES_KEPT = 64
+DTYPES_KEPT = 32  # a job's ranks share ~9 (the name, cat and argument columns')
 
 
 def _categorical(codes: np.ndarray, names) -> pd.Categorical:
