@@ -193,3 +193,14 @@ class TraceBuilder:
         data = json.dumps(document).encode()
         path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
         return path
+
+
+def random_unit_rows(rng, n: int, longest: float):
+    """`n` kernels of random units (some of none: None) and phases, over 0–100 µs, each up to
+    `longest` µs (times to 0.1 µs): block, phase, starts, ends."""
+    import numpy as np
+
+    block = rng.choice(np.array(["layers.0", "layers.1", None], dtype=object), n)
+    phase = rng.choice(np.array(["forward", "backward"], dtype=object), n)
+    starts = np.round(rng.uniform(0, 100, n), 1)
+    return block, phase, starts, starts + np.round(rng.uniform(0, longest, n), 1)

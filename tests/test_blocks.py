@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from fsdp_trace.analysis.rank.blocks import _compute_by_block_phase, phase_table
+from tests.synth import random_unit_rows
 
 
 def _union_length(starts: list[float], ends: list[float]) -> float:
@@ -38,11 +39,7 @@ def test_compute_by_block_phase_is_the_union_of_each_text_key():
     phase (in no group)."""
     rng = np.random.default_rng(5)
     for _ in range(200):
-        n = int(rng.integers(1, 60))
-        block = rng.choice(np.array(["layers.0", "layers.1", None], dtype=object), n)
-        phase = rng.choice(np.array(["forward", "backward"], dtype=object), n)
-        ts = np.round(rng.uniform(0, 100, n), 1)
-        end = ts + np.round(rng.uniform(0, 10, n), 1)
+        block, phase, ts, end = random_unit_rows(rng, int(rng.integers(1, 60)), 10)
         got = _compute_by_block_phase({"block": block, "phase": phase, "ts": ts, "end": end})
         expected = _expected(block, phase, ts, end)
         assert got.keys() == expected.keys()

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from fsdp_trace.analysis import intervals as iv
+from tests.synth import random_unit_rows
 
 RES = 0.5
 
@@ -271,12 +272,8 @@ def test_union_length_by_keys_leaves_out_missing_keys_and_reads_missing_times():
     the lengths of the frame way over the rows with keys, per text label made of them."""
     rng = np.random.default_rng(8)
     for _ in range(100):
-        n = int(rng.integers(1, 80))
-        block = rng.choice(np.array(["layers.0", "layers.1", None], dtype=object), n)
-        phase = rng.choice(np.array(["forward", "backward"], dtype=object), n)
-        starts = np.round(rng.uniform(0, 100, n), 1)
-        ends = starts + np.round(rng.uniform(0, 20, n), 1)
-        ends[rng.random(n) < 0.1] = np.nan
+        block, phase, starts, ends = random_unit_rows(rng, int(rng.integers(1, 80)), 20)
+        ends[rng.random(ends.size) < 0.1] = np.nan
         labels = pd.Series(
             [None if b is None else f"{b}|{p}" for b, p in zip(block, phase, strict=True)],
             dtype=object,
