@@ -243,7 +243,12 @@ def _optimizer_impl(names: pd.Series, codes, ts, is_op, cpu_ctx: CpuContext) -> 
     inside = np.zeros(len(names), dtype=bool)
     inside[is_op] = cpu_ctx.optimizer.contains(codes[is_op], ts[is_op])
     step = name_mask(names, lambda n: n.startswith("Optimizer.step#"))
-    step_names = set(names.array[inside | step])
+    values = names.array
+    if isinstance(values, pd.Categorical):  # each name once, by its code (-1: no name)
+        used = np.unique(values.codes[inside | step])
+        step_names = set(values.categories[used[used >= 0]].tolist())
+    else:
+        step_names = set(values[inside | step])
     if any(FUSED_STEP.match(str(n)) for n in step_names):
         return "fused"
     if any(FOREACH_STEP.match(str(n)) for n in step_names):
