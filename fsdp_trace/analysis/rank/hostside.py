@@ -243,12 +243,9 @@ def _optimizer_impl(names: pd.Series, codes, ts, is_op, cpu_ctx: CpuContext) -> 
     inside = np.zeros(len(names), dtype=bool)
     inside[is_op] = cpu_ctx.optimizer.contains(codes[is_op], ts[is_op])
     step = name_mask(names, lambda n: n.startswith("Optimizer.step#"))
-    values = names.array
-    if isinstance(values, pd.Categorical):  # each name once, by its code (-1: no name)
-        used = np.unique(values.codes[inside | step])
-        step_names = set(values.categories[used[used >= 0]].tolist())
-    else:
-        step_names = set(values[inside | step])
+    found = iv.sorted_category_codes(names.array, np.flatnonzero(inside | step))
+    # The loader's names: each read once, by its code (a name-less row has no name to match).
+    step_names = set(found[1].tolist()) if found is not None else set(names.array[inside | step])
     if any(FUSED_STEP.match(str(n)) for n in step_names):
         return "fused"
     if any(FOREACH_STEP.match(str(n)) for n in step_names):
