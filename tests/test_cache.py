@@ -23,7 +23,7 @@ import pytest
 
 from fsdp_trace import analyze
 from fsdp_trace.analysis.job import perrank
-from fsdp_trace.analysis.read import cache, cachefolder, loader, parallel
+from fsdp_trace.analysis.read import cache, cachefolder, columns, loader, parallel
 from fsdp_trace.analysis.read import text as text_mod
 from fsdp_trace.analysis.read import trace as trace_mod
 from fsdp_trace.analysis.read.loader import load_trace
@@ -596,7 +596,12 @@ def test_progress_bar_threshold_is_the_raw_size(tmp_path, monkeypatch):
     assert loader._ProgressBar(small, None).progress is None
     assert parallel.parallel_worth_it(packed) is False  # 60 MB: one process
     huge = _fake_gzip(tmp_path / "huge.json.gz", 40 << 20, 400 << 20)
+    monkeypatch.setenv(columns.READER_ENV, "python")
     assert parallel.parallel_worth_it(huge) is ((os.cpu_count() or 1) >= 2)
+    monkeypatch.delenv(columns.READER_ENV)  # the compiled reader, where built, reads it alone
+    assert parallel.parallel_worth_it(huge) is (
+        (os.cpu_count() or 1) >= 2 and not columns.compiled_reader()
+    )
 
 
 def test_json_header_of_an_entry_is_plain_json(cache_dir, trace_file):

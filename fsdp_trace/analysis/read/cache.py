@@ -156,7 +156,12 @@ def _sources(kind: str) -> list[Path]:
             "cache.py",
             "cachefolder.py",
         )
-        return [read / name for name in names] + [analysis / "classify.py", *shared]
+        # The compiled reader where built (whether or not FSDP_TRACE_READER turns it off: the
+        # two readers' columns are the same, tests/test_compiled_reader.py).
+        from fsdp_trace.analysis.read import columns
+
+        compiled = [Path(p) for p in [columns.compiled_module()] if p]
+        return [read / name for name in names] + [analysis / "classify.py", *shared, *compiled]
     return sorted(analysis.rglob("*.py")) + shared  # the loader, the analysis, the results
 
 

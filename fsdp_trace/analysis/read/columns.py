@@ -3,11 +3,13 @@
 they arrive; Python-stack events (with_stack traces hold ~9 of them per operator), flows and
 other non-complete events are dropped on the way. Timestamps stay exact floats (µs with ns
 fractions). `Columns.frame` makes the events' DataFrame (`fsdp_trace.analysis.read.readers`
-lists its columns)."""
+lists its columns). `Columns.add_text` takes a piece's text with the compiled reader instead
+(`_fastread.c`), to the same columns."""
 
 from __future__ import annotations
 
 import math
+import os
 from array import array
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_, is_not
@@ -17,11 +19,42 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis.read.events import COMPLETE, DROPPED_CATEGORIES, NO_ARGS, Args, Event
+from fsdp_trace.analysis.read.events import (
+    COMPILED_PIECE,
+    COMPLETE,
+    DROPPED_CATEGORIES,
+    NO_ARGS,
+    PIECE,
+    Args,
+    Event,
+)
 from fsdp_trace.analysis.read.trace import MISSING
 
 _UNSEEN = object()  # a dict lookup's default: not seen before
 INT64 = 1 << 63
+
+try:  # the compiled reader (built with the package where a C compiler was at hand)
+    from fsdp_trace.analysis.read._fastread import Reader as _CompiledReader
+except ImportError:  # pragma: no cover - depends on the installation
+    _CompiledReader = None
+
+READER_ENV = "FSDP_TRACE_READER"  # "python": decode every piece with msgspec (tests, bisecting)
+
+
+def compiled_module() -> str | None:
+    """The compiled reader's file (a shared library); None where it is not built."""
+    if _CompiledReader is None:
+        return None
+    import fsdp_trace.analysis.read._fastread as module
+
+    return module.__file__
+
+
+def compiled_reader() -> bool:
+    """Whether pieces of events are read by the compiled reader (`_fastread.c`): built, and
+    not turned off with FSDP_TRACE_READER=python."""
+    return _CompiledReader is not None and os.environ.get(READER_ENV, "") != "python"
+
 
 # Collective arguments: on few events, kept sparse while loading (column, dtype kind).
 _RARE = (
@@ -120,6 +153,21 @@ class Codes(dict):
         return _categorical(_narrow(codes), [names[i] for i in order.tolist()])
 
 
+def _recoded(
+    codes: Codes, remap: np.ndarray, ids: bytes, new: list[tuple[int, str]]
+) -> tuple[np.ndarray, bytes]:
+    """The compiled reader's string ids as `codes`' codes (int32 bytes), the strings it names
+    for the first time coded in order of first use, as `Codes.codes` codes them; returns the
+    grown id -> code map too."""
+    if new:
+        top = max(local for local, _ in new) + 1
+        if top > remap.size:
+            remap = np.concatenate([remap, np.full(top - remap.size, -1, np.int32)])
+        for local, name in new:
+            remap[local] = codes.code(name)
+    return remap, remap[np.frombuffer(ids, np.int32)].tobytes()
+
+
 def _sparse_categorical(n: int, rows: np.ndarray, values: list[str | None]) -> pd.Categorical:
     """A text column holding `values` at `rows` (None elsewhere) as a Categorical with sorted
     categories (as `Codes.categorical` makes them), its codes in the narrowest integer type
@@ -192,12 +240,101 @@ class Columns:
         self.input_dims = False  # any operator carries `Input Dims` (record_shapes)
         self.too_big: dict[str, int] = {}  # column -> integers beyond int64 read as absent
         self.raw_text: dict[bytes, str | None] = {b"": None}  # launch shapes' text, decoded once
+        # The compiled reader, and its string ids' codes in `cats` / `names` (-1: not yet).
+        self.reader = _CompiledReader() if compiled_reader() else None
+        self.cat_remap = np.empty(0, np.int32)
+        self.name_remap = np.empty(0, np.int32)
+        # Its pieces, held as they came and appended in one go (`_flush`): appending each
+        # piece's few KB to the arrays regrows and copies them ~8 times over.
+        self.pending: list[dict[str, Any]] = []
+        self.pending_rows = 0
 
     def __len__(self) -> int:
-        return len(self.ts)
+        return len(self.ts) + self.pending_rows
+
+    @property
+    def piece_bytes(self) -> int:
+        return PIECE if self.reader is None else COMPILED_PIECE
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._flush()
+        state = self.__dict__.copy()
+        state["reader"] = None  # holds C memory; a batch crossing processes is only merged
+        return state
+
+    def _flush(self) -> None:
+        """Append the compiled reader's pieces held so far to the columns."""
+        if not self.pending:
+            return
+        pieces, self.pending, self.pending_rows = self.pending, [], 0
+        for key, column in (
+            ("ts", self.ts),
+            ("dur", self.dur),
+            ("pid", self.pid),
+            ("tid", self.tid),
+            ("cat_codes", self.cat_codes),
+            ("name_codes", self.name_codes),
+            ("rare_rows", self.rare_rows),
+        ):
+            column.frombytes(b"".join([piece[key] for piece in pieces]))
+        for j, name in enumerate(_DENSE_ARGS):
+            self.dense[name].frombytes(b"".join([piece["dense"][j] for piece in pieces]))
+
+    def add_text(self, text: bytes, start: int, stop: int) -> bool:
+        """Take the events of `text[start:stop]` (whole events separated by commas) with the
+        compiled reader, exactly as `add` takes them decoded; False (nothing taken) when
+        there is no compiled reader or the piece is not its plain case, which then goes to
+        msgspec and `add` (values of unexpected types, integers beyond int64, string ids of
+        complete events, escaped keys: see `_fastread.c`)."""
+        if self.reader is None:
+            return False
+        got = self.reader.parse(text, start, stop)
+        return got is not None and self._take(got)
+
+    def add_last(self, text: bytes) -> int | None:
+        """Take the events at the start of `text` up to the closing bracket of the events
+        array, as `add_text` does; returns where that bracket is (None: nothing taken)."""
+        if self.reader is None:
+            return None
+        got = self.reader.parse(text, 0, len(text), True)
+        if got is None:
+            return None
+        self._take(got)
+        return got["closed"]
+
+    def _take(self, got: dict[str, Any]) -> bool:
+        """What the compiled reader made of a piece, into the columns."""
+        self.raw_count += got["raw_count"]
+        for item in got["metadata"]:
+            if self.defer_metadata:
+                self.metadata.append(item)
+            else:
+                self._name_thread(*item)
+        self.python_events += got["python_events"]
+        if not got["rows"]:
+            return True
+        row0 = len(self)
+        self.cat_remap, got["cat_codes"] = _recoded(
+            self.cats, self.cat_remap, got["cat_ids"], got["new_cats"]
+        )
+        self.name_remap, got["name_codes"] = _recoded(
+            self.names, self.name_remap, got["name_ids"], got["new_names"]
+        )
+        self.input_dims = self.input_dims or got["input_dims"]
+        self.has_collective = self.has_collective or got["has_collective"]
+        rare_rows = np.frombuffer(got["rare_rows"], np.int64)
+        if rare_rows.size:
+            got["rare_rows"] = (rare_rows + row0).tobytes()
+            for (name, _), values in zip(_RARE, got["rare"], strict=True):
+                self.rare[name] += values
+        self.gloo += [(row0 + row, dims, kind) for row, dims, kind in got["gloo"]]
+        self.pending.append(got)
+        self.pending_rows += got["rows"]
+        return True
 
     def add(self, events: list[Event]) -> None:
         """Take one piece of decoded events (in file order)."""
+        self._flush()
         self.raw_count += len(events)
         phases = list(map(_get["ph"], events))
         if phases.count(COMPLETE) != len(events):
@@ -360,6 +497,7 @@ class Columns:
             return remaps[id(local)]
 
         for batch in batches:
+            batch._flush()
             n = len(batch)
             out.raw_count += batch.raw_count
             out.python_events += batch.python_events
@@ -401,6 +539,7 @@ class Columns:
 
     def frame(self) -> pd.DataFrame:
         """The columns as a DataFrame; strings become categoricals (few distinct names)."""
+        self._flush()
         pid = np.frombuffer(self.pid, dtype=np.int64)
         tid = np.frombuffer(self.tid, dtype=np.int64)
         for row, attr, value in self.string_ids:

@@ -11,8 +11,12 @@ The stages, one module each:
   piece (decoded structs never all live at once, and stay in the CPU cache while read);
   strings become categorical codes; Python-stack events, flows and other non-complete events
   are dropped on the way; timestamps stay exact floats (µs with ns fractions);
+- `_fastread.c` (where built: an optional C extension): the compiled reader, which takes the
+  pieces' text straight into the same columns, with no struct made per event; a piece it does
+  not take (anything but the plain case) goes to msgspec as above. FSDP_TRACE_READER=python
+  turns it off;
 - `parallel`: files of PARALLEL_MIN_BYTES and more decoded by two processes into exactly the
-  columns one process builds;
+  columns one process builds (without the compiled reader, which reads faster alone);
 
 and this module runs them for one file: the cache first (`fsdp_trace.analysis.read.cache`:
 parsed columns keyed by the file's content), then the parse, then
@@ -196,6 +200,9 @@ def _stream(path: Path, columns: Columns, on_progress) -> TraceFile:
         # The last events, the closing ']' and the keys after it, under the header's keys.
         check_one_events_key(path, [text, buf])
         shift = pieces.offset - len(text)  # tail bytes: where they are in the file
+        closed = columns.add_last(buf)  # the last events, when the compiled reader takes them
+        if closed is not None:
+            buf, shift = buf[closed:], shift + closed
         parsed = decode(path, text + buf, shift, columns.raw_count)
         add_all(columns, parsed.traceEvents or [])
         parsed.traceEvents = []

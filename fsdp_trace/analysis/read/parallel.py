@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from fsdp_trace.analysis.read.columns import Codes, Columns
+from fsdp_trace.analysis.read.columns import Codes, Columns, compiled_reader
 from fsdp_trace.analysis.read.events import (
     BOUNDARY,
     LIST_DECODER,
@@ -55,6 +55,8 @@ def parallel_worth_it(path: Path) -> bool:
     """Two processes decode large files (one is enough for small ones, or on one core)."""
     if (os.cpu_count() or 1) < 2 or os.environ.get("FSDP_TRACE_LOAD_PROCESSES") == "1":
         return False
+    if compiled_reader():  # it reads faster than a second process's batches are merged
+        return False
     return raw_size(path) >= PARALLEL_MIN_BYTES
 
 
@@ -63,7 +65,7 @@ def _decode_batch(text: bytes, tables: tuple[Codes, Codes]) -> Columns:
     `tables`: this process's category and name codes, shared by its batches."""
     columns = Columns(defer_metadata=True, tables=tables)
     rest = Pieces(Path("batch"), columns).decode(text)
-    if rest.strip():
+    if rest.strip() and not columns.add_text(rest, 0, len(rest)):
         columns.add(LIST_DECODER.decode(b"[" + rest + b"]"))
     return columns
 

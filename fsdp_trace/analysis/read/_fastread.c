@@ -1,0 +1,1324 @@
+/* A piece of a Kineto trace's `traceEvents` text straight into columns, in one pass, with no
+ * Python object made per event: the optional compiled path of
+ * fsdp_trace.analysis.read.columns.Columns.add_text.
+ *
+ * It reads only what the msgspec structs of fsdp_trace.analysis.read.events read, and gives
+ * exactly what Columns.add makes of them. It takes the plain case only: a piece holding
+ * anything else (a value of an unexpected type, an integer beyond int64, a string pid of a
+ * complete event, a key written with escapes, a key given twice, nesting deeper than
+ * MAX_DEPTH, text that is not JSON) is refused whole (`parse` returns None) and left to the
+ * msgspec path, which reads it as it always has, errors and notices included. So this file
+ * decides nothing about bad input: it only declines it.
+ *
+ * Written for this project (CPython's C API only, no numpy headers): the arrays go back as
+ * bytes objects that numpy reads without a copy.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 64
+#define MISSING (-1)
+
+typedef unsigned char uchar;
+
+/* ------------------------------------------------------------------ growable bytes */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} Buf;
+
+static int buf_reserve(Buf *b, size_t extra) {
+    if (b->n + extra <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + extra) cap *= 2;
+    char *p = PyMem_Realloc(b->p, cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const void *data, size_t n) {
+    if (buf_reserve(b, n) < 0) return -1;
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+    return 0;
+}
+
+static void buf_free(Buf *b) {
+    PyMem_Free(b->p);
+    b->p = NULL;
+    b->n = b->cap = 0;
+}
+
+/* ------------------------------------------------------------------ intern tables */
+
+typedef struct {
+    uint64_t hash;
+    size_t off, len; /* the bytes, in the table's store */
+    PyObject *str;   /* made on first need */
+    int used;        /* handed to the caller as a new name already (name tables) */
+} Entry;
+
+typedef struct {
+    Entry *entries;
+    Py_ssize_t count, cap;
+    int32_t *slots; /* open addressing: entry index, -1 empty */
+    size_t nslots;  /* a power of 2, at least twice count */
+    Buf store;
+} Table;
+
+static uint64_t hash_bytes(const uchar *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 1099511628211ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ s[i]) * 1099511628211ULL;
+    h ^= h >> 32;
+    return h;
+}
+
+static void table_free(Table *t) {
+    for (Py_ssize_t i = 0; i < t->count; i++) Py_XDECREF(t->entries[i].str);
+    PyMem_Free(t->entries);
+    PyMem_Free(t->slots);
+    buf_free(&t->store);
+    memset(t, 0, sizeof(*t));
+}
+
+static int table_grow(Table *t) {
+    size_t nslots = t->nslots ? t->nslots * 2 : 64;
+    int32_t *slots = PyMem_Malloc(nslots * sizeof(int32_t));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(slots, 0xff, nslots * sizeof(int32_t));
+    for (Py_ssize_t i = 0; i < t->count; i++) {
+        size_t j = t->entries[i].hash & (nslots - 1);
+        while (slots[j] >= 0) j = (j + 1) & (nslots - 1);
+        slots[j] = (int32_t)i;
+    }
+    PyMem_Free(t->slots);
+    t->slots = slots;
+    t->nslots = nslots;
+    return 0;
+}
+
+/* The id of `s` in `t`, added if new; -1 on error (an exception set). */
+static int32_t table_id(Table *t, const uchar *s, size_t n) {
+    if ((size_t)(t->count + 1) * 2 > t->nslots && table_grow(t) < 0) return -1;
+    uint64_t h = hash_bytes(s, n);
+    size_t j = h & (t->nslots - 1);
+    for (;;) {
+        int32_t k = t->slots[j];
+        if (k < 0) break;
+        Entry *e = &t->entries[k];
+        if (e->hash == h && e->len == n && memcmp(t->store.p + e->off, s, n) == 0) return k;
+        j = (j + 1) & (t->nslots - 1);
+    }
+    if (t->count >= INT32_MAX - 1) {
+        PyErr_SetString(PyExc_OverflowError, "too many distinct strings");
+        return -1;
+    }
+    if (t->count == t->cap) {
+        Py_ssize_t cap = t->cap ? t->cap * 2 : 64;
+        Entry *entries = PyMem_Realloc(t->entries, cap * sizeof(Entry));
+        if (entries == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->entries = entries;
+        t->cap = cap;
+    }
+    size_t off = t->store.n;
+    if (buf_put(&t->store, s, n) < 0) return -1;
+    Entry *e = &t->entries[t->count];
+    e->hash = h;
+    e->off = off;
+    e->len = n;
+    e->str = NULL;
+    e->used = 0;
+    t->slots[j] = (int32_t)t->count;
+    return (int32_t)t->count++;
+}
+
+/* The entry's text as a str (made once; a new reference); NULL with an exception set when
+ * the bytes are not UTF-8. */
+static PyObject *table_str(Table *t, int32_t k) {
+    Entry *e = &t->entries[k];
+    if (e->str == NULL) {
+        e->str = PyUnicode_DecodeUTF8(t->store.p + e->off, (Py_ssize_t)e->len, "strict");
+        if (e->str == NULL) return NULL;
+    }
+    Py_INCREF(e->str);
+    return e->str;
+}
+
+/* ------------------------------------------------------------------ the scanner */
+
+typedef struct {
+    const uchar *p, *end;
+    int bail; /* declined: not the plain case */
+} Scan;
+
+static inline void skip_ws(Scan *s) {
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
+        s->p++;
+}
+
+static inline int at(Scan *s, uchar c) { return s->p < s->end && *s->p == c; }
+
+static int hexval(uchar c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int read_hex4(const uchar *p) {
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(p[i]);
+        if (h < 0) return -1;
+        v = v * 16 + h;
+    }
+    return v;
+}
+
+/* Whether `n` bytes are UTF-8 (strict: no overlong forms, no surrogates, none past U+10FFFF).
+ * The text is checked before it gets here; this keeps the reader right on its own. */
+static int utf8_valid(const uchar *p, size_t n) {
+    const uchar *end = p + n;
+    while (p < end) {
+        uchar c = *p;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        size_t k;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) k = 1, cp = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF) k = 2, cp = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4) k = 3, cp = c & 0x07;
+        else return 0;
+        if ((size_t)(end - p) <= k) return 0;
+        for (size_t i = 1; i <= k; i++) {
+            if ((p[i] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (p[i] & 0x3F);
+        }
+        if ((k == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+            (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return 0;
+        p += k + 1;
+    }
+    return 1;
+}
+
+static int ascii_only(const uchar *p, size_t n) {
+    uchar any = 0;
+    for (size_t i = 0; i < n; i++) any |= p[i];
+    return any < 0x80;
+}
+
+/* The first quote, backslash or control character in [p, end), or end; *high collects the
+ * bytes' high bits (non-zero: not ASCII). Eight bytes at a time: Kineto's names are long. */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+static inline const uchar *string_stop(const uchar *p, const uchar *end, uint64_t *high) {
+    uint64_t acc = 0;
+    while (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint64_t q = w ^ (ONES * '"'), b = w ^ (ONES * '\\');
+        uint64_t hit = ((q - ONES) & ~q) | ((b - ONES) & ~b) | ((w - ONES * 0x20) & ~w);
+        if (hit & HIGHS) break;
+        acc |= w;
+        p += 8;
+    }
+    while (p < end && *p != '"' && *p != '\\' && *p >= 0x20) acc |= *p++;
+    *high = acc & HIGHS;
+    return p;
+}
+
+/* A string at s->p (its opening quote). Its text: a span of the input when it has no escapes
+ * (*out, *n), else decoded into `scratch`. Returns 0, or -1 (bail set, or an exception). The
+ * input is UTF-8 (checked before it gets here); escapes must not make lone surrogates. */
+static int scan_string(Scan *s, const uchar **out, size_t *n, Buf *scratch, int *escaped) {
+    const uchar *p = s->p + 1, *end = s->end;
+    const uchar *start = p;
+    uint64_t high;
+    p = string_stop(p, end, &high);
+    if (p < end && *p == '"') {
+        *out = start;
+        *n = (size_t)(p - start);
+        if (high && !utf8_valid(start, *n)) {
+            s->bail = 1;
+            return -1;
+        }
+        if (escaped) *escaped = 0;
+        s->p = p + 1;
+        return 0;
+    }
+    if (p >= end || *p < 0x20 || scratch == NULL) {
+        s->bail = 1;
+        return -1;
+    }
+    /* escapes: decode */
+    scratch->n = 0;
+    if (buf_put(scratch, start, (size_t)(p - start)) < 0) return -1;
+    while (p < end) {
+        uchar c = *p;
+        if (c == '"') break;
+        if (c < 0x20) {
+            s->bail = 1;
+            return -1;
+        }
+        if (c != '\\') {
+            const uchar *q = p;
+            while (q < end && *q != '"' && *q != '\\' && *q >= 0x20) q++;
+            if (buf_put(scratch, p, (size_t)(q - p)) < 0) return -1;
+            p = q;
+            continue;
+        }
+        if (p + 1 >= end) {
+            s->bail = 1;
+            return -1;
+        }
+        uchar e = p[1];
+        char one;
+        switch (e) {
+            case '"': one = '"'; break;
+            case '\\': one = '\\'; break;
+            case '/': one = '/'; break;
+            case 'b': one = '\b'; break;
+            case 'f': one = '\f'; break;
+            case 'n': one = '\n'; break;
+            case 'r': one = '\r'; break;
+            case 't': one = '\t'; break;
+            case 'u': one = 0; break;
+            default: s->bail = 1; return -1;
+        }
+        if (e != 'u') {
+            if (buf_put(scratch, &one, 1) < 0) return -1;
+            p += 2;
+            continue;
+        }
+        if (p + 6 > end) {
+            s->bail = 1;
+            return -1;
+        }
+        int cp = read_hex4(p + 2);
+        if (cp < 0) {
+            s->bail = 1;
+            return -1;
+        }
+        p += 6;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (p + 6 > end || p[0] != '\\' || p[1] != 'u') {
+                s->bail = 1;
+                return -1;
+            }
+            int lo = read_hex4(p + 2);
+            if (lo < 0xDC00 || lo > 0xDFFF) {
+                s->bail = 1;
+                return -1;
+            }
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            p += 6;
+        } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            s->bail = 1;
+            return -1;
+        }
+        uchar u[4];
+        size_t k;
+        if (cp < 0x80) {
+            u[0] = (uchar)cp;
+            k = 1;
+        } else if (cp < 0x800) {
+            u[0] = (uchar)(0xC0 | (cp >> 6));
+            u[1] = (uchar)(0x80 | (cp & 0x3F));
+            k = 2;
+        } else if (cp < 0x10000) {
+            u[0] = (uchar)(0xE0 | (cp >> 12));
+            u[1] = (uchar)(0x80 | ((cp >> 6) & 0x3F));
+            u[2] = (uchar)(0x80 | (cp & 0x3F));
+            k = 3;
+        } else {
+            u[0] = (uchar)(0xF0 | (cp >> 18));
+            u[1] = (uchar)(0x80 | ((cp >> 12) & 0x3F));
+            u[2] = (uchar)(0x80 | ((cp >> 6) & 0x3F));
+            u[3] = (uchar)(0x80 | (cp & 0x3F));
+            k = 4;
+        }
+        if (buf_put(scratch, u, k) < 0) return -1;
+    }
+    if (p >= end) {
+        s->bail = 1;
+        return -1;
+    }
+    if (!ascii_only((const uchar *)scratch->p, scratch->n) &&
+        !utf8_valid((const uchar *)scratch->p, scratch->n)) {
+        s->bail = 1;
+        return -1;
+    }
+    *out = (const uchar *)scratch->p;
+    *n = scratch->n;
+    if (escaped) *escaped = 1;
+    s->p = p + 1;
+    return 0;
+}
+
+/* A JSON number at s->p, its grammar checked. is_int: no fraction, no exponent. For an
+ * integer, *i (ok_int: it fits int64); *d: its value as a double when it is read exactly
+ * (ok_double), else computed by CPython's correctly rounded conversion. */
+typedef struct {
+    int is_int, ok_int;
+    int64_t i;
+    double d;
+    const uchar *start;
+    size_t len;
+} Num;
+
+static const double POW10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                 1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+static int scan_number(Scan *s, Num *num, int want_double) {
+    const uchar *p = s->p, *end = s->end;
+    num->start = p;
+    int neg = 0;
+    if (p < end && *p == '-') {
+        neg = 1;
+        p++;
+    }
+    if (p >= end || *p < '0' || *p > '9') {
+        s->bail = 1;
+        return -1;
+    }
+    uint64_t m = 0; /* the first 19 significant digits */
+    int sig = 0;     /* digits in m */
+    int inexact = 0; /* significant digits past the 19th */
+    int e10 = 0;     /* m * 10^e10 (before the exponent part) */
+    if (*p == '0') {
+        p++;
+        if (p < end && *p >= '0' && *p <= '9') { /* a leading zero */
+            s->bail = 1;
+            return -1;
+        }
+    } else {
+        for (; p < end && *p >= '0' && *p <= '9'; p++) {
+            if (sig < 19) {
+                m = m * 10 + (uint64_t)(*p - '0');
+                sig++;
+            } else {
+                inexact = 1;
+                e10++;
+            }
+        }
+    }
+    int is_int = 1;
+    if (p < end && *p == '.') {
+        is_int = 0;
+        p++;
+        if (p >= end || *p < '0' || *p > '9') {
+            s->bail = 1;
+            return -1;
+        }
+        for (; p < end && *p >= '0' && *p <= '9'; p++) {
+            if (sig == 0 && *p == '0') {
+                e10--; /* a leading zero of the fraction */
+            } else if (sig < 19) {
+                m = m * 10 + (uint64_t)(*p - '0');
+                sig++;
+                e10--;
+            } else {
+                inexact = 1;
+            }
+        }
+    }
+    int exp = 0;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        is_int = 0;
+        p++;
+        int eneg = 0;
+        if (p < end && (*p == '+' || *p == '-')) {
+            eneg = *p == '-';
+            p++;
+        }
+        if (p >= end || *p < '0' || *p > '9') {
+            s->bail = 1;
+            return -1;
+        }
+        for (; p < end && *p >= '0' && *p <= '9'; p++)
+            if (exp < 100000) exp = exp * 10 + (*p - '0');
+        if (eneg) exp = -exp;
+    }
+    e10 += exp;
+    num->len = (size_t)(p - num->start);
+    num->is_int = is_int;
+    num->ok_int = 0;
+    s->p = p;
+    if (is_int && !inexact) {
+        if (!neg && m <= (uint64_t)INT64_MAX) {
+            num->ok_int = 1;
+            num->i = (int64_t)m;
+        } else if (neg && m <= (uint64_t)INT64_MAX + 1) {
+            num->ok_int = 1;
+            num->i = m == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)m;
+        }
+    }
+    if (!want_double) return 0;
+    if (!inexact && m <= (1ULL << 53) && e10 >= -22 && e10 <= 22) {
+        /* both operands exact: one correctly rounded operation (Clinger's fast path) */
+        double v = (double)m;
+        v = e10 < 0 ? v / POW10[-e10] : v * POW10[e10];
+        num->d = neg ? -v : v;
+        return 0;
+    }
+    /* The exact conversion (CPython's dtoa: correctly rounded, locale-free). */
+    char small[64];
+    char *text = small;
+    if (num->len >= sizeof(small)) {
+        text = PyMem_Malloc(num->len + 1);
+        if (text == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    memcpy(text, num->start, num->len);
+    text[num->len] = 0;
+    char *stop = NULL;
+    double v = PyOS_string_to_double(text, &stop, NULL);
+    int whole = stop == text + num->len;
+    if (text != small) PyMem_Free(text);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        s->bail = 1;
+        return -1;
+    }
+    if (!whole || v > 1.7976931348623157e308 || v < -1.7976931348623157e308) {
+        s->bail = 1; /* out of range: left to the msgspec path */
+        return -1;
+    }
+    num->d = v;
+    return 0;
+}
+
+/* Any JSON value, skipped (its grammar checked). */
+static int skip_value(Scan *s, int depth) {
+    if (depth > MAX_DEPTH) {
+        s->bail = 1;
+        return -1;
+    }
+    skip_ws(s);
+    if (s->p >= s->end) {
+        s->bail = 1;
+        return -1;
+    }
+    uchar c = *s->p;
+    if (c == '"') {
+        const uchar *out;
+        size_t n;
+        /* escapes checked, not decoded */
+        const uchar *p = s->p + 1, *end = s->end;
+        for (;;) {
+            uint64_t high;
+            p = string_stop(p, end, &high);
+            if (p >= end || *p < 0x20) {
+                s->bail = 1;
+                return -1;
+            }
+            if (*p == '"') {
+                const uchar *q = s->p + 1;
+                if (high && !utf8_valid(q, (size_t)(p - q))) {
+                    s->bail = 1;
+                    return -1;
+                }
+                break;
+            }
+            /* an escape: let the decoder check it */
+            Buf tmp = {0};
+            int r = scan_string(s, &out, &n, &tmp, NULL);
+            buf_free(&tmp);
+            return r;
+        }
+        s->p = p + 1;
+        return 0;
+    }
+    if (c == '{' || c == '[') {
+        uchar close = c == '{' ? '}' : ']';
+        s->p++;
+        skip_ws(s);
+        if (at(s, close)) {
+            s->p++;
+            return 0;
+        }
+        for (;;) {
+            if (c == '{') {
+                skip_ws(s);
+                if (!at(s, '"')) {
+                    s->bail = 1;
+                    return -1;
+                }
+                if (skip_value(s, depth + 1) < 0) return -1;
+                skip_ws(s);
+                if (!at(s, ':')) {
+                    s->bail = 1;
+                    return -1;
+                }
+                s->p++;
+            }
+            if (skip_value(s, depth + 1) < 0) return -1;
+            skip_ws(s);
+            if (at(s, ',')) {
+                s->p++;
+                continue;
+            }
+            if (at(s, close)) {
+                s->p++;
+                return 0;
+            }
+            s->bail = 1;
+            return -1;
+        }
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        Num num;
+        return scan_number(s, &num, 0);
+    }
+    static const char *words[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(words[i]);
+        if ((size_t)(s->end - s->p) >= n && memcmp(s->p, words[i], n) == 0) {
+            s->p += n;
+            return 0;
+        }
+    }
+    s->bail = 1;
+    return -1;
+}
+
+static int is_null(Scan *s) {
+    if (s->end - s->p >= 4 && memcmp(s->p, "null", 4) == 0) {
+        s->p += 4;
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ one event */
+
+/* The args fields read, in the order of columns._DENSE_ARGS and columns._RARE. */
+enum { A_CORRELATION, A_EXTERNAL_ID, A_SEQUENCE_NUMBER, A_STREAM, N_DENSE };
+enum {
+    R_COLLECTIVE_NAME,
+    R_DTYPE,
+    R_IN_NELEMS,
+    R_OUT_NELEMS,
+    R_GROUP_SIZE,
+    R_PG_NAME,
+    R_PG_DESC,
+    R_PG_RANKS,
+    R_SEQ,
+    R_GRID,
+    R_BLOCK,
+    N_RARE
+};
+enum { K_TEXT, K_INT, K_RAW }; /* a rare field's kind */
+static const int RARE_KIND[N_RARE] = {K_TEXT, K_TEXT, K_INT, K_INT, K_INT, K_TEXT,
+                                      K_TEXT, K_TEXT, K_INT, K_RAW, K_RAW};
+
+typedef struct {
+    int present; /* 0 absent/null (None) */
+    int64_t i;   /* K_INT */
+    int32_t id;  /* K_TEXT: text table id; K_RAW: raw table id */
+} RareValue;
+
+typedef struct {
+    const uchar *p;
+    size_t n;
+} Span;
+
+typedef enum { ID_ABSENT, ID_INT, ID_BIG, ID_STR } IdKind;
+
+typedef struct {
+    IdKind kind;
+    int64_t i;
+    Span span; /* the number's text (ID_BIG), or the string's (ID_STR, copied to a scratch) */
+} IdValue;
+
+typedef struct {
+    PyObject_HEAD
+    Table cats, names, texts, raws;
+    /* per event, reused */
+    Buf cat_scratch, name_scratch, str_scratch, argname_scratch, pid_scratch, tid_scratch;
+} Reader;
+
+typedef struct {
+    /* top-level */
+    Span ph, cat, name;
+    int has_ph, has_cat, has_name;
+    IdValue pid, tid;
+    int has_ts, has_dur; /* present and not null */
+    double ts, dur;
+    /* args */
+    int64_t dense[N_DENSE];
+    RareValue rare[N_RARE];
+    Span input_dims, input_type;
+    int has_argname;
+    Span argname;
+} Event;
+
+#define key_is(k, n, lit) ((n) == sizeof(lit) - 1 && memcmp((k), (lit), sizeof(lit) - 1) == 0)
+
+/* A string value into a span (its text copied into `scratch` when it had escapes, so that it
+ * outlives the next string read). */
+static int string_span(Scan *s, Span *span, Buf *scratch) {
+    if (!at(s, '"')) {
+        s->bail = 1;
+        return -1;
+    }
+    int escaped = 0;
+    if (scan_string(s, &span->p, &span->n, scratch, &escaped) < 0) return -1;
+    return 0;
+}
+
+static int scan_int_or_null(Scan *s, int *present, int64_t *value) {
+    if (is_null(s)) {
+        *present = 0;
+        return 0;
+    }
+    Num num;
+    if (scan_number(s, &num, 0) < 0) return -1;
+    if (!num.is_int || !num.ok_int) {
+        s->bail = 1; /* a float, or an integer beyond int64: the msgspec path reads it */
+        return -1;
+    }
+    *present = 1;
+    *value = num.i;
+    return 0;
+}
+
+static int scan_args(Reader *r, Scan *s, Event *ev) {
+    s->p++; /* '{' */
+    unsigned seen = 0;
+    skip_ws(s);
+    if (at(s, '}')) {
+        s->p++;
+        return 0;
+    }
+    for (;;) {
+        skip_ws(s);
+        if (!at(s, '"')) {
+            s->bail = 1;
+            return -1;
+        }
+        const uchar *k;
+        size_t kn;
+        int escaped = 0;
+        if (scan_string(s, &k, &kn, &r->str_scratch, &escaped) < 0) return -1;
+        if (escaped) {
+            s->bail = 1; /* a key written with escapes might name a field */
+            return -1;
+        }
+        skip_ws(s);
+        if (!at(s, ':')) {
+            s->bail = 1;
+            return -1;
+        }
+        s->p++;
+        skip_ws(s);
+        int field = -1; /* bit in `seen` */
+        int dense = -1, rare = -1;
+        if (key_is(k, kn, "correlation")) dense = A_CORRELATION, field = 0;
+        else if (key_is(k, kn, "External id")) dense = A_EXTERNAL_ID, field = 1;
+        else if (key_is(k, kn, "Sequence number")) dense = A_SEQUENCE_NUMBER, field = 2;
+        else if (key_is(k, kn, "stream")) dense = A_STREAM, field = 3;
+        else if (key_is(k, kn, "Collective name")) rare = R_COLLECTIVE_NAME, field = 4;
+        else if (key_is(k, kn, "dtype")) rare = R_DTYPE, field = 5;
+        else if (key_is(k, kn, "In msg nelems")) rare = R_IN_NELEMS, field = 6;
+        else if (key_is(k, kn, "Out msg nelems")) rare = R_OUT_NELEMS, field = 7;
+        else if (key_is(k, kn, "Group size")) rare = R_GROUP_SIZE, field = 8;
+        else if (key_is(k, kn, "Process Group Name")) rare = R_PG_NAME, field = 9;
+        else if (key_is(k, kn, "Process Group Description")) rare = R_PG_DESC, field = 10;
+        else if (key_is(k, kn, "Process Group Ranks")) rare = R_PG_RANKS, field = 11;
+        else if (key_is(k, kn, "Seq")) rare = R_SEQ, field = 12;
+        else if (key_is(k, kn, "grid")) rare = R_GRID, field = 13;
+        else if (key_is(k, kn, "block")) rare = R_BLOCK, field = 14;
+        else if (key_is(k, kn, "Input Dims")) field = 15;
+        else if (key_is(k, kn, "Input type")) field = 16;
+        else if (key_is(k, kn, "name")) field = 17;
+        if (field >= 0) {
+            if (seen & (1u << field)) {
+                s->bail = 1; /* a field given twice */
+                return -1;
+            }
+            seen |= 1u << field;
+        }
+        if (dense >= 0) {
+            int present = 0;
+            int64_t v = 0;
+            if (scan_int_or_null(s, &present, &v) < 0) return -1;
+            ev->dense[dense] = present ? v : MISSING;
+        } else if (rare >= 0) {
+            RareValue *rv = &ev->rare[rare];
+            int kind = RARE_KIND[rare];
+            if (kind == K_INT) {
+                if (scan_int_or_null(s, &rv->present, &rv->i) < 0) return -1;
+            } else if (kind == K_TEXT) {
+                if (is_null(s)) {
+                    rv->present = 0;
+                } else {
+                    Span sp;
+                    if (string_span(s, &sp, &r->str_scratch) < 0) return -1;
+                    rv->id = table_id(&r->texts, sp.p, sp.n);
+                    if (rv->id < 0) return -1;
+                    rv->present = 1;
+                }
+            } else {
+                const uchar *start = s->p;
+                if (skip_value(s, 1) < 0) return -1;
+                rv->id = table_id(&r->raws, start, (size_t)(s->p - start));
+                if (rv->id < 0) return -1;
+                rv->present = 1;
+            }
+        } else if (field == 15 || field == 16) {
+            const uchar *start = s->p;
+            if (skip_value(s, 1) < 0) return -1;
+            Span *sp = field == 15 ? &ev->input_dims : &ev->input_type;
+            sp->p = start;
+            sp->n = (size_t)(s->p - start);
+        } else if (field == 17) {
+            if (is_null(s)) {
+                ev->has_argname = 0;
+            } else {
+                if (string_span(s, &ev->argname, &r->argname_scratch) < 0) return -1;
+                if (ev->argname.p == (const uchar *)r->argname_scratch.p) {
+                    /* decoded into the shared scratch: keep it apart from later strings */
+                }
+                ev->has_argname = 1;
+            }
+        } else {
+            if (skip_value(s, 1) < 0) return -1;
+        }
+        skip_ws(s);
+        if (at(s, ',')) {
+            s->p++;
+            continue;
+        }
+        if (at(s, '}')) {
+            s->p++;
+            return 0;
+        }
+        s->bail = 1;
+        return -1;
+    }
+}
+
+static int scan_id(Scan *s, IdValue *id, Buf *scratch) {
+    if (at(s, '"')) {
+        Span sp;
+        if (string_span(s, &sp, scratch) < 0) return -1;
+        id->kind = ID_STR;
+        id->span = sp;
+        return 0;
+    }
+    Num num;
+    if (scan_number(s, &num, 0) < 0) return -1;
+    if (!num.is_int) {
+        s->bail = 1;
+        return -1;
+    }
+    if (num.ok_int) {
+        id->kind = ID_INT;
+        id->i = num.i;
+    } else {
+        id->kind = ID_BIG;
+        id->span.p = num.start;
+        id->span.n = num.len;
+    }
+    return 0;
+}
+
+static int scan_float_or_null(Scan *s, int *present, double *value) {
+    if (is_null(s)) {
+        *present = 0;
+        return 0;
+    }
+    Num num;
+    if (scan_number(s, &num, 1) < 0) return -1;
+    if (num.is_int && !num.ok_int) {
+        s->bail = 1; /* a huge integer as a float: left to the msgspec path */
+        return -1;
+    }
+    *present = 1;
+    /* An integer is read as an integer, then made a float (so "-0" is 0.0, not -0.0). */
+    *value = num.is_int ? (double)num.i : num.d;
+    return 0;
+}
+
+static int scan_event(Reader *r, Scan *s, Event *ev) {
+    memset(ev, 0, sizeof(*ev));
+    for (int i = 0; i < N_DENSE; i++) ev->dense[i] = MISSING;
+    ev->pid.kind = ev->tid.kind = ID_ABSENT;
+    skip_ws(s);
+    if (!at(s, '{')) {
+        s->bail = 1;
+        return -1;
+    }
+    s->p++;
+    unsigned seen = 0;
+    skip_ws(s);
+    if (at(s, '}')) {
+        s->p++;
+        return 0;
+    }
+    for (;;) {
+        skip_ws(s);
+        if (!at(s, '"')) {
+            s->bail = 1;
+            return -1;
+        }
+        const uchar *k;
+        size_t kn;
+        int escaped = 0;
+        if (scan_string(s, &k, &kn, &r->str_scratch, &escaped) < 0) return -1;
+        if (escaped) {
+            s->bail = 1;
+            return -1;
+        }
+        skip_ws(s);
+        if (!at(s, ':')) {
+            s->bail = 1;
+            return -1;
+        }
+        s->p++;
+        skip_ws(s);
+        int field = -1;
+        if (kn == 2 && k[0] == 'p' && k[1] == 'h') field = 0;
+        else if (kn == 3 && memcmp(k, "cat", 3) == 0) field = 1;
+        else if (kn == 4 && memcmp(k, "name", 4) == 0) field = 2;
+        else if (kn == 3 && memcmp(k, "pid", 3) == 0) field = 3;
+        else if (kn == 3 && memcmp(k, "tid", 3) == 0) field = 4;
+        else if (kn == 2 && k[0] == 't' && k[1] == 's') field = 5;
+        else if (kn == 3 && memcmp(k, "dur", 3) == 0) field = 6;
+        else if (kn == 4 && memcmp(k, "args", 4) == 0) field = 7;
+        if (field >= 0) {
+            if (seen & (1u << field)) {
+                s->bail = 1;
+                return -1;
+            }
+            seen |= 1u << field;
+        }
+        int r_ = 0;
+        switch (field) {
+            case 0:
+                r_ = string_span(s, &ev->ph, &r->str_scratch);
+                ev->has_ph = 1;
+                /* ph decoded into the shared scratch when escaped: read it now */
+                if (r_ == 0 && ev->ph.p == (const uchar *)r->str_scratch.p) {
+                    s->bail = 1; /* an escaped phase: left to the msgspec path */
+                    return -1;
+                }
+                break;
+            case 1:
+                r_ = string_span(s, &ev->cat, &r->cat_scratch);
+                ev->has_cat = 1;
+                break;
+            case 2:
+                r_ = string_span(s, &ev->name, &r->name_scratch);
+                ev->has_name = 1;
+                break;
+            case 3: r_ = scan_id(s, &ev->pid, &r->pid_scratch); break;
+            case 4: r_ = scan_id(s, &ev->tid, &r->tid_scratch); break;
+            case 5: r_ = scan_float_or_null(s, &ev->has_ts, &ev->ts); break;
+            case 6: r_ = scan_float_or_null(s, &ev->has_dur, &ev->dur); break;
+            case 7:
+                if (is_null(s)) break;
+                if (!at(s, '{')) {
+                    s->bail = 1;
+                    return -1;
+                }
+                r_ = scan_args(r, s, ev);
+                break;
+            default: r_ = skip_value(s, 1);
+        }
+        if (r_ < 0) return -1;
+        skip_ws(s);
+        if (at(s, ',')) {
+            s->p++;
+            continue;
+        }
+        if (at(s, '}')) {
+            s->p++;
+            return 0;
+        }
+        s->bail = 1;
+        return -1;
+    }
+}
+
+/* ------------------------------------------------------------------ the piece */
+
+typedef struct {
+    Buf ts, dur, pid, tid, dense[N_DENSE], cat_ids, name_ids;
+    Buf rare_rows, rare_values; /* int64 rows; RareValue[N_RARE] per rare row */
+    Buf gloo;                   /* (row, dims span, type span) per CPU collective */
+    PyObject *metadata;         /* list of (kind, pid, tid, name) */
+    Py_ssize_t rows, raw_count, python_events;
+    int input_dims, has_collective;
+} Out;
+
+typedef struct {
+    int64_t row;
+    Span dims, type;
+} GlooRow;
+
+static void out_free(Out *o) {
+    Buf *bufs[] = {&o->ts,       &o->dur,       &o->pid,         &o->tid,
+                   &o->cat_ids,  &o->name_ids,  &o->rare_rows,   &o->rare_values,
+                   &o->gloo,     &o->dense[0],  &o->dense[1],    &o->dense[2],
+                   &o->dense[3]};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) buf_free(bufs[i]);
+    Py_CLEAR(o->metadata);
+}
+
+static int span_is(Span sp, const char *text) {
+    size_t n = strlen(text);
+    return sp.n == n && memcmp(sp.p, text, n) == 0;
+}
+
+static PyObject *id_object(IdValue *id) {
+    switch (id->kind) {
+        case ID_ABSENT: return PyLong_FromLong(0);
+        case ID_INT: return PyLong_FromLongLong(id->i);
+        case ID_STR: return PyUnicode_DecodeUTF8((const char *)id->span.p, id->span.n, "strict");
+        default: {
+            char *text = PyMem_Malloc(id->span.n + 1);
+            if (text == NULL) return PyErr_NoMemory();
+            memcpy(text, id->span.p, id->span.n);
+            text[id->span.n] = 0;
+            PyObject *v = PyLong_FromString(text, NULL, 10);
+            PyMem_Free(text);
+            return v;
+        }
+    }
+}
+
+/* A metadata event ('M') with a name in its args: (kind, pid, tid, name) for the caller. */
+static int take_metadata(Out *o, Event *ev) {
+    if (!ev->has_argname) return 0;
+    PyObject *kind = ev->has_name
+                         ? PyUnicode_DecodeUTF8((const char *)ev->name.p, ev->name.n, "strict")
+                         : PyUnicode_FromString("");
+    PyObject *pid = id_object(&ev->pid);
+    PyObject *tid = id_object(&ev->tid);
+    PyObject *name = PyUnicode_DecodeUTF8((const char *)ev->argname.p, ev->argname.n, "strict");
+    PyObject *item = NULL;
+    if (kind && pid && tid && name) item = PyTuple_Pack(4, kind, pid, tid, name);
+    Py_XDECREF(kind);
+    Py_XDECREF(pid);
+    Py_XDECREF(tid);
+    Py_XDECREF(name);
+    if (item == NULL) return -1;
+    int rc = PyList_Append(o->metadata, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+static int take_complete(Reader *r, Out *o, Scan *s, Event *ev) {
+    Span cat = ev->has_cat ? ev->cat : (Span){(const uchar *)"", 0};
+    if (span_is(cat, "python_function")) {
+        o->python_events++;
+        return 0;
+    }
+    if (span_is(cat, "Trace")) return 0;
+    if (!ev->has_ts || !ev->has_dur || ev->pid.kind == ID_STR || ev->pid.kind == ID_BIG ||
+        ev->tid.kind == ID_STR || ev->tid.kind == ID_BIG) {
+        s->bail = 1; /* no time, or an id the msgspec path turns into a string id */
+        return -1;
+    }
+    Span name = ev->has_name ? ev->name : (Span){(const uchar *)"", 0};
+    int32_t cat_id = table_id(&r->cats, cat.p, cat.n);
+    if (cat_id < 0) return -1;
+    int32_t name_id = table_id(&r->names, name.p, name.n);
+    if (name_id < 0) return -1;
+    int64_t row = o->rows++;
+    int64_t pid = ev->pid.kind == ID_INT ? ev->pid.i : 0;
+    int64_t tid = ev->tid.kind == ID_INT ? ev->tid.i : 0;
+    if (buf_put(&o->ts, &ev->ts, 8) < 0 || buf_put(&o->dur, &ev->dur, 8) < 0 ||
+        buf_put(&o->pid, &pid, 8) < 0 || buf_put(&o->tid, &tid, 8) < 0 ||
+        buf_put(&o->cat_ids, &cat_id, 4) < 0 || buf_put(&o->name_ids, &name_id, 4) < 0)
+        return -1;
+    for (int i = 0; i < N_DENSE; i++)
+        if (buf_put(&o->dense[i], &ev->dense[i], 8) < 0) return -1;
+    if (ev->input_dims.n) o->input_dims = 1;
+    int named = ev->rare[R_COLLECTIVE_NAME].present;
+    if (named) o->has_collective = 1;
+    if (named || ev->dense[A_STREAM] >= 0) {
+        if (buf_put(&o->rare_rows, &row, 8) < 0) return -1;
+        if (buf_put(&o->rare_values, ev->rare, sizeof(ev->rare)) < 0) return -1;
+    }
+    if (ev->input_dims.n && name.n >= 5 && memcmp(name.p, "gloo:", 5) == 0) {
+        GlooRow g = {row, ev->input_dims, ev->input_type};
+        if (buf_put(&o->gloo, &g, sizeof(g)) < 0) return -1;
+    }
+    return 0;
+}
+
+static PyObject *as_bytes(Buf *b) { return PyBytes_FromStringAndSize(b->p ? b->p : "", b->n); }
+
+/* The names of `ids` not handed over before, in order of first use: [(id, str)]. Marks them
+ * handed over only when the whole list is made. */
+static PyObject *new_names(Table *t, Buf *ids) {
+    PyObject *list = PyList_New(0);
+    if (list == NULL) return NULL;
+    const int32_t *v = (const int32_t *)ids->p;
+    size_t n = ids->n / 4;
+    for (size_t i = 0; i < n; i++) {
+        Entry *e = &t->entries[v[i]];
+        if (e->used) continue;
+        e->used = 2; /* provisional: made 1 when the piece is handed over (commit_names) */
+        PyObject *str = table_str(t, v[i]);
+        PyObject *item = str ? Py_BuildValue("(iN)", (int)v[i], str) : NULL;
+        if (item == NULL || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return list;
+}
+
+static void commit_names(Table *t) {
+    for (Py_ssize_t i = 0; i < t->count; i++)
+        if (t->entries[i].used == 2) t->entries[i].used = 1;
+}
+
+static void rollback_names(Table *t) {
+    for (Py_ssize_t i = 0; i < t->count; i++)
+        if (t->entries[i].used == 2) t->entries[i].used = 0;
+}
+
+/* The rare columns' values, one list a field, as the msgspec path gives them. */
+static PyObject *rare_lists(Reader *r, Out *o) {
+    size_t n = o->rare_rows.n / 8;
+    const RareValue *values = (const RareValue *)o->rare_values.p;
+    PyObject *lists = PyTuple_New(N_RARE);
+    if (lists == NULL) return NULL;
+    for (int f = 0; f < N_RARE; f++) {
+        PyObject *list = PyList_New((Py_ssize_t)n);
+        if (list == NULL) goto fail;
+        PyTuple_SET_ITEM(lists, f, list);
+        int kind = RARE_KIND[f];
+        PyObject *last = NULL; /* consecutive rows often repeat a value */
+        int64_t last_int = 0;
+        for (size_t i = 0; i < n; i++) {
+            const RareValue *v = &values[i * N_RARE + f];
+            PyObject *item;
+            if (!v->present) {
+                item = Py_None;
+                Py_INCREF(item);
+            } else if (kind == K_INT) {
+                if (last != NULL && last_int == v->i) {
+                    item = last;
+                    Py_INCREF(item);
+                } else {
+                    item = PyLong_FromLongLong(v->i);
+                    if (item == NULL) goto fail;
+                    last = item;
+                    last_int = v->i;
+                }
+            } else {
+                Table *t = kind == K_TEXT ? &r->texts : &r->raws;
+                item = table_str(t, v->id);
+                if (item == NULL) goto fail;
+            }
+            PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+        }
+    }
+    return lists;
+fail:
+    Py_DECREF(lists);
+    return NULL;
+}
+
+static PyObject *gloo_list(Out *o) {
+    size_t n = o->gloo.n / sizeof(GlooRow);
+    const GlooRow *rows = (const GlooRow *)o->gloo.p;
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (list == NULL) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        /* an absent `Input type` is b"" (msgspec's empty Raw), not None */
+        const char *type = rows[i].type.p ? (const char *)rows[i].type.p : "";
+        PyObject *item = Py_BuildValue("(Ly#y#)", (long long)rows[i].row, rows[i].dims.p,
+                                       (Py_ssize_t)rows[i].dims.n, type,
+                                       (Py_ssize_t)rows[i].type.n);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
+}
+
+static PyObject *Reader_parse(Reader *r, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, stop;
+    int until_close = 0; /* the events run to the array's closing bracket, in the text */
+    if (!PyArg_ParseTuple(args, "y*nn|p", &view, &start, &stop, &until_close)) return NULL;
+    if (start < 0 || stop > view.len || start > stop) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "piece out of range");
+        return NULL;
+    }
+    Scan s = {(const uchar *)view.buf + start, (const uchar *)view.buf + stop, 0};
+    Out o;
+    memset(&o, 0, sizeof(o));
+    PyObject *result = NULL;
+    o.metadata = PyList_New(0);
+    if (o.metadata == NULL) goto done;
+    Event ev;
+    Py_ssize_t closed = -1; /* where the closing bracket is (until_close) */
+    skip_ws(&s);
+    if (s.p >= s.end) s.bail = 1;
+    while (!s.bail) {
+        if (scan_event(r, &s, &ev) < 0) break;
+        o.raw_count++;
+        if (span_is(ev.ph, "X") && ev.has_ph) {
+            if (take_complete(r, &o, &s, &ev) < 0) break;
+        } else if (ev.has_ph && span_is(ev.ph, "M")) {
+            if (take_metadata(&o, &ev) < 0) break;
+        }
+        skip_ws(&s);
+        if (s.p >= s.end) {
+            if (until_close) s.bail = 1; /* no closing bracket */
+            break;
+        }
+        if (until_close && *s.p == ']') {
+            closed = s.p - (const uchar *)view.buf;
+            break;
+        }
+        if (*s.p != ',') {
+            s.bail = 1;
+            break;
+        }
+        s.p++;
+    }
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto done;
+        PyErr_Clear(); /* not UTF-8 after all: the msgspec path names the byte */
+        s.bail = 1;
+    }
+    if (s.bail) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    PyObject *cats = new_names(&r->cats, &o.cat_ids);
+    PyObject *names = cats ? new_names(&r->names, &o.name_ids) : NULL;
+    PyObject *rare = names ? rare_lists(r, &o) : NULL;
+    PyObject *gloo = rare ? gloo_list(&o) : NULL;
+    if (gloo == NULL) {
+        Py_XDECREF(cats);
+        Py_XDECREF(names);
+        Py_XDECREF(rare);
+        rollback_names(&r->cats);
+        rollback_names(&r->names);
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            result = Py_None;
+            Py_INCREF(result);
+        }
+        goto done;
+    }
+    result = Py_BuildValue(
+        "{s:n,s:n,s:n,s:n,s:O,s:O,s:N,s:N,s:N,s:N,s:(NNNN),s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:O}",
+        "closed", closed, "rows", o.rows, "raw_count", o.raw_count, "python_events", o.python_events,
+        "input_dims", o.input_dims ? Py_True : Py_False, "has_collective",
+        o.has_collective ? Py_True : Py_False, "ts", as_bytes(&o.ts), "dur", as_bytes(&o.dur),
+        "pid", as_bytes(&o.pid), "tid", as_bytes(&o.tid), "dense", as_bytes(&o.dense[0]),
+        as_bytes(&o.dense[1]), as_bytes(&o.dense[2]), as_bytes(&o.dense[3]), "cat_ids",
+        as_bytes(&o.cat_ids), "new_cats", cats, "name_ids", as_bytes(&o.name_ids), "new_names",
+        names, "rare_rows", as_bytes(&o.rare_rows), "rare", rare, "gloo", gloo, "metadata",
+        o.metadata);
+    if (result == NULL) {
+        rollback_names(&r->cats);
+        rollback_names(&r->names);
+    } else {
+        commit_names(&r->cats);
+        commit_names(&r->names);
+    }
+done:
+    out_free(&o);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static void Reader_dealloc(Reader *r) {
+    table_free(&r->cats);
+    table_free(&r->names);
+    table_free(&r->texts);
+    table_free(&r->raws);
+    buf_free(&r->cat_scratch);
+    buf_free(&r->name_scratch);
+    buf_free(&r->str_scratch);
+    buf_free(&r->argname_scratch);
+    buf_free(&r->pid_scratch);
+    buf_free(&r->tid_scratch);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *Reader_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (!PyArg_ParseTuple(args, "")) return NULL;
+    Reader *r = (Reader *)type->tp_alloc(type, 0);
+    return (PyObject *)r; /* tp_alloc zeroes the tables and scratch buffers */
+}
+
+static PyMethodDef Reader_methods[] = {
+    {"parse", (PyCFunction)Reader_parse, METH_VARARGS,
+     "parse(text, start, stop, until_close=False) -> dict | None: the events in "
+     "text[start:stop] (whole events separated by commas, no brackets; with until_close, "
+     "up to the array's closing bracket, whose place is 'closed') as columns; None when the "
+     "piece is not the plain case (the caller decodes it with msgspec)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fsdp_trace.analysis.read._fastread.Reader",
+    .tp_basicsize = sizeof(Reader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Reader_new,
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_methods = Reader_methods,
+    .tp_doc = "Reads pieces of traceEvents text into columns; holds the strings seen so far "
+              "(each piece's ids index them).",
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastread",
+                                    "Kineto trace events straight into columns.", -1, NULL};
+
+PyMODINIT_FUNC PyInit__fastread(void) {
+    if (PyType_Ready(&ReaderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&ReaderType);
+    if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
+        Py_DECREF(&ReaderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

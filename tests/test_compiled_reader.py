@@ -1,0 +1,360 @@
+"""The compiled reader (`fsdp_trace/analysis/read/_fastread.c`) against the msgspec path it
+stands in for: on every shipped trace, on the hostile corpus, on random events and on random
+damage to them, it gives exactly what the msgspec path gives (the loaded `Trace`, the same
+one-line error), or declines the piece (which then goes to msgspec). It never takes text that
+msgspec refuses."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import random
+import struct
+from pathlib import Path
+
+import msgspec
+import pandas as pd
+import pytest
+from pandas.testing import assert_frame_equal
+
+from fsdp_trace.analysis.read import columns as columns_mod
+from fsdp_trace.analysis.read import loader
+from fsdp_trace.analysis.read.columns import READER_ENV, Columns
+from fsdp_trace.analysis.read.events import LIST_DECODER
+from fsdp_trace.errors import UserError
+from tests import test_hostile
+from tests.conftest import REPO, SAMPLES
+
+BUILT = columns_mod._CompiledReader is not None
+if not BUILT and os.environ.get("FSDP_TRACE_REQUIRE_COMPILED") == "1":
+    raise RuntimeError("the compiled reader was not built (a C compiler is needed at install)")
+pytestmark = pytest.mark.skipif(not BUILT, reason="the compiled reader is not built here")
+
+
+# --- whole traces through the loader ------------------------------------------------------
+
+
+def _load(path: Path, reader: str, monkeypatch) -> object:
+    """The loaded Trace, or the error's text."""
+    monkeypatch.setenv(READER_ENV, reader)
+    try:
+        return loader.load_trace(path, cache=False, progress=False, parallel=False)
+    except UserError as exc:
+        return str(exc)
+
+
+def _assert_same(a: object, b: object, where: str) -> None:
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b, where
+        return
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, pd.DataFrame):
+            assert_frame_equal(x, y, check_exact=True, obj=f"{where}: {field.name}")
+            assert list(x.dtypes) == list(y.dtypes), where
+        else:
+            assert x == y, f"{where}: {field.name}"
+
+
+def _shipped() -> list[Path]:
+    roots = (SAMPLES, REPO / "tests" / "data", REPO / "benchmarks" / "traces")
+    return sorted(
+        p for root in roots for p in root.rglob("*") if p.name.endswith((".json", ".json.gz"))
+    )
+
+
+def test_every_shipped_trace_loads_alike(monkeypatch):
+    paths = _shipped()
+    assert len(paths) > 40
+    taken = 0
+    for path in paths:
+        compiled = _load(path, "", monkeypatch)
+        _assert_same(_load(path, "python", monkeypatch), compiled, str(path))
+        taken += not isinstance(compiled, str)
+    assert taken > 40
+
+
+def test_the_hostile_corpus_loads_alike(tmp_path, monkeypatch):
+    """Every file of the hostile corpus: the same Trace, or the same one-line error."""
+    base = test_hostile._small_document()
+    compared = 0
+    for name, case in test_hostile.CORPUS.items():
+        if "bomb" in name or "fifo" in name or "dev_null" in name:
+            continue  # not a text the reader sees (refused before, or gigabytes of it)
+        folder = tmp_path / name
+        folder.mkdir()
+        try:
+            paths = case.make(folder, copy.deepcopy(base))
+        except OSError:
+            continue
+        for path in map(Path, paths):
+            if not path.is_file() or path.suffix == ".html":
+                continue
+            _assert_same(_load(path, "python", monkeypatch), _load(path, "", monkeypatch), name)
+            compared += 1
+    assert compared > 60
+
+
+# --- pieces of random events --------------------------------------------------------------
+
+NAMES = [
+    "aten::mm",
+    "ncclDevKernel_AllGather_RING_LL",
+    "gloo:all_reduce",
+    "café",
+    'a"b',
+    "x\\y",
+    "tab\tname",
+    "\U0001f600 emoji",
+    "",
+    "FSDP::all_gather (layers.3)",
+    "thread_name",
+    "process_name",
+]
+CATS = ["cpu_op", "kernel", "python_function", "Trace", "gpu_memcpy", "user_annotation", "ac2g"]
+
+
+def _number(rng: random.Random):
+    return rng.choice(
+        [
+            lambda: round(rng.uniform(0, 1e13), rng.randint(0, 3)),
+            lambda: rng.uniform(-1e3, 1e3),
+            lambda: rng.randint(0, 2**60),
+            lambda: 0,
+            lambda: -0.0,
+            lambda: 1e-7 * rng.random(),
+        ]
+    )()
+
+
+def _event(rng: random.Random, plain: bool) -> dict:
+    """One event. `plain`: of the kinds Kineto writes (the compiled reader's own case);
+    else with odd values too (string pids, integers beyond int64, missing times)."""
+    odd = 0.0 if plain else 0.08
+    e: dict = {}
+    if rng.random() < 0.97:
+        e["ph"] = rng.choice(["X"] * 8 + ["M", "i", "s", "f"])
+    if rng.random() < 0.95:
+        e["cat"] = rng.choice(CATS)
+    if rng.random() < 0.95:
+        e["name"] = rng.choice(NAMES)
+    for key in ("pid", "tid"):
+        e[key] = rng.randint(0, 10**6)
+        if rng.random() < odd:
+            e[key] = rng.choice(["Spans", "GPU 0", "123", 2**64 + 5])
+    e["ts"], e["dur"] = _number(rng), _number(rng)
+    for key in ("ts", "dur"):
+        if rng.random() < odd:
+            e[key] = rng.choice([None, 2**65])
+    if rng.random() < 0.1:
+        e["args"] = None
+    elif rng.random() < 0.9:
+        args: dict = {}
+        for key in ("correlation", "External id", "Sequence number", "stream"):
+            if rng.random() < 0.5:
+                args[key] = rng.choice([rng.randint(-1, 1000), None, 2**63 - 1, -(2**63)])
+                if rng.random() < odd:
+                    args[key] = rng.choice([2**63, 1.5, "7"])
+        if rng.random() < 0.3:
+            args["Collective name"] = rng.choice(["allgather", "reduce_scatter", None])
+            args["dtype"] = rng.choice(["BFloat16", "Float", None])
+            for key in ("In msg nelems", "Out msg nelems", "Group size", "Seq"):
+                args[key] = rng.choice([rng.randint(0, 10**9), None])
+            args["Process Group Name"] = rng.choice(["0", "1", None])
+            args["Process Group Ranks"] = rng.choice(["[0, 1]", "[0, 1, 2, 3]"])
+            args["Process Group Description"] = "default_pg"
+        if rng.random() < 0.4:
+            args["grid"] = rng.choice([[216, 1, 1], [1, 2, 3], None, "x", {"a": [1]}])
+        if rng.random() < 0.4:
+            args["block"] = [128, 1, 1]
+        if rng.random() < 0.2:
+            args["Input Dims"] = rng.choice([[[4, 5]], [], [[1]], None])
+        if rng.random() < 0.2:
+            args["Input type"] = rng.choice([["float"], ["c10::BFloat16"], []])
+        if rng.random() < 0.2:
+            args["name"] = rng.choice(["python", "stream 7", None])
+        if rng.random() < 0.1:
+            args["nested"] = {"x": [1, {"y": [None, True, False, 1.5e3, "z"]}]}
+        e["args"] = args
+    if rng.random() < 0.1:
+        e["id"], e["bp"] = rng.randint(0, 10**6), "e"
+    return e
+
+
+def _text(rng: random.Random, events: list[dict]) -> bytes:
+    """The events as JSON, in the spellings Kineto and other writers use (pretty or compact,
+    escaped or raw UTF-8), separated by commas."""
+    parts = [
+        json.dumps(e, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, None, 1]))
+        for e in events
+    ]
+    return rng.choice([",", ", ", ",\n  "]).join(parts).encode()
+
+
+INSERTS = [b'"', b"\\", b"1e400", b"-0", b"00", b"\\u0041", b"\\ud800", b",", b"{}", b"\x01"]
+INSERTS += [b'"ts":1,', b'"dur":null,', b"\xff", b"\xc3"]
+
+
+def _damaged(rng: random.Random, text: bytes) -> bytes:
+    data = bytearray(text)
+    for _ in range(rng.randint(1, 3)):
+        i = rng.randrange(len(data)) if data else 0
+        what = rng.random()
+        if what < 0.3 and data:
+            data[i] = rng.choice(b'{}[]",:0123456789-.eE\\ntfu ')
+        elif what < 0.5 and data:
+            del data[i : i + rng.randint(1, 5)]
+        elif what < 0.8:
+            data[i:i] = rng.choice(INSERTS)
+        else:
+            del data[i:]
+    return bytes(data)
+
+
+def _state(columns: Columns):
+    frame = columns.frame() if len(columns) else None
+    return frame, {
+        "raw_count": columns.raw_count,
+        "python_events": columns.python_events,
+        "input_dims": columns.input_dims,
+        "too_big": columns.too_big,
+        "thread_names": columns.thread_names,
+        "process_names": columns.process_names,
+        "metadata": columns.metadata,
+        "string_ids": columns.ids.ids,
+        "cats": list(columns.cats),
+        "names": list(columns.names),
+        "has_collective": columns.has_collective,
+        "gloo": columns.gloo,
+    }
+
+
+def _assert_same_columns(a: Columns, b: Columns, text: bytes) -> None:
+    frame_a, state_a = _state(a)
+    frame_b, state_b = _state(b)
+    assert state_a == state_b, text[:400]
+    assert (frame_a is None) == (frame_b is None), text[:400]
+    if frame_a is not None:
+        assert_frame_equal(frame_a, frame_b, check_exact=True)
+
+
+def _by_msgspec(text: bytes, defer: bool) -> Columns | None:
+    columns = Columns(defer_metadata=defer)
+    columns.reader = None
+    try:
+        columns.add(LIST_DECODER.decode(b"[" + text + b"]"))
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return None
+    return columns
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_random_pieces_read_alike_or_are_declined(plain):
+    rng = random.Random(23 + plain)
+    taken = declined = 0
+    for _ in range(1500):
+        text = _text(rng, [_event(rng, plain) for _ in range(rng.randint(1, 10))])
+        defer = rng.random() < 0.3
+        expected = _by_msgspec(text, defer)
+        compiled = Columns(defer_metadata=defer)
+        if compiled.add_text(text, 0, len(text)):
+            taken += 1
+            assert expected is not None, text[:400]
+            _assert_same_columns(expected, compiled, text)
+        else:
+            declined += 1
+            assert not len(compiled) and not compiled.raw_count  # nothing half-taken
+    if plain:
+        assert declined == 0  # Kineto's own kinds of events are all taken
+    else:
+        assert taken > 300 and declined > 300
+
+
+def test_damaged_pieces_are_read_alike_or_declined():
+    """Random damage (cut, flipped, inserted bytes): text msgspec refuses is always declined;
+    text it takes is read alike."""
+    rng = random.Random(5)
+    taken = 0
+    for _ in range(3000):
+        text = _damaged(rng, _text(rng, [_event(rng, True) for _ in range(rng.randint(1, 6))]))
+        compiled = Columns()
+        if not text.strip() or not compiled.add_text(text, 0, len(text)):
+            continue
+        expected = _by_msgspec(text, False)
+        assert expected is not None, text[:400]
+        _assert_same_columns(expected, compiled, text)
+        taken += 1
+    assert taken > 100
+
+
+def test_pieces_mixed_between_the_two_readers_make_one_set_of_columns():
+    """Strings first seen in a piece msgspec decoded keep their codes when the compiled
+    reader meets them later, and the other way round."""
+    rng = random.Random(11)
+    for _ in range(300):
+        pieces = [
+            _text(rng, [_event(rng, True) for _ in range(rng.randint(1, 8))])
+            for _ in range(rng.randint(2, 6))
+        ]
+        defer = rng.random() < 0.3
+        expected = Columns(defer_metadata=defer)
+        expected.reader = None
+        mixed = Columns(defer_metadata=defer)
+        for text in pieces:
+            events = LIST_DECODER.decode(b"[" + text + b"]")
+            expected.add(events)
+            if rng.random() < 0.5 or not mixed.add_text(text, 0, len(text)):
+                mixed.add(events)
+        _assert_same_columns(expected, mixed, pieces[0])
+
+
+def test_the_last_piece_stops_at_the_closing_bracket():
+    rng = random.Random(3)
+    events = [_event(rng, True) for _ in range(20)]
+    text = _text(rng, events)
+    columns = Columns()
+    tail = text + b' \n] , "traceName": "x"}'
+    assert columns.add_last(tail) == len(text) + 2  # where the bracket is
+    _assert_same_columns(_by_msgspec(text, False), columns, text)
+    for unclosed in (text, text + b",", text + b"}"):
+        assert Columns().add_last(unclosed) is None
+
+
+def _spelled(rng: random.Random) -> str:
+    """A JSON number in any spelling: long mantissas, exponents, leading zeros of fractions."""
+    digits = "".join(rng.choice("0123456789") for _ in range(rng.choice([0, 5, 15, 17, 19, 25])))
+    text = rng.choice(["", "-"]) + (rng.choice("123456789") + digits if rng.random() < 0.9 else "0")
+    if rng.random() < 0.6:
+        text += "." + "".join(rng.choice("0123456789") for _ in range(rng.choice([1, 3, 17, 25])))
+    if rng.random() < 0.3:
+        text += rng.choice("eE") + rng.choice(["", "+", "-"]) + str(rng.choice([0, 5, 22, 23, 308]))
+    return text
+
+
+def test_numbers_are_read_to_the_bit_as_msgspec_reads_them():
+    rng = random.Random(7)
+    taken = 0
+    for _ in range(20000):
+        ts, dur = _spelled(rng), _spelled(rng)
+        correlation = rng.choice(["0", "-0", str(2**63 - 1), str(-(2**63)), str(2**63), "12"])
+        text = f'{{"ph":"X","ts":{ts},"dur":{dur},"args":{{"correlation":{correlation}}}}}'
+        compiled = Columns()
+        if not compiled.add_text(text.encode(), 0, len(text)):
+            continue
+        expected = _by_msgspec(text.encode(), False)
+        assert expected is not None, text
+        compiled._flush()
+        got = (compiled.ts[0], compiled.dur[0], compiled.dense["correlation"][0])
+        want = (expected.ts[0], expected.dur[0], expected.dense["correlation"][0])
+        assert struct.pack("ddq", *got) == struct.pack("ddq", *want), text
+        taken += 1
+    assert taken > 5000
+
+
+def test_the_python_reader_can_be_chosen(monkeypatch):
+    monkeypatch.setenv(READER_ENV, "python")
+    assert Columns().reader is None and not columns_mod.compiled_reader()
+    monkeypatch.delenv(READER_ENV)
+    assert Columns().reader is not None and columns_mod.compiled_reader()
