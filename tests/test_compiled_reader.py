@@ -316,10 +316,45 @@ def test_the_last_piece_stops_at_the_closing_bracket():
     text = _text(rng, events)
     columns = Columns()
     tail = text + b' \n] , "traceName": "x"}'
-    assert columns.add_last(tail) == len(text) + 2  # where the bracket is
+    closed, got = columns.read_last(tail)
+    assert closed == len(text) + 2  # where the bracket is
+    columns.take(got)
     _assert_same_columns(_by_msgspec(text, False), columns, text)
     for unclosed in (text, text + b",", text + b"}"):
-        assert Columns().add_last(unclosed) is None
+        assert Columns().read_last(unclosed) is None
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        # a nested `traceEvents` before the top-level one: the header's search finds it first
+        b'{"meta":{"traceEvents":[EVENT]},"traceEvents":[EVENT]}',
+        b'{"meta":{"traceEvents":[EVENT]}}',
+        # an error in the header, named at its place in the file
+        b'{"schemaVersion":tru,"traceEvents":[EVENT]}',
+        b'{"traceEvents":[EVENT] "x": 1}',
+        b"[EVENT, EVENT]",
+        b'{"traceEvents":[EVENT]}  ]',
+    ],
+)
+def test_the_end_of_the_file_is_read_alike(tmp_path, monkeypatch, document):
+    event = b'{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1,"dur":1}'
+    path = tmp_path / "t.json"
+    path.write_bytes(document.replace(b"EVENT", event))
+    _assert_same(_load(path, "python", monkeypatch), _load(path, "", monkeypatch), str(document))
+
+
+def test_integers_msgspec_refuses_are_declined():
+    """Past int64 (where msgspec's limit on long integers applies), or exponents past its
+    four digits: never taken."""
+    for text in (
+        b'{"ph":"i","pid":' + b"9" * 4301 + b"}",
+        b'{"ph":"M","name":"process_name","pid":' + b"9" * 4301 + b',"args":{"name":"p"}}',
+        b'{"ph":"X","cat":"python_function","tid":-' + b"9" * 30 + b',"ts":1,"dur":1}',
+        b'{"ph":"X","ts":1' + b"0" * 200 + b'e-200,"dur":1}',
+        b'{"ph":"X","ts":1e10000,"dur":1}',
+    ):
+        assert not Columns().add_text(text, 0, len(text)), text[:60]
 
 
 def _spelled(rng: random.Random) -> str:

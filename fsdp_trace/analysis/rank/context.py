@@ -454,7 +454,8 @@ class CpuContext:
         table = self.label_table
         if table.empty:
             return {}
-        return dict(zip(table["fqn"], table["fqn_raw"], strict=True))
+        # Lists first: iterating a categorical column reads it one element at a time.
+        return dict(zip(table["fqn"].tolist(), table["fqn_raw"].tolist(), strict=True))
 
     COLUMNS = ("pid", "tid", "ts", "end", "name", "sequence_number")
 

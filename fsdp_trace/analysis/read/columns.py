@@ -291,16 +291,20 @@ class Columns:
         got = self.reader.parse(text, start, stop)
         return got is not None and self._take(got)
 
-    def add_last(self, text: bytes) -> int | None:
-        """Take the events at the start of `text` up to the closing bracket of the events
-        array, as `add_text` does; returns where that bracket is (None: nothing taken)."""
+    def read_last(self, text: bytes) -> tuple[int, dict[str, Any]] | None:
+        """The events at the start of `text` up to the closing bracket of their array, read
+        by the compiled reader but not yet taken (`take` them once the text after the
+        bracket proves it closes the top-level `traceEvents`): (where the bracket is, what
+        the reader made of them); None when there is no compiled reader or it declines.
+        The last call of the reader on these columns."""
         if self.reader is None:
             return None
         got = self.reader.parse(text, 0, len(text), True)
-        if got is None:
-            return None
+        return None if got is None else (got["closed"], got)
+
+    def take(self, got: dict[str, Any]) -> None:
+        """Take what `read_last` read."""
         self._take(got)
-        return got["closed"]
 
     def _take(self, got: dict[str, Any]) -> bool:
         """What the compiled reader made of a piece, into the columns."""

@@ -200,9 +200,9 @@ def _stream(path: Path, columns: Columns, on_progress) -> TraceFile:
         # The last events, the closing ']' and the keys after it, under the header's keys.
         check_one_events_key(path, [text, buf])
         shift = pieces.offset - len(text)  # tail bytes: where they are in the file
-        closed = columns.add_last(buf)  # the last events, when the compiled reader takes them
-        if closed is not None:
-            buf, shift = buf[closed:], shift + closed
+        parsed = _last_compiled(path, columns, text, buf, shift)
+        if parsed is not None:
+            return parsed
         parsed = decode(path, text + buf, shift, columns.raw_count)
         add_all(columns, parsed.traceEvents or [])
         parsed.traceEvents = []
@@ -210,6 +210,28 @@ def _stream(path: Path, columns: Columns, on_progress) -> TraceFile:
     finally:
         text_blocks.close()
         blocks.close()
+
+
+def _last_compiled(
+    path: Path, columns: Columns, header: bytes, buf: bytes, shift: int
+) -> TraceFile | None:
+    """The last events read by the compiled reader and the keys after them decoded apart,
+    when the bracket it stopped at closes the top-level `traceEvents` (the keys then decode
+    with that array empty); else None, nothing taken: the whole tail is decoded with msgspec
+    as before (a nested `traceEvents` the header's search found, or an error, named in its
+    place in the file)."""
+    last = columns.read_last(buf)
+    if last is None:
+        return None
+    closed, got = last
+    try:
+        parsed = decode(path, header + buf[closed:], shift + closed)
+    except UserError:
+        return None
+    if parsed.traceEvents != []:
+        return None
+    columns.take(got)
+    return parsed
 
 
 def load_trace(
