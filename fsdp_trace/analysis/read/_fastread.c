@@ -877,10 +877,21 @@ static int scan_float_or_null(Scan *s, int *present, double *value) {
     return 0;
 }
 
-static int scan_event(Reader *r, Scan *s, Event *ev) {
-    memset(ev, 0, sizeof(*ev));
-    for (int i = 0; i < N_DENSE; i++) ev->dense[i] = MISSING;
+/* An event's fields as absent (what is read is guarded by these flags and lengths; clearing
+ * the whole struct, ~400 bytes an event, cost a tenth of the parse). */
+static void clear_event(Event *ev) {
+    ev->has_ph = ev->has_cat = ev->has_name = 0;
+    ev->ph.n = ev->cat.n = ev->name.n = 0;
     ev->pid.kind = ev->tid.kind = ID_ABSENT;
+    ev->has_ts = ev->has_dur = 0;
+    for (int i = 0; i < N_DENSE; i++) ev->dense[i] = MISSING;
+    for (int i = 0; i < N_RARE; i++) ev->rare[i].present = 0;
+    ev->input_dims = ev->input_type = (Span){NULL, 0};
+    ev->has_argname = 0;
+}
+
+static int scan_event(Reader *r, Scan *s, Event *ev) {
+    clear_event(ev);
     skip_ws(s);
     if (!at(s, '{')) {
         s->bail = 1;
