@@ -721,122 +721,6 @@ static int scan_int_or_null(Scan *s, int *present, int64_t *value) {
     return 0;
 }
 
-static int scan_args(Reader *r, Scan *s, Event *ev) {
-    s->p++; /* '{' */
-    unsigned seen = 0;
-    skip_ws(s);
-    if (at(s, '}')) {
-        s->p++;
-        return 0;
-    }
-    for (;;) {
-        skip_ws(s);
-        if (!at(s, '"')) {
-            s->bail = 1;
-            return -1;
-        }
-        const uchar *k;
-        size_t kn;
-        int escaped = 0;
-        if (scan_string(s, &k, &kn, &r->str_scratch, &escaped) < 0) return -1;
-        if (escaped) {
-            s->bail = 1; /* a key written with escapes might name a field */
-            return -1;
-        }
-        skip_ws(s);
-        if (!at(s, ':')) {
-            s->bail = 1;
-            return -1;
-        }
-        s->p++;
-        skip_ws(s);
-        int field = -1; /* bit in `seen` */
-        int dense = -1, rare = -1;
-        if (key_is(k, kn, "correlation")) dense = A_CORRELATION, field = 0;
-        else if (key_is(k, kn, "External id")) dense = A_EXTERNAL_ID, field = 1;
-        else if (key_is(k, kn, "Sequence number")) dense = A_SEQUENCE_NUMBER, field = 2;
-        else if (key_is(k, kn, "stream")) dense = A_STREAM, field = 3;
-        else if (key_is(k, kn, "Collective name")) rare = R_COLLECTIVE_NAME, field = 4;
-        else if (key_is(k, kn, "dtype")) rare = R_DTYPE, field = 5;
-        else if (key_is(k, kn, "In msg nelems")) rare = R_IN_NELEMS, field = 6;
-        else if (key_is(k, kn, "Out msg nelems")) rare = R_OUT_NELEMS, field = 7;
-        else if (key_is(k, kn, "Group size")) rare = R_GROUP_SIZE, field = 8;
-        else if (key_is(k, kn, "Process Group Name")) rare = R_PG_NAME, field = 9;
-        else if (key_is(k, kn, "Process Group Description")) rare = R_PG_DESC, field = 10;
-        else if (key_is(k, kn, "Process Group Ranks")) rare = R_PG_RANKS, field = 11;
-        else if (key_is(k, kn, "Seq")) rare = R_SEQ, field = 12;
-        else if (key_is(k, kn, "grid")) rare = R_GRID, field = 13;
-        else if (key_is(k, kn, "block")) rare = R_BLOCK, field = 14;
-        else if (key_is(k, kn, "Input Dims")) field = 15;
-        else if (key_is(k, kn, "Input type")) field = 16;
-        else if (key_is(k, kn, "name")) field = 17;
-        if (field >= 0) {
-            if (seen & (1u << field)) {
-                s->bail = 1; /* a field given twice */
-                return -1;
-            }
-            seen |= 1u << field;
-        }
-        if (dense >= 0) {
-            int present = 0;
-            int64_t v = 0;
-            if (scan_int_or_null(s, &present, &v) < 0) return -1;
-            ev->dense[dense] = present ? v : MISSING;
-        } else if (rare >= 0) {
-            RareValue *rv = &ev->rare[rare];
-            int kind = RARE_KIND[rare];
-            if (kind == K_INT) {
-                if (scan_int_or_null(s, &rv->present, &rv->i) < 0) return -1;
-            } else if (kind == K_TEXT) {
-                if (is_null(s)) {
-                    rv->present = 0;
-                } else {
-                    Span sp;
-                    if (string_span(s, &sp, &r->str_scratch) < 0) return -1;
-                    rv->id = table_id(&r->texts, sp.p, sp.n);
-                    if (rv->id < 0) return -1;
-                    rv->present = 1;
-                }
-            } else {
-                const uchar *start = s->p;
-                if (skip_value(s, 1) < 0) return -1;
-                rv->id = table_id(&r->raws, start, (size_t)(s->p - start));
-                if (rv->id < 0) return -1;
-                rv->present = 1;
-            }
-        } else if (field == 15 || field == 16) {
-            const uchar *start = s->p;
-            if (skip_value(s, 1) < 0) return -1;
-            Span *sp = field == 15 ? &ev->input_dims : &ev->input_type;
-            sp->p = start;
-            sp->n = (size_t)(s->p - start);
-        } else if (field == 17) {
-            if (is_null(s)) {
-                ev->has_argname = 0;
-            } else {
-                if (string_span(s, &ev->argname, &r->argname_scratch) < 0) return -1;
-                if (ev->argname.p == (const uchar *)r->argname_scratch.p) {
-                    /* decoded into the shared scratch: keep it apart from later strings */
-                }
-                ev->has_argname = 1;
-            }
-        } else {
-            if (skip_value(s, 1) < 0) return -1;
-        }
-        skip_ws(s);
-        if (at(s, ',')) {
-            s->p++;
-            continue;
-        }
-        if (at(s, '}')) {
-            s->p++;
-            return 0;
-        }
-        s->bail = 1;
-        return -1;
-    }
-}
-
 static int scan_id(Scan *s, IdValue *id, Buf *scratch) {
     if (at(s, '"')) {
         Span sp;
@@ -890,9 +774,25 @@ static void clear_event(Event *ev) {
     ev->has_argname = 0;
 }
 
-static int scan_event(Reader *r, Scan *s, Event *ev) {
-    clear_event(ev);
-    skip_ws(s);
+/* A key given twice: declined (which of the two msgspec keeps is its business). `field`: its
+ * bit in `seen`, -1 for a key not read. */
+static int first_time(Scan *s, unsigned *seen, int field) {
+    if (field < 0) return 0;
+    if (*seen & (1u << field)) {
+        s->bail = 1;
+        return -1;
+    }
+    *seen |= 1u << field;
+    return 0;
+}
+
+/* Reads the value of key `k` (s->p at the value) into `ev`. */
+typedef int (*FieldReader)(Reader *r, Scan *s, Event *ev, const uchar *k, size_t kn,
+                           unsigned *seen);
+
+/* An object at s->p: each key handed to `read` with s->p at its value. A key written with
+ * escapes is declined (it might name a field). */
+static int scan_object(Reader *r, Scan *s, Event *ev, FieldReader read) {
     if (!at(s, '{')) {
         s->bail = 1;
         return -1;
@@ -914,67 +814,14 @@ static int scan_event(Reader *r, Scan *s, Event *ev) {
         size_t kn;
         int escaped = 0;
         if (scan_string(s, &k, &kn, &r->str_scratch, &escaped) < 0) return -1;
-        if (escaped) {
-            s->bail = 1;
-            return -1;
-        }
         skip_ws(s);
-        if (!at(s, ':')) {
+        if (escaped || !at(s, ':')) {
             s->bail = 1;
             return -1;
         }
         s->p++;
         skip_ws(s);
-        int field = -1;
-        if (kn == 2 && k[0] == 'p' && k[1] == 'h') field = 0;
-        else if (kn == 3 && memcmp(k, "cat", 3) == 0) field = 1;
-        else if (kn == 4 && memcmp(k, "name", 4) == 0) field = 2;
-        else if (kn == 3 && memcmp(k, "pid", 3) == 0) field = 3;
-        else if (kn == 3 && memcmp(k, "tid", 3) == 0) field = 4;
-        else if (kn == 2 && k[0] == 't' && k[1] == 's') field = 5;
-        else if (kn == 3 && memcmp(k, "dur", 3) == 0) field = 6;
-        else if (kn == 4 && memcmp(k, "args", 4) == 0) field = 7;
-        if (field >= 0) {
-            if (seen & (1u << field)) {
-                s->bail = 1;
-                return -1;
-            }
-            seen |= 1u << field;
-        }
-        int r_ = 0;
-        switch (field) {
-            case 0:
-                r_ = string_span(s, &ev->ph, &r->str_scratch);
-                ev->has_ph = 1;
-                /* ph decoded into the shared scratch when escaped: read it now */
-                if (r_ == 0 && ev->ph.p == (const uchar *)r->str_scratch.p) {
-                    s->bail = 1; /* an escaped phase: left to the msgspec path */
-                    return -1;
-                }
-                break;
-            case 1:
-                r_ = string_span(s, &ev->cat, &r->cat_scratch);
-                ev->has_cat = 1;
-                break;
-            case 2:
-                r_ = string_span(s, &ev->name, &r->name_scratch);
-                ev->has_name = 1;
-                break;
-            case 3: r_ = scan_id(s, &ev->pid, &r->pid_scratch); break;
-            case 4: r_ = scan_id(s, &ev->tid, &r->tid_scratch); break;
-            case 5: r_ = scan_float_or_null(s, &ev->has_ts, &ev->ts); break;
-            case 6: r_ = scan_float_or_null(s, &ev->has_dur, &ev->dur); break;
-            case 7:
-                if (is_null(s)) break;
-                if (!at(s, '{')) {
-                    s->bail = 1;
-                    return -1;
-                }
-                r_ = scan_args(r, s, ev);
-                break;
-            default: r_ = skip_value(s, 1);
-        }
-        if (r_ < 0) return -1;
+        if (read(r, s, ev, k, kn, &seen) < 0) return -1;
         skip_ws(s);
         if (at(s, ',')) {
             s->p++;
@@ -987,6 +834,117 @@ static int scan_event(Reader *r, Scan *s, Event *ev) {
         s->bail = 1;
         return -1;
     }
+}
+
+/* One key of `args`. */
+static int read_arg(Reader *r, Scan *s, Event *ev, const uchar *k, size_t kn, unsigned *seen) {
+    int field = -1; /* bit in `seen` */
+    int dense = -1, rare = -1;
+    if (key_is(k, kn, "correlation")) dense = A_CORRELATION, field = 0;
+    else if (key_is(k, kn, "External id")) dense = A_EXTERNAL_ID, field = 1;
+    else if (key_is(k, kn, "Sequence number")) dense = A_SEQUENCE_NUMBER, field = 2;
+    else if (key_is(k, kn, "stream")) dense = A_STREAM, field = 3;
+    else if (key_is(k, kn, "Collective name")) rare = R_COLLECTIVE_NAME, field = 4;
+    else if (key_is(k, kn, "dtype")) rare = R_DTYPE, field = 5;
+    else if (key_is(k, kn, "In msg nelems")) rare = R_IN_NELEMS, field = 6;
+    else if (key_is(k, kn, "Out msg nelems")) rare = R_OUT_NELEMS, field = 7;
+    else if (key_is(k, kn, "Group size")) rare = R_GROUP_SIZE, field = 8;
+    else if (key_is(k, kn, "Process Group Name")) rare = R_PG_NAME, field = 9;
+    else if (key_is(k, kn, "Process Group Description")) rare = R_PG_DESC, field = 10;
+    else if (key_is(k, kn, "Process Group Ranks")) rare = R_PG_RANKS, field = 11;
+    else if (key_is(k, kn, "Seq")) rare = R_SEQ, field = 12;
+    else if (key_is(k, kn, "grid")) rare = R_GRID, field = 13;
+    else if (key_is(k, kn, "block")) rare = R_BLOCK, field = 14;
+    else if (key_is(k, kn, "Input Dims")) field = 15;
+    else if (key_is(k, kn, "Input type")) field = 16;
+    else if (key_is(k, kn, "name")) field = 17;
+    if (first_time(s, seen, field) < 0) return -1;
+    if (dense >= 0) {
+        int present = 0;
+        int64_t v = 0;
+        if (scan_int_or_null(s, &present, &v) < 0) return -1;
+        ev->dense[dense] = present ? v : MISSING;
+        return 0;
+    }
+    if (rare >= 0) {
+        RareValue *rv = &ev->rare[rare];
+        int kind = RARE_KIND[rare];
+        if (kind == K_INT) return scan_int_or_null(s, &rv->present, &rv->i);
+        if (kind == K_TEXT) {
+            if (is_null(s)) {
+                rv->present = 0;
+                return 0;
+            }
+            Span sp;
+            if (string_span(s, &sp, &r->str_scratch) < 0) return -1;
+            rv->id = table_id(&r->texts, sp.p, sp.n);
+            if (rv->id < 0) return -1;
+            rv->present = 1;
+            return 0;
+        }
+        const uchar *start = s->p; /* K_RAW: the value's JSON text */
+        if (skip_value(s, 1) < 0) return -1;
+        rv->id = table_id(&r->raws, start, (size_t)(s->p - start));
+        if (rv->id < 0) return -1;
+        rv->present = 1;
+        return 0;
+    }
+    if (field == 15 || field == 16) {
+        const uchar *start = s->p;
+        if (skip_value(s, 1) < 0) return -1;
+        Span *sp = field == 15 ? &ev->input_dims : &ev->input_type;
+        sp->p = start;
+        sp->n = (size_t)(s->p - start);
+        return 0;
+    }
+    if (field == 17) {
+        ev->has_argname = !is_null(s);
+        return ev->has_argname ? string_span(s, &ev->argname, &r->argname_scratch) : 0;
+    }
+    return skip_value(s, 1);
+}
+
+/* One top-level key of an event. */
+static int read_field(Reader *r, Scan *s, Event *ev, const uchar *k, size_t kn,
+                      unsigned *seen) {
+    int field = -1;
+    if (kn == 2 && k[0] == 'p' && k[1] == 'h') field = 0;
+    else if (kn == 3 && memcmp(k, "cat", 3) == 0) field = 1;
+    else if (kn == 4 && memcmp(k, "name", 4) == 0) field = 2;
+    else if (kn == 3 && memcmp(k, "pid", 3) == 0) field = 3;
+    else if (kn == 3 && memcmp(k, "tid", 3) == 0) field = 4;
+    else if (kn == 2 && k[0] == 't' && k[1] == 's') field = 5;
+    else if (kn == 3 && memcmp(k, "dur", 3) == 0) field = 6;
+    else if (kn == 4 && memcmp(k, "args", 4) == 0) field = 7;
+    if (first_time(s, seen, field) < 0) return -1;
+    switch (field) {
+        case 0:
+            ev->has_ph = 1;
+            if (string_span(s, &ev->ph, &r->str_scratch) < 0) return -1;
+            if (ev->ph.p == (const uchar *)r->str_scratch.p) {
+                s->bail = 1; /* an escaped phase: left to the msgspec path */
+                return -1;
+            }
+            return 0;
+        case 1:
+            ev->has_cat = 1;
+            return string_span(s, &ev->cat, &r->cat_scratch);
+        case 2:
+            ev->has_name = 1;
+            return string_span(s, &ev->name, &r->name_scratch);
+        case 3: return scan_id(s, &ev->pid, &r->pid_scratch);
+        case 4: return scan_id(s, &ev->tid, &r->tid_scratch);
+        case 5: return scan_float_or_null(s, &ev->has_ts, &ev->ts);
+        case 6: return scan_float_or_null(s, &ev->has_dur, &ev->dur);
+        case 7: return is_null(s) ? 0 : scan_object(r, s, ev, read_arg);
+        default: return skip_value(s, 1);
+    }
+}
+
+static int scan_event(Reader *r, Scan *s, Event *ev) {
+    clear_event(ev);
+    skip_ws(s);
+    return scan_object(r, s, ev, read_field);
 }
 
 /* ------------------------------------------------------------------ the piece */
