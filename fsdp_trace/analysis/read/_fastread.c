@@ -126,7 +126,8 @@ static int32_t table_id(Table *t, const uchar *s, size_t n) {
         int32_t k = t->slots[j];
         if (k < 0) break;
         Entry *e = &t->entries[k];
-        if (e->hash == h && e->len == n && memcmp(t->store.p + e->off, s, n) == 0) return k;
+        if (e->hash == h && e->len == n && (n == 0 || memcmp(t->store.p + e->off, s, n) == 0))
+            return k;
         j = (j + 1) & (t->nslots - 1);
     }
     if (t->count >= INT32_MAX - 1) {
