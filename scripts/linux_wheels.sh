@@ -22,6 +22,7 @@ for python in "$@"; do
     tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
     "$python" -m venv "$work/$tag"
     "$work/$tag/bin/pip" install -q --upgrade pip "setuptools>=77" wheel
+    rm -rf build  # setuptools' build folder: nothing of another interpreter's build kept
     "$work/$tag/bin/pip" wheel -q . --no-deps --no-build-isolation -w "$work/raw-$tag"
     PATH="$work/tools/bin:$PATH" "$work/tools/bin/auditwheel" repair -w dist \
         --plat manylinux_2_17_x86_64 "$work/raw-$tag"/*.whl

@@ -27,11 +27,22 @@ import pytest
 from fsdp_trace import analyze
 from fsdp_trace.analysis.job import perrank
 from fsdp_trace.analysis.rank.analyze import analyze_trace
-from fsdp_trace.analysis.read import events, loader, parallel, text
+from fsdp_trace.analysis.read import columns, events, loader, parallel, text
 from fsdp_trace.analysis.read.loader import load_trace
 from fsdp_trace.errors import UserError
 from tests.conftest import REPO, SAMPLES
 from tests.synth import TraceBuilder
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def reader(request, monkeypatch) -> str:
+    """Each test with each reader: the compiled one (where built), and msgspec alone (what an
+    install without a C compiler runs; the two-process decode is used only then)."""
+    if request.param == "compiled" and not columns.compiled_reader():
+        pytest.skip("the compiled reader is not built here")
+    monkeypatch.setenv(columns.READER_ENV, "" if request.param == "compiled" else "python")
+    return request.param
+
 
 SOURCE = SAMPLES / "gpt-small-2gpu" / "rank0.timing.json.gz"
 N = 3
@@ -234,6 +245,7 @@ def test_cuts_inside_events_are_recovered(tmp_path, monkeypatch):
     whole = _whole(path)
     for piece in (64, 300, 4096):
         monkeypatch.setattr(events, "PIECE", piece)
+        monkeypatch.setattr(events, "COMPILED_PIECE", piece)
         _same(load_trace(path, cache=False), whole)
     assert whole.string_ids == {"Spans": -2, "x": -3}
     assert "odd" in set(whole.events["name"].astype(str))
@@ -258,6 +270,7 @@ def test_two_processes_fall_back_on_cuts_inside_events(tmp_path, monkeypatch):
     path = b.write(tmp_path / "rank0.json")
     monkeypatch.setattr(parallel, "BATCH", 64)
     monkeypatch.setattr(events, "PIECE", 64)
+    monkeypatch.setattr(events, "COMPILED_PIECE", 64)
     assert parallel.stream_parallel(path, None) is None  # a batch cut inside an event
     _same(load_trace(path, cache=False, parallel=True), _whole(path))
 

@@ -1283,6 +1283,12 @@ PyMODINIT_FUNC PyInit__fastread(void) {
     if (PyType_Ready(&ReaderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    /* The interface version columns.COMPILED_VERSION expects: raise both with any change of
+     * what `parse` takes or gives. */
+    if (PyModule_AddIntConstant(m, "VERSION", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&ReaderType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
         Py_DECREF(&ReaderType);

@@ -144,6 +144,11 @@ def _sources(kind: str) -> list[Path]:
     analysis = read.parent
     # Shared by the loader and the analysis: the vocabulary, run.json reading, the errors.
     shared = [analysis.parent / name for name in ("vocab.py", "runrecord.py", "errors.py")]
+    # The compiled reader where built (whether or not FSDP_TRACE_READER turns it off: the
+    # two readers' columns are the same, tests/test_compiled_reader.py).
+    from fsdp_trace.analysis.read import columns
+
+    compiled = [Path(p) for p in [columns.compiled_module()] if p]
     if kind == "trace":
         names = (
             "loader.py",
@@ -156,13 +161,9 @@ def _sources(kind: str) -> list[Path]:
             "cache.py",
             "cachefolder.py",
         )
-        # The compiled reader where built (whether or not FSDP_TRACE_READER turns it off: the
-        # two readers' columns are the same, tests/test_compiled_reader.py).
-        from fsdp_trace.analysis.read import columns
-
-        compiled = [Path(p) for p in [columns.compiled_module()] if p]
         return [read / name for name in names] + [analysis / "classify.py", *shared, *compiled]
-    return sorted(analysis.rglob("*.py")) + shared  # the loader, the analysis, the results
+    # the loader (the compiled reader too), the analysis, the results
+    return sorted(analysis.rglob("*.py")) + shared + compiled
 
 
 class _Unsupported(TypeError):

@@ -19,35 +19,29 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis.read.events import (
-    COMPILED_PIECE,
-    COMPLETE,
-    DROPPED_CATEGORIES,
-    NO_ARGS,
-    PIECE,
-    Args,
-    Event,
-)
+from fsdp_trace.analysis.read import events as events_mod
+from fsdp_trace.analysis.read.events import COMPLETE, DROPPED_CATEGORIES, NO_ARGS, Args, Event
 from fsdp_trace.analysis.read.trace import MISSING
 
 _UNSEEN = object()  # a dict lookup's default: not seen before
 INT64 = 1 << 63
 
+# The compiled reader's interface version: a shared library built from another version of
+# _fastread.c (an editable install not rebuilt) is not used.
+COMPILED_VERSION = 1
 try:  # the compiled reader (built with the package where a C compiler was at hand)
-    from fsdp_trace.analysis.read._fastread import Reader as _CompiledReader
+    from fsdp_trace.analysis.read import _fastread
 except ImportError:  # pragma: no cover - depends on the installation
     _CompiledReader = None
+else:
+    _CompiledReader = _fastread.Reader if _fastread.VERSION == COMPILED_VERSION else None
 
 READER_ENV = "FSDP_TRACE_READER"  # "python": decode every piece with msgspec (tests, bisecting)
 
 
 def compiled_module() -> str | None:
     """The compiled reader's file (a shared library); None where it is not built."""
-    if _CompiledReader is None:
-        return None
-    import fsdp_trace.analysis.read._fastread as module
-
-    return module.__file__
+    return None if _CompiledReader is None else _fastread.__file__
 
 
 def compiled_reader() -> bool:
@@ -254,7 +248,7 @@ class Columns:
 
     @property
     def piece_bytes(self) -> int:
-        return PIECE if self.reader is None else COMPILED_PIECE
+        return events_mod.PIECE if self.reader is None else events_mod.COMPILED_PIECE
 
     def __getstate__(self) -> dict[str, Any]:
         self._flush()

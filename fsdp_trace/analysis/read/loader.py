@@ -36,6 +36,7 @@ Integers beyond int64 are read as absent (pid/tid: ids like strings'), with a co
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -212,24 +213,32 @@ def _stream(path: Path, columns: Columns, on_progress) -> TraceFile:
         blocks.close()
 
 
+# An event put where the compiled reader's last events were, to see where the keys after them
+# put it: its phase is this process's own, which no trace holds.
+_MARK = secrets.token_hex(8)
+
+
 def _last_compiled(
     path: Path, columns: Columns, header: bytes, buf: bytes, shift: int
 ) -> TraceFile | None:
     """The last events read by the compiled reader and the keys after them decoded apart,
-    when the bracket it stopped at closes the top-level `traceEvents` (the keys then decode
-    with that array empty); else None, nothing taken: the whole tail is decoded with msgspec
-    as before (a nested `traceEvents` the header's search found, or an error, named in its
-    place in the file)."""
+    when the bracket it stopped at closes the top-level `traceEvents` (decoded with a marker
+    event in place of those events, that array holds the marker alone); else None, nothing
+    taken: the whole tail is decoded with msgspec as before (a nested `traceEvents` the
+    header's search found, or an error, named in its place in the file)."""
     last = columns.read_last(buf)
     if last is None:
         return None
     closed, got = last
+    marker = b'{"ph":"%s"}' % _MARK.encode()
     try:
-        parsed = decode(path, header + buf[closed:], shift + closed)
+        parsed = decode(path, header + marker + buf[closed:], shift + closed - len(marker))
     except UserError:
         return None
-    if parsed.traceEvents != []:
+    held = parsed.traceEvents or []
+    if len(held) != 1 or held[0].ph != _MARK:
         return None
+    parsed.traceEvents = []
     columns.take(got)
     return parsed
 
