@@ -10,6 +10,7 @@ setup(
         Extension(
             "fsdp_trace.analysis.read._fastread",
             sources=["fsdp_trace/analysis/read/_fastread.c"],
+            depends=["fsdp_trace/analysis/read/_fastread_json.c"],  # #included by it
             optional=True,
         )
     ]
