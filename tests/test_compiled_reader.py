@@ -88,7 +88,7 @@ def test_kinetos_own_traces_never_go_to_msgspec(monkeypatch):
     """The shipped traces (Kineto's output) are the compiled reader's plain case: every piece
     of them is taken by it, none declined to `Columns.add`."""
     calls = {"add": 0, "take": 0}
-    add, take = Columns.add, Columns._take
+    add, take = Columns.add, Columns.take
 
     def counted(name, method):
         def call(self, *args):
@@ -98,7 +98,7 @@ def test_kinetos_own_traces_never_go_to_msgspec(monkeypatch):
         return call
 
     monkeypatch.setattr(Columns, "add", counted("add", add))
-    monkeypatch.setattr(Columns, "_take", counted("take", take))
+    monkeypatch.setattr(Columns, "take", counted("take", take))
     monkeypatch.delenv(READER_ENV, raising=False)
     for path in sorted(SAMPLES.rglob("*.json.gz")):
         loader.load_trace(path, cache=False, progress=False, parallel=False)

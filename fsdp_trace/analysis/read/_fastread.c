@@ -76,8 +76,7 @@ typedef struct {
 
 typedef struct {
     /* top-level */
-    Span ph, cat, name;
-    int has_ph, has_cat, has_name;
+    Span ph, cat, name; /* "" when absent, as msgspec's defaults */
     IdValue pid, tid;
     int has_ts, has_dur; /* present and not null */
     double ts, dur;
@@ -93,53 +92,42 @@ typedef struct {
 
 /* A string value into a span (its text copied into `scratch` when it had escapes, so that it
  * outlives the next string read). */
-static int string_span(Scan *s, Span *span, Buf *scratch) {
+static int string_span(Scan *s, Span *span, Buf *scratch, int *escaped) {
     if (!at(s, '"')) {
         s->bail = 1;
         return -1;
     }
-    int escaped = 0;
-    if (scan_string(s, &span->p, &span->n, scratch, &escaped) < 0) return -1;
+    return scan_string(s, &span->p, &span->n, scratch, escaped);
+}
+
+/* An integer that fits int64; a float, or an integer beyond int64 (where msgspec's limits on
+ * big integers apply), is declined: the msgspec path reads it. */
+static int scan_int64(Scan *s, int64_t *value) {
+    Num num;
+    if (scan_number(s, &num, 0) < 0) return -1;
+    if (!num.is_int || !num.ok_int) {
+        s->bail = 1;
+        return -1;
+    }
+    *value = num.i;
     return 0;
 }
 
 static int scan_int_or_null(Scan *s, int *present, int64_t *value) {
-    if (is_null(s)) {
-        *present = 0;
-        return 0;
-    }
-    Num num;
-    if (scan_number(s, &num, 0) < 0) return -1;
-    if (!num.is_int || !num.ok_int) {
-        s->bail = 1; /* a float, or an integer beyond int64: the msgspec path reads it */
-        return -1;
-    }
-    *present = 1;
-    *value = num.i;
-    return 0;
+    *present = !is_null(s);
+    return *present ? scan_int64(s, value) : 0;
 }
 
 static int scan_id(Scan *s, IdValue *id, Buf *scratch) {
     if (at(s, '"')) {
         Span sp;
-        if (string_span(s, &sp, scratch) < 0) return -1;
+        if (string_span(s, &sp, scratch, NULL) < 0) return -1;
         id->kind = ID_STR;
         id->span = sp;
         return 0;
     }
-    Num num;
-    if (scan_number(s, &num, 0) < 0) return -1;
-    if (!num.is_int) {
-        s->bail = 1;
-        return -1;
-    }
-    if (!num.ok_int) {
-        s->bail = 1; /* beyond int64: msgspec's limits on big integers apply, left to it */
-        return -1;
-    }
     id->kind = ID_INT;
-    id->i = num.i;
-    return 0;
+    return scan_int64(s, &id->i);
 }
 
 static int scan_float_or_null(Scan *s, int *present, double *value) {
@@ -159,11 +147,10 @@ static int scan_float_or_null(Scan *s, int *present, double *value) {
     return 0;
 }
 
-/* An event's fields as absent (what is read is guarded by these flags and lengths; clearing
+/* An event's fields as absent (what is read is guarded by flags, kinds and lengths; clearing
  * the whole struct, ~400 bytes an event, cost a tenth of the parse). */
 static void clear_event(Event *ev) {
-    ev->has_ph = ev->has_cat = ev->has_name = 0;
-    ev->ph.n = ev->cat.n = ev->name.n = 0;
+    ev->ph = ev->cat = ev->name = (Span){(const uchar *)"", 0};
     ev->pid.kind = ev->tid.kind = ID_ABSENT;
     ev->has_ts = ev->has_dur = 0;
     for (int i = 0; i < N_DENSE; i++) ev->dense[i] = MISSING;
@@ -274,7 +261,7 @@ static int read_arg(Reader *r, Scan *s, Event *ev, const uchar *k, size_t kn, un
                 return 0;
             }
             Span sp;
-            if (string_span(s, &sp, &r->str_scratch) < 0) return -1;
+            if (string_span(s, &sp, &r->str_scratch, NULL) < 0) return -1;
             rv->id = table_id(&r->texts, sp.p, sp.n);
             if (rv->id < 0) return -1;
             rv->present = 1;
@@ -297,7 +284,7 @@ static int read_arg(Reader *r, Scan *s, Event *ev, const uchar *k, size_t kn, un
     }
     if (field == 17) {
         ev->has_argname = !is_null(s);
-        return ev->has_argname ? string_span(s, &ev->argname, &r->argname_scratch) : 0;
+        return ev->has_argname ? string_span(s, &ev->argname, &r->argname_scratch, NULL) : 0;
     }
     return skip_value(s, 1);
 }
@@ -316,20 +303,17 @@ static int read_field(Reader *r, Scan *s, Event *ev, const uchar *k, size_t kn,
     else if (kn == 4 && memcmp(k, "args", 4) == 0) field = 7;
     if (first_time(s, seen, field) < 0) return -1;
     switch (field) {
-        case 0:
-            ev->has_ph = 1;
-            if (string_span(s, &ev->ph, &r->str_scratch) < 0) return -1;
-            if (ev->ph.p == (const uchar *)r->str_scratch.p) {
+        case 0: {
+            int escaped = 0;
+            if (string_span(s, &ev->ph, &r->str_scratch, &escaped) < 0) return -1;
+            if (escaped) {
                 s->bail = 1; /* an escaped phase: left to the msgspec path */
                 return -1;
             }
             return 0;
-        case 1:
-            ev->has_cat = 1;
-            return string_span(s, &ev->cat, &r->cat_scratch);
-        case 2:
-            ev->has_name = 1;
-            return string_span(s, &ev->name, &r->name_scratch);
+        }
+        case 1: return string_span(s, &ev->cat, &r->cat_scratch, NULL);
+        case 2: return string_span(s, &ev->name, &r->name_scratch, NULL);
         case 3: return scan_id(s, &ev->pid, &r->pid_scratch);
         case 4: return scan_id(s, &ev->tid, &r->tid_scratch);
         case 5: return scan_float_or_null(s, &ev->has_ts, &ev->ts);
@@ -386,9 +370,7 @@ static PyObject *id_object(IdValue *id) {
 /* A metadata event ('M') with a name in its args: (kind, pid, tid, name) for the caller. */
 static int take_metadata(Out *o, Event *ev) {
     if (!ev->has_argname) return 0;
-    PyObject *kind = ev->has_name
-                         ? PyUnicode_DecodeUTF8((const char *)ev->name.p, ev->name.n, "strict")
-                         : PyUnicode_FromString("");
+    PyObject *kind = PyUnicode_DecodeUTF8((const char *)ev->name.p, ev->name.n, "strict");
     PyObject *pid = id_object(&ev->pid);
     PyObject *tid = id_object(&ev->tid);
     PyObject *name = PyUnicode_DecodeUTF8((const char *)ev->argname.p, ev->argname.n, "strict");
@@ -405,7 +387,7 @@ static int take_metadata(Out *o, Event *ev) {
 }
 
 static int take_complete(Reader *r, Out *o, Scan *s, Event *ev) {
-    Span cat = ev->has_cat ? ev->cat : (Span){(const uchar *)"", 0};
+    Span cat = ev->cat;
     if (span_is(cat, "python_function")) {
         o->python_events++;
         return 0;
@@ -415,7 +397,7 @@ static int take_complete(Reader *r, Out *o, Scan *s, Event *ev) {
         s->bail = 1; /* no time, or an id the msgspec path turns into a string id */
         return -1;
     }
-    Span name = ev->has_name ? ev->name : (Span){(const uchar *)"", 0};
+    Span name = ev->name;
     int32_t cat_id = table_id(&r->cats, cat.p, cat.n);
     if (cat_id < 0) return -1;
     int32_t name_id = table_id(&r->names, name.p, name.n);
@@ -564,9 +546,9 @@ static PyObject *Reader_parse(Reader *r, PyObject *args) {
     while (!s.bail) {
         if (scan_event(r, &s, &ev) < 0) break;
         o.raw_count++;
-        if (span_is(ev.ph, "X") && ev.has_ph) {
+        if (span_is(ev.ph, "X")) {
             if (take_complete(r, &o, &s, &ev) < 0) break;
-        } else if (ev.has_ph && span_is(ev.ph, "M")) {
+        } else if (span_is(ev.ph, "M")) {
             if (take_metadata(&o, &ev) < 0) break;
         }
         skip_ws(&s);

@@ -148,7 +148,8 @@ def _sources(kind: str) -> list[Path]:
     # two readers' columns are the same, tests/test_compiled_reader.py).
     from fsdp_trace.analysis.read import columns
 
-    compiled = [Path(p) for p in [columns.compiled_module()] if p]
+    module = columns.compiled_module()
+    compiled = [Path(module)] if module else []
     if kind == "trace":
         names = (
             "loader.py",

@@ -283,7 +283,10 @@ class Columns:
         if self.reader is None:
             return False
         got = self.reader.parse(text, start, stop)
-        return got is not None and self._take(got)
+        if got is None:
+            return False
+        self.take(got)
+        return True
 
     def read_last(self, text: bytes) -> tuple[int, dict[str, Any]] | None:
         """The events at the start of `text` up to the closing bracket of their array, read
@@ -297,20 +300,13 @@ class Columns:
         return None if got is None else (got["closed"], got)
 
     def take(self, got: dict[str, Any]) -> None:
-        """Take what `read_last` read."""
-        self._take(got)
-
-    def _take(self, got: dict[str, Any]) -> bool:
-        """What the compiled reader made of a piece, into the columns."""
+        """What the compiled reader made of a piece (`add_text`, `read_last`), into the
+        columns."""
         self.raw_count += got["raw_count"]
-        for item in got["metadata"]:
-            if self.defer_metadata:
-                self.metadata.append(item)
-            else:
-                self._name_thread(*item)
+        self._names(got["metadata"])
         self.python_events += got["python_events"]
         if not got["rows"]:
-            return True
+            return
         row0 = len(self)
         self.cat_remap, got["cat_codes"] = _recoded(
             self.cats, self.cat_remap, got["cat_ids"], got["new_cats"]
@@ -328,7 +324,6 @@ class Columns:
         self.gloo += [(row0 + row, dims, kind) for row, dims, kind in got["gloo"]]
         self.pending.append(got)
         self.pending_rows += got["rows"]
-        return True
 
     def add(self, events: list[Event]) -> None:
         """Take one piece of decoded events (in file order)."""
@@ -462,14 +457,22 @@ class Columns:
         return 0
 
     def _metadata(self, events: list[Event]) -> None:
-        for event in events:
-            a = event.args
-            if a is None or a.name is None:
-                continue
-            if self.defer_metadata:
-                self.metadata.append((event.name, event.pid, event.tid, a.name))
-            else:
-                self._name_thread(event.name, event.pid, event.tid, a.name)
+        self._names(
+            [
+                (e.name, e.pid, e.tid, e.args.name)
+                for e in events
+                if e.args is not None and e.args.name is not None
+            ]
+        )
+
+    def _names(self, items: list[tuple[str, int | str, int | str, str]]) -> None:
+        """Metadata events' (kind, pid, tid, name): thread and process names, or held for
+        the merge of a batch."""
+        if self.defer_metadata:
+            self.metadata += items
+            return
+        for item in items:
+            self._name_thread(*item)
 
     def _name_thread(self, kind: str, pid: int | str, tid: int | str, name: str) -> None:
         if kind == "thread_name":

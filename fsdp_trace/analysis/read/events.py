@@ -195,26 +195,23 @@ class Pieces:
             match = BOUNDARY.search(buf, pos + self.size)
             if match is None:
                 break
-            if self.columns.add_text(buf, pos, match.start() + 1):
-                pos = match.end() - 1
-                self.size = self.piece
-                continue
-            try:
-                events = LIST_DECODER.decode(b"[" + buf[pos : match.start() + 1] + b"]")
-            except RecursionError as exc:
-                raise decode_error(self.path, exc, self.offset + pos) from None
-            except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError too
-                # The cut fell inside an event (a `},{` within its args): take a larger piece.
-                # Past the look-ahead bound it is a real error (else the end of the file
-                # shows it when the rest is decoded, `_stream`).
-                self.size *= 2
-                if self.size > LOOKAHEAD:
-                    raise decode_error(
-                        self.path, exc, self.offset + pos - 1, self.columns.raw_count
-                    ) from None
-                continue
-            self.columns.add(events)
-            del events
+            if not self.columns.add_text(buf, pos, match.start() + 1):
+                try:
+                    events = LIST_DECODER.decode(b"[" + buf[pos : match.start() + 1] + b"]")
+                except RecursionError as exc:
+                    raise decode_error(self.path, exc, self.offset + pos) from None
+                except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError too
+                    # The cut fell inside an event (a `},{` within its args): take a larger piece.
+                    # Past the look-ahead bound it is a real error (else the end of the file
+                    # shows it when the rest is decoded, `_stream`).
+                    self.size *= 2
+                    if self.size > LOOKAHEAD:
+                        raise decode_error(
+                            self.path, exc, self.offset + pos - 1, self.columns.raw_count
+                        ) from None
+                    continue
+                self.columns.add(events)
+                del events
             pos = match.end() - 1
             self.size = self.piece
         self.offset += pos
