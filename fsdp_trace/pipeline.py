@@ -31,6 +31,7 @@ from fsdp_trace.analysis.rank.breakdown import (
 from fsdp_trace.analysis.read import grouping
 from fsdp_trace.analysis.read.inputs import Inputs, RunInput, resolve
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.collector import full_passes_deferred
 from fsdp_trace.diagnose import diagnose
 from fsdp_trace.diagnose.finding import Diagnosis
@@ -342,7 +343,7 @@ def copied_ranks(timing: list[RankAnalysis]) -> list[tuple[RankAnalysis, RankAna
             continue
         key = repr(r.meta.get("first_pids")).encode() + b"".join(
             np.column_stack(
-                [frame[name].to_numpy(dtype=np.float64) for name in ("start_us", "end_us")]
+                [array_of(frame, name, np.float64) for name in ("start_us", "end_us")]
             ).tobytes()
             for frame in (r.steps, c)
         )
@@ -387,7 +388,7 @@ def _apply_expectations(rank: RankAnalysis, config: InferredConfig) -> None:
     )
     rank.blocks = b.assign(
         expected_per_step=expected,
-        excess=b["unit_count_per_step"].to_numpy(dtype=np.float64) - expected,
+        excess=array_of(b, "unit_count_per_step", np.float64) - expected,
     )
 
 

@@ -22,6 +22,7 @@ from fsdp_trace.analysis.results import (
     STEP_COLUMNS,
     RankAnalysis,
 )
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import Device, Source
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def median_step(steps: pd.DataFrame) -> int | None:
     exactly, as a real step's do. None without steps."""
     if steps.empty:
         return None
-    order = np.lexsort((steps["step"].to_numpy(), steps["step_us"].to_numpy(dtype=np.float64)))
+    order = np.lexsort((array_of(steps, "step"), array_of(steps, "step_us", np.float64)))
     return int(order[(order.size - 1) // 2])  # as a stable sort_values(["step_us", "step"])
 
 
@@ -124,7 +125,7 @@ class RunAnalysis:
         out = frame[["rank", "source", "step", "step_us"]].copy()
         for part in PARTS:
             column = "compute_us_model" if part == "compute_us" else part
-            out[part] = frame[column].to_numpy()
+            out[part] = array_of(frame, column)
         return out[BREAKDOWN_COLUMNS]
 
     def rank_breakdown(self, rank: RankAnalysis) -> dict[str, Any] | None:
@@ -137,7 +138,7 @@ class RunAnalysis:
             # The parts as the breakdown names them: its compute is the model's.
             source = {**{p: p for p in PARTS}, "compute_us": "model_compute_us"}
             value = {
-                p: float(steps[c].to_numpy()[row]) if row is not None and c in steps else np.nan
+                p: float(array_of(steps, c)[row]) if row is not None and c in steps else np.nan
                 for p, c in {"step_us": "step_us", **source}.items()
             }
             if row is None or not np.isfinite(value["compute_us"]):

@@ -38,6 +38,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "fsdp_trace.collector",
             "fsdp_trace.analysis.intervals",
             "fsdp_trace.analysis.classify",
+            "fsdp_trace.analysis.table",
         ),
     ),
     ("records", ("fsdp_trace.analysis.results", "fsdp_trace.result", "fsdp_trace.trials")),

@@ -358,6 +358,32 @@ def test_the_last_piece_stops_at_the_closing_bracket():
         assert Columns().read_last(unclosed) is None
 
 
+@pytest.mark.parametrize("events", [1, 40_000])  # one piece; several (the last read apart)
+@pytest.mark.parametrize(
+    "layout",
+    [
+        b'{"traceEvents":0,"traceEvents":[EVENTS]}',
+        b'{"traceEvents":[EVENTS],"x":1,"traceEvents":[]}',
+        b'{"traceEvents":[EVENTS],"traceEvents":{"traceEvents":1}}',
+        b'{"a":"traceEvents","traceEvents":[EVENTS],"b":{"traceEvents":[]}}',  # one: kept
+    ],
+)
+@needs_it
+def test_a_second_top_level_events_key_is_refused_by_either_reader(
+    tmp_path, monkeypatch, layout, events
+):
+    """The compiled reader searches for a second `traceEvents` key only outside the events
+    it read (the header, the keys after the bracket): both readers refuse it alike, and
+    keep a file whose other `traceEvents` are not top-level keys."""
+    event = b'{"ph":"X","cat":"cpu_op","name":"traceEvents","pid":1,"tid":1,"ts":1,"dur":1}'
+    path = tmp_path / "t.json"
+    path.write_bytes(layout.replace(b"EVENTS", b",".join([event] * events)))
+    python, compiled = _load(path, "python", monkeypatch), _load(path, "", monkeypatch)
+    _assert_same(python, compiled, str(layout))
+    refused = isinstance(compiled, str) and "two 'traceEvents'" in compiled
+    assert refused == (not layout.startswith(b'{"a"')), compiled
+
+
 @pytest.mark.parametrize(
     "document",
     [

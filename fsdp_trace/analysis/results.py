@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis.intervals import overlapping
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.errors import UserError
 
 # Per rank × step (µs unless the name says otherwise). Documented in README "Definitions".
@@ -293,7 +294,7 @@ class RankAnalysis:
         k = self._at_hand()
         if k is None:
             k = _read_kernels(self, cache)
-        return k if step is None else k[k["step"].to_numpy() == step]
+        return k if step is None else k[array_of(k, "step") == step]
 
     def _at_hand(self) -> pd.DataFrame | None:
         """The kernels without reading anything: held, or the table read last for this
@@ -363,9 +364,7 @@ class RankAnalysis:
             "compute_us",
             "recompute_pct",
         ):
-            values = (
-                self.steps[column].to_numpy(dtype=np.float64) if len(self.steps) else np.empty(0)
-            )
+            values = array_of(self.steps, column, np.float64) if len(self.steps) else np.empty(0)
             values = values[~np.isnan(values)]
             if values.size:
                 out[column] = {
@@ -402,7 +401,7 @@ def _compact(
     fits. Every value reads back as it was."""
     out = frame.copy()
     for name in int32:
-        values = out[name].to_numpy() if name in out else None
+        values = array_of(out, name) if name in out else None
         if values is not None and values.dtype == np.int64 and len(values):
             limits = np.iinfo(np.int32)
             if limits.min <= values.min() and values.max() <= limits.max:
@@ -411,7 +410,7 @@ def _compact(
         python_strings = isinstance(dtype, pd.StringDtype) and dtype.storage == "python"
         if not (python_strings or (isinstance(dtype, np.dtype) and dtype.kind == "O")):
             continue
-        raw = out[name].to_numpy(dtype=object)
+        raw = array_of(out, name, object)
         if name not in categorical and _held_once(raw):
             continue  # one object per distinct value already (the analysis's own text)
         try:

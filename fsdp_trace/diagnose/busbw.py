@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import Collective
 
 TABLE = Path(__file__).resolve().parent / "data" / "busbw.csv"
@@ -136,8 +137,8 @@ def curve(
         collective=collective,
         gpus=pick,
         asked_gpus=int(gpus),
-        sizes=rows["bytes"].to_numpy(dtype=np.float64),
-        busbw=rows["busbw_gbps"].to_numpy(dtype=np.float64),
+        sizes=array_of(rows, "bytes", np.float64),
+        busbw=array_of(rows, "busbw_gbps", np.float64),
         provisional=bool(rows["provisional"].any()) or pick != gpus,
         sources=sources,
     )
@@ -166,7 +167,7 @@ def expected(
         found = curve(table, interconnect, str(kind), int(size))
         if found is None:
             continue
-        values = found.at(part["bytes"].to_numpy())
+        values = found.at(array_of(part, "bytes"))
         out[part.index.to_numpy()] = values
         if np.isfinite(values).any():
             used.append(found)
@@ -217,8 +218,8 @@ def group_sizes(run) -> dict[str, int]:
     # ~0.2 ms a rank.
     both = pd.DataFrame(
         {
-            "pg_name": np.concatenate([f["pg_name"].to_numpy(dtype=object) for f in frames]),
-            "group_size": np.concatenate([f["group_size"].to_numpy() for f in frames]),
+            "pg_name": np.concatenate([array_of(f, "pg_name", object) for f in frames]),
+            "group_size": np.concatenate([array_of(f, "group_size") for f in frames]),
         }
     ).dropna()
     return {str(k): int(v) for k, v in both.groupby("pg_name")["group_size"].max().items()}

@@ -16,6 +16,7 @@ from fsdp_trace.analysis.job.config import InferredConfig
 from fsdp_trace.analysis.job.crossrank import CrossRank
 from fsdp_trace.analysis.rank.context import display_name
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import Collective, Device
 
@@ -32,7 +33,7 @@ class Rows:
     def __getitem__(self, column: str) -> np.ndarray:
         values = self._read.get(column)
         if values is None:
-            values = self._read[column] = self.frame[column].to_numpy()[self.rows]
+            values = self._read[column] = array_of(self.frame, column)[self.rows]
             values.flags.writeable = False  # shared by the rules that read it
         return values
 
@@ -89,12 +90,12 @@ class Context:
         made = self._collectives.get(id(rank))
         if made is None:
             c = rank.collectives
-            transfer = c["transfer_us"].to_numpy(dtype=np.float64)
+            transfer = array_of(c, "transfer_us", np.float64)
             matched = ~np.isnan(transfer)
             made = c.assign(
-                net_us=np.where(matched, transfer, c["dur_us"].to_numpy()),
+                net_us=np.where(matched, transfer, array_of(c, "dur_us")),
                 exposed_net_us=np.where(
-                    matched, c["exposed_transfer_us"].to_numpy(), c["exposed_us"].to_numpy()
+                    matched, array_of(c, "exposed_transfer_us"), array_of(c, "exposed_us")
                 ),
                 matched=matched,
             )
@@ -106,7 +107,7 @@ class Context:
         made = self._gathers.get(id(rank))
         if made is None:
             c = self.collectives(rank)
-            made = Rows(c, np.flatnonzero(c["collective"].to_numpy() == Collective.ALL_GATHER))
+            made = Rows(c, np.flatnonzero(array_of(c, "collective") == Collective.ALL_GATHER))
             self._gathers[id(rank)] = made
         return made
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.diagnose.finding import FindingKind
 from fsdp_trace.errors import UserError
 from fsdp_trace.fmt import CPU_SCALING
@@ -195,7 +196,7 @@ def _per_rank_medians(
         series = rank.steps[metric.column].to_numpy(dtype=np.float64)
         if metric.source == "breakdown":  # a part's share of each step
             with np.errstate(invalid="ignore", divide="ignore"):
-                series = series / rank.steps["step_us"].to_numpy(dtype=np.float64)
+                series = series / array_of(rank.steps, "step_us", np.float64)
         if np.isfinite(series).any():
             out.append((f"rank {rank.rank}", float(np.nanmedian(series)) * metric.scale))
     if not out:
@@ -237,7 +238,7 @@ def values(condition: Condition, analysis: RunAnalysis) -> list[tuple[str, float
             raise _unavailable(
                 condition, "it needs GPU traces of two or more ranks whose collectives match"
             )
-        ranks = cross.per_rank["rank"].to_numpy()
+        ranks = array_of(cross.per_rank, "rank")
         found = cross.per_rank[metric.column].to_numpy(dtype=np.float64) * metric.scale
         return [
             (f"rank {int(r)}", float(v))

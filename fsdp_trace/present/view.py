@@ -17,6 +17,7 @@ from fsdp_trace import fmt
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank.breakdown import PARTS
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.diagnose.causes import cost_text
 from fsdp_trace.diagnose.finding import Finding, FindingKind
 from fsdp_trace.present import headline
@@ -589,7 +590,7 @@ def transfer_table(run: RunAnalysis) -> Table | None:
 
     def joined(column: str) -> pd.Series:
         parts = [
-            f[column].to_numpy(dtype=object) if column in f else np.full(len(f), np.nan, object)
+            array_of(f, column, object) if column in f else np.full(len(f), np.nan, object)
             for f in frames
         ]
         return pd.Series(np.concatenate(parts or [np.empty(0, dtype=object)]), dtype=object)

@@ -33,6 +33,7 @@ from fsdp_trace.analysis.rank import setup as setup_mod
 from fsdp_trace.analysis.rank.context import display_name
 from fsdp_trace.analysis.read.trace import pg_sizes
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.fmt import plural
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import (
@@ -299,10 +300,10 @@ class _Labels:
             out.root = out.root or bool((unit == ROOT).any())
             if r.rank is None:  # grouped by rank, a trace without one is left out
                 continue
-            step = facts["step"].to_numpy()
+            step = array_of(facts, "step")
             is_root = kind == context.ROOT_PRE_FORWARD
             if is_root.any():
-                sums = _sum_per_step(step[is_root], facts["count"].to_numpy()[is_root])
+                sums = _sum_per_step(step[is_root], array_of(facts, "count")[is_root])
                 seen = out.roots.get(r.rank)
                 out.roots[r.rank] = sums if seen is None else seen.add(sums, fill_value=0)
             steps = np.unique(step)

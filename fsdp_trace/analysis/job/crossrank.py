@@ -35,6 +35,7 @@ from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank.breakdown import Matched
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import Device
 
 # Matched collectives end within a few µs of each other on one host (NCCL's own completion
@@ -87,8 +88,8 @@ class CrossRank:
         cross-rank transfer time, the kernel's duration where unmatched) and `exposed_us`
         capped by it. Waiting is the straggler's cost (rule 10), not the collective's."""
         transfer = self.transfer_us(rank, collectives["correlation"])
-        duration = collectives["dur_us"].to_numpy(dtype=np.float64)
-        exposed = collectives["exposed_us"].to_numpy(dtype=np.float64)
+        duration = array_of(collectives, "dur_us", np.float64)
+        exposed = array_of(collectives, "exposed_us", np.float64)
         matched = ~np.isnan(transfer)
         return pd.DataFrame(
             {
@@ -109,13 +110,13 @@ def _split_by_rank(participants: pd.DataFrame) -> dict[int, Matched]:
     the whole table per rank is quadratic in the ranks)."""
     if participants.empty:
         return {}
-    ranks = participants["rank"].to_numpy()
+    ranks = array_of(participants, "rank")
     order = np.flatnonzero(pd.notna(ranks))  # rows of no rank in no rank's (as groupby)
     order = order[np.argsort(ranks[order], kind="stable")]
     ranks = ranks[order]
     if not ranks.size:
         return {}
-    columns = [participants[c].to_numpy()[order] for c in ("correlation", "transfer_us", "wait_us")]
+    columns = [array_of(participants, c)[order] for c in ("correlation", "transfer_us", "wait_us")]
     cuts = np.flatnonzero(ranks[1:] != ranks[:-1]) + 1
     starts = np.concatenate([[0], cuts])
     ends = np.concatenate([cuts, [ranks.size]])
@@ -173,8 +174,8 @@ class _Groups:
 def _group_ids(rank: RankAnalysis, groups: _Groups) -> np.ndarray:
     """Each of the rank's collectives' process group (an id in `groups`)."""
     c = rank.collectives
-    pg = c["pg_name"].to_numpy(dtype=object)
-    raw = c["pg_ranks"].to_numpy(dtype=object) if "pg_ranks" in c else np.full(len(c), None)
+    pg = array_of(c, "pg_name", object)
+    raw = array_of(c, "pg_ranks", object) if "pg_ranks" in c else np.full(len(c), None)
     # Each (name, list) pair numbered in order of first appearance (missing values a value
     # of their own), as a groupby's ngroup numbers them: one factorization per column and one
     # of the pairs, over the rows; the rest per group.
@@ -210,7 +211,7 @@ class _Columns:
         by_rank = sorted(range(len(usable)), key=lambda i: int(usable[i].rank))
         self.ranks = [int(usable[i].rank) for i in by_rank]
         self.tables = [usable[i].collectives for i in by_rank]
-        self.orders = [np.argsort(c["correlation"].to_numpy(), kind="stable") for c in self.tables]
+        self.orders = [np.argsort(array_of(c, "correlation"), kind="stable") for c in self.tables]
         self.group = np.concatenate(
             [group_ids[i][o] for i, o in zip(by_rank, self.orders, strict=True)]
         )
@@ -219,8 +220,8 @@ class _Columns:
         """One column of every rank's collectives (`text`: as strings)."""
         parts = []
         for c, order in zip(self.tables, self.orders, strict=True):
-            values = c[name].astype(str) if text else c[name]
-            parts.append(values.to_numpy(dtype=dtype)[order])
+            values = c[name].astype(str).to_numpy(dtype=dtype) if text else array_of(c, name, dtype)
+            parts.append(values[order])
         return np.concatenate(parts)
 
     def keys(self) -> pd.DataFrame:
@@ -250,7 +251,7 @@ def _complete(table: pd.DataFrame, keys: list[str], expected: pd.Series) -> pd.S
     """Per kernel, whether its match key holds one kernel of every member rank its group
     expects (two at least): counted on the keys' numbers, not per-row transforms."""
     key = table.groupby(keys, sort=False).ngroup().to_numpy()
-    rank = table["rank"].to_numpy()
+    rank = array_of(table, "rank")
     low = int(rank.min())
     span = int(rank.max()) - low + 1
     pairs = np.unique(key * span + (rank - low))  # the distinct (key, rank) pairs
@@ -348,7 +349,7 @@ def _windows(usable: list[RankAnalysis]) -> pd.DataFrame:
             [s[WINDOW_COLUMNS].assign(rank=r.rank) for r, s in zip(usable, steps, strict=True)],
             ignore_index=True,
         )
-    columns = {c: np.concatenate([s[c].to_numpy() for s in steps]) for c in WINDOW_COLUMNS}
+    columns = {c: np.concatenate([array_of(s, c) for s in steps]) for c in WINDOW_COLUMNS}
     lengths = [len(s) for s in steps]
     columns["rank"] = np.repeat(np.array([r.rank for r in usable], dtype=np.int64), lengths)
     return pd.DataFrame(columns)
@@ -420,7 +421,7 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
         )
     rows = table.loc[complete, ["rank", "step", "correlation", "group", "index"]]
     match_ids = table[complete].groupby(keys, sort=False).ngroup().to_numpy()
-    order = np.lexsort((rows["rank"].to_numpy(), match_ids))  # by match, then rank
+    order = np.lexsort((array_of(rows, "rank"), match_ids))  # by match, then rank
     rows = rows.iloc[order].assign(match=match_ids[order])
     rows = columns.described(rows, np.flatnonzero(complete.to_numpy())[order])
     del table, columns
@@ -505,7 +506,7 @@ def match(ranks: list[RankAnalysis]) -> CrossRank:
         }
     ).reset_index(drop=True)
 
-    rows["last"] = rows["rank"].to_numpy() == rows["match"].map(last_rank).to_numpy()
+    rows["last"] = array_of(rows, "rank") == rows["match"].map(last_rank).to_numpy()
     per = rows.groupby("rank").agg(n_matched=("match", "size"), arrived_last=("last", "sum"))
     waits = _wait_per_step(rows, usable)
     per_rank = pd.DataFrame(

@@ -37,6 +37,7 @@ from fsdp_trace.analysis.rank.analyze import Coverage, overlap_pct
 from fsdp_trace.analysis.rank.context import name_mask
 from fsdp_trace.analysis.read.loader import Trace, load_trace
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.table import array_of
 
 # The distributions that provide the module `hta`, the successor first.
 HTA_PACKAGES = ("traceinsight", "holistictraceanalysis")
@@ -81,11 +82,11 @@ def hta_window(trace: Trace, kinds: np.ndarray) -> np.ndarray:
     keep = is_gpu.copy()
     if events["name"][is_profiler_step].astype(str).nunique() >= 2:
         # HTA treats every non-kernel row as a CPU op, GPU-side ProfilerStep annotations too.
-        correlation = events["correlation"].to_numpy()
+        correlation = array_of(events, "correlation")
         cpu = ~is_gpu
-        cutoff = events["ts"].to_numpy()[cpu & is_profiler_step].max()
+        cutoff = array_of(events, "ts")[cpu & is_profiler_step].max()
         launched = np.unique(
-            correlation[cpu & (events["ts"].to_numpy() < cutoff) & (correlation >= 0)]
+            correlation[cpu & (array_of(events, "ts") < cutoff) & (correlation >= 0)]
         )
         keep &= np.isin(correlation, launched)
     return keep
@@ -99,7 +100,7 @@ def overlap_with_hta_rules(trace: Trace) -> float:
     keep = hta_window(trace, kinds)
     if not keep.any():
         return float("nan")
-    ts, end = events["ts"].to_numpy()[keep], events["end"].to_numpy()[keep]
+    ts, end = array_of(events, "ts")[keep], array_of(events, "end")[keep]
     figures = Coverage.of(ts, end, kinds[keep]).in_windows(
         np.array([ts.min()]), np.array([end.max()])
     )

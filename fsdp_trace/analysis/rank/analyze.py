@@ -19,6 +19,7 @@ from fsdp_trace.analysis.rank.context import CpuContext, EventRows
 from fsdp_trace.analysis.rank.cpu_collectives import analyze_cpu_trace
 from fsdp_trace.analysis.read.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Kind, Phase, Source
 
 BREAKDOWN_FROM = STEP_COLUMNS.index("model_compute_us")  # the step breakdown's columns
@@ -80,7 +81,7 @@ def device_names(trace: Trace) -> list[str]:
 
 def _link_launches(events: pd.DataFrame, kinds: np.ndarray, gpu_idx: np.ndarray) -> np.ndarray:
     """Row of the launch event (same `correlation`) of each GPU event, or -1."""
-    correlation = events["correlation"].to_numpy()
+    correlation = array_of(events, "correlation")
     launch_rows = np.flatnonzero((kinds == classify.LAUNCH) & (correlation >= 0))
     if launch_rows.size == 0:  # no launch events at all (e.g. a GPU-only export)
         return np.full(gpu_idx.size, -1, dtype=np.int64)
@@ -181,10 +182,10 @@ class CpuSlices:
         rows = np.flatnonzero((kinds == classify.CPU_OP) | (kinds == classify.ANNOTATION))
         names = events["name"].array
         return cls(
-            pid=events["pid"].to_numpy()[rows],
-            tid=events["tid"].to_numpy()[rows],
-            ts=events["ts"].to_numpy()[rows],
-            end=events["end"].to_numpy()[rows],
+            pid=array_of(events, "pid")[rows],
+            tid=array_of(events, "tid")[rows],
+            ts=array_of(events, "ts")[rows],
+            end=array_of(events, "end")[rows],
             kind=kinds[rows],
             name=names.codes[rows],
             names=[str(c) for c in names.categories],
@@ -232,7 +233,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     cpu_steps = steps_mod.cpu_steps(events, kinds, notices)
     launch_row = _link_launches(events, kinds, gpu_idx)
     linked = launch_row >= 0
-    launch_ts = np.where(linked, events["ts"].to_numpy()[np.maximum(launch_row, 0)], np.nan)
+    launch_ts = np.where(linked, array_of(events, "ts")[np.maximum(launch_row, 0)], np.nan)
     step_of = _assign_steps(cpu_steps, linked, launch_ts, notices)
     keep = step_of >= 0
     dropped = int((~keep).sum())
@@ -245,18 +246,18 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     # The kept GPU events' columns as arrays (the kernel table's, in its order); the frames
     # are made once each at the end (a column set on a frame, a mask or a drop cost a pandas
     # step each).
-    ts_arr, end_arr = events["ts"].to_numpy()[kidx], events["end"].to_numpy()[kidx]
+    ts_arr, end_arr = array_of(events, "ts")[kidx], array_of(events, "end")[kidx]
     kind_arr = kinds[kidx]
     kc: dict[str, np.ndarray] = {
         "ts": ts_arr,
         "end": end_arr,
-        "dur": events["dur"].to_numpy()[kidx],
-        "device": events["pid"].to_numpy()[kidx],
-        "stream": events["tid"].to_numpy()[kidx],
+        "dur": array_of(events, "dur")[kidx],
+        "device": array_of(events, "pid")[kidx],
+        "stream": array_of(events, "tid")[kidx],
         "kind": kind_arr,
         "name": events["name"].array[kidx],
         "step": step_of[keep],
-        "correlation": events["correlation"].to_numpy()[kidx],
+        "correlation": array_of(events, "correlation")[kidx],
         # Launch shape (JSON text): tells apart kernels of one name (rule 7).
         "grid": _text_column(events, "grid", kidx),
         "block_dim": _text_column(events, "block", kidx),
@@ -290,8 +291,8 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     kc["unit"] = np.where(kc["fsdp"], label_unit, kc["block"])
 
     # Steps.
-    starts = windows["start"].to_numpy(dtype=np.float64)
-    ends = windows["end"].to_numpy(dtype=np.float64)
+    starts = array_of(windows, "start", np.float64)
+    ends = array_of(windows, "end", np.float64)
     step_us = ends - starts
     figures = cover.in_windows(starts, ends)
     # The NCCL kernels' events, the columns their collectives read, sliced once.
@@ -320,7 +321,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
             {
                 "rank": trace.rank,
                 "source": source,
-                "step": windows["step"].to_numpy(),
+                "step": array_of(windows, "step"),
                 "start_us": starts,
                 "end_us": ends,
                 "step_us": step_us,
@@ -375,9 +376,7 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     compute_keys = [k_compute["step"], k_compute["phase"]]
     phase_rows, phase_us = iv.union_length_by_keys(compute_keys, k_compute["ts"], k_compute["end"])
     exposed = pd.DataFrame({"start_us": cover.exposed[0], "end_us": cover.exposed[1]})
-    exposed["step"] = steps_mod.step_of_time(
-        windows, exposed["start_us"].to_numpy(), "start", "end"
-    )
+    exposed["step"] = steps_mod.step_of_time(windows, array_of(exposed, "start_us"), "start", "end")
     signals = setup.signals(cpu, cpu_ctx, cpu_steps, kc, launch.thread, cover.busy, cover.compute)
     host = hostside.host_time(
         cpu, kinds[cpu_mask], cpu_ctx, kc, launch.thread, windows, cover.busy, cpu_steps
@@ -405,6 +404,19 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     )
 
 
+# `_LaunchContext.phase`'s names, by the code it selects.
+_PHASE_NAMES = np.array(
+    [
+        Phase.UNATTRIBUTED.value,
+        Phase.RECOMPUTE.value,
+        Phase.BACKWARD.value,
+        Phase.OPTIMIZER.value,
+        Phase.FORWARD.value,
+    ],
+    dtype=object,
+)
+
+
 @dataclass
 class _LaunchContext:
     """Per GPU event: the FSDP2 labels around its launch, its unit's window and phase."""
@@ -423,9 +435,9 @@ class _LaunchContext:
         time = np.full(rows.size, -1.0)
         safe = rows[has_launch]
         thread[has_launch] = ctx.keys.code(
-            events["pid"].to_numpy()[safe], events["tid"].to_numpy()[safe]
+            array_of(events, "pid")[safe], array_of(events, "tid")[safe]
         )
-        time[has_launch] = events["ts"].to_numpy()[safe]
+        time[has_launch] = array_of(events, "ts")[safe]
         in_recompute = ctx.recompute.contains(thread, time) & has_launch
         in_autograd = ctx.autograd.contains(thread, time) & has_launch
         in_optimizer = ctx.optimizer.contains(thread, time) & has_launch
@@ -438,19 +450,15 @@ class _LaunchContext:
             | in_autograd
             | in_backward_window
         )
-        phase = np.where(
-            in_recompute,
-            Phase.RECOMPUTE.value,
-            np.where(
-                backward,
-                Phase.BACKWARD.value,
-                np.where(in_optimizer, Phase.OPTIMIZER.value, Phase.FORWARD.value),
-            ),
-        )
+        # The first that holds, in this order (no launch: no context), as one shared name a
+        # phase: text of a row each would be a string a kernel in every table made of them.
+        phase = _PHASE_NAMES[
+            np.select([~has_launch, in_recompute, backward, in_optimizer], [0, 1, 2, 3], default=4)
+        ]
         return cls(
             chain=chain,
             block=ctx.windows.fqn_at(window_idx),
-            phase=np.where(has_launch, phase, Phase.UNATTRIBUTED.value),  # no launch: no context
+            phase=phase,
             inside_label=(chain[:, 0] >= 0) & has_launch,
             time=np.where(has_launch, time, np.nan),
             thread=thread,
@@ -500,7 +508,7 @@ def _collectives(
     issued_by = np.where(pd.isna(issued_by), block, issued_by)
 
     def col(name: str, default):
-        return comm_events[name].to_numpy() if name in comm_events else np.full(n, default)
+        return array_of(comm_events, name) if name in comm_events else np.full(n, default)
 
     in_n = col("in_nelems", MISSING).astype(np.float64)
     out_n = col("out_nelems", MISSING).astype(np.float64)
@@ -647,13 +655,13 @@ def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int,
     if kernels.empty:
         return roles
     # Per stream (ascending, as groupby gives them): its kernels, NCCL and compute ones.
-    streams, code = np.unique(kernels["stream"].to_numpy(), return_inverse=True)
-    kind = kernels["kind"].to_numpy()
+    streams, code = np.unique(array_of(kernels, "stream"), return_inverse=True)
+    kind = array_of(kernels, "kind")
     total = np.bincount(code, minlength=streams.size)
     comm = np.bincount(code, weights=kind == Kind.COMM, minlength=streams.size)
     compute = np.bincount(code, weights=kind == Kind.COMPUTE, minlength=streams.size)
-    coll_stream = collectives["stream"].to_numpy()
-    coll_type = collectives["collective"].to_numpy()
+    coll_stream = array_of(collectives, "stream")
+    coll_type = array_of(collectives, "collective")
     for i, stream in enumerate(streams.tolist()):
         if comm[i] > 0:
             busiest = most_frequent(coll_type[coll_stream == stream])
@@ -666,7 +674,7 @@ def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int,
     if len(compute_streams) > 1:
         is_compute = kind == Kind.COMPUTE
         seen, where = np.unique(code[is_compute], return_inverse=True)
-        dur = kernels["dur"].to_numpy(dtype=np.float64)[is_compute]
+        dur = array_of(kernels, "dur", np.float64)[is_compute]
         busy = iv.group_sum(where.astype(np.int64), dur, seen.size)  # as groupby sums
         busiest = streams[seen[int(np.argmax(busy))]]
         for s in compute_streams:

@@ -14,6 +14,7 @@ import pandas as pd
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.results import BLOCK_COLUMNS
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import Phase
 
 
@@ -39,20 +40,20 @@ def block_table(
     keys = [c["block"], c["phase"], c["collective"]]
     code, first = iv.first_seen_codes(keys)
     n = first.size
-    dur = c["dur_us"].to_numpy(dtype=np.float64)
-    nbytes = c["bytes"].to_numpy(dtype=np.float64)
+    dur = array_of(c, "dur_us", np.float64)
+    nbytes = array_of(c, "bytes", np.float64)
     known = ~np.isnan(nbytes) & (dur > 0)
     block, phase, collective = (key.array[first] for key in keys)
     count = np.bincount(code[code >= 0], minlength=n).astype(np.int64)
-    exposed = iv.group_sum(code, c["exposed_us"].to_numpy(dtype=np.float64), n)
+    exposed = iv.group_sum(code, array_of(c, "exposed_us", np.float64), n)
     total_bytes = iv.group_sum(code, nbytes, n, min_count=1)
     timed_bytes = iv.group_sum(code, np.where(known, nbytes, np.nan), n, min_count=1)
     timed_dur = iv.group_sum(code, np.where(known, dur, np.nan), n)
-    group_size = iv.group_max(code, c["group_size"].to_numpy(dtype=np.float64), n)
+    group_size = iv.group_max(code, array_of(c, "group_size", np.float64), n)
     # The union of each group's kernels.
     kept = code >= 0
-    start_us = c["start_us"].to_numpy(dtype=np.float64)
-    end_us = c["end_us"].to_numpy(dtype=np.float64)
+    start_us = array_of(c, "start_us", np.float64)
+    end_us = array_of(c, "end_us", np.float64)
     if kept.any() and not (np.isnan(start_us[kept]).any() or np.isnan(end_us[kept]).any()):
         present, lengths, _ = iv.union_length_by_code(code[kept], start_us[kept], end_us[kept])
         time = np.full(n, np.nan)

@@ -40,6 +40,7 @@ from fsdp_trace.analysis.results import (  # noqa: F401 (the parts' names, kept 
     PARTS,
     RankAnalysis,
 )
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import Kind, Phase
 
 
@@ -137,14 +138,14 @@ def kernel_parts(kernels: pd.DataFrame, steps: pd.DataFrame) -> dict[str, np.nda
     """The compute half of a rank's breakdown, per step: `model_compute_us` (the part
     `compute_us`) and `fsdp_copy_us`, from its kernels (with its analysis, on the worker)."""
     k = kernels
-    kind = k["kind"].to_numpy()
+    kind = array_of(k, "kind")
     compute = kind == Kind.COMPUTE
-    recompute = compute & (k["phase"].to_numpy() == Phase.RECOMPUTE)
-    fsdp = compute & k["fsdp"].to_numpy(dtype=bool) & ~recompute
-    spans = Spans(k["ts"].to_numpy(), k["end"].to_numpy(), compute, recompute, fsdp)
+    recompute = compute & (array_of(k, "phase") == Phase.RECOMPUTE)
+    fsdp = compute & array_of(k, "fsdp", bool) & ~recompute
+    spans = Spans(array_of(k, "ts"), array_of(k, "end"), compute, recompute, fsdp)
     _, m_set, f_set, _ = _compute_sets(spans)
-    starts = steps["start_us"].to_numpy(dtype=np.float64)
-    ends = steps["end_us"].to_numpy(dtype=np.float64)
+    starts = array_of(steps, "start_us", np.float64)
+    ends = array_of(steps, "end_us", np.float64)
     return {
         "model_compute_us": _lengths(m_set, starts, ends),
         "fsdp_copy_us": _lengths(f_set, starts, ends),
@@ -179,8 +180,8 @@ def exposed_split(
     n = len(rank.steps)
     if rank.n_kernels == 0:
         return {part: np.full(n, np.nan) for part in EXPOSED_PARTS}
-    starts = rank.steps["start_us"].to_numpy(dtype=np.float64)
-    ends = rank.steps["end_us"].to_numpy(dtype=np.float64)
+    starts = array_of(rank.steps, "start_us", np.float64)
+    ends = array_of(rank.steps, "end_us", np.float64)
     c = rank.collectives
     has_match = matched is not None and len(matched) > 0
     if not has_match:
@@ -188,7 +189,7 @@ def exposed_split(
     elif transfer is None:
         transfer = _matched(c, matched, "transfer_us")[0]  # type: ignore[arg-type]
     sets = _comm_sets(
-        c["start_us"].to_numpy(dtype=np.float64), c["end_us"].to_numpy(dtype=np.float64), transfer
+        array_of(c, "start_us", np.float64), array_of(c, "end_us", np.float64), transfer
     )
     if exposed is None:
         exposed = exposed_intervals(rank)
@@ -202,13 +203,13 @@ def exposed_split(
 def exposed_intervals(rank: RankAnalysis) -> iv.Intervals:
     """C \\ K of a rank (union form, as its analysis made it)."""
     e = rank.exposed
-    return iv.as_arrays(e["start_us"].to_numpy(), e["end_us"].to_numpy())
+    return iv.as_arrays(array_of(e, "start_us"), array_of(e, "end_us"))
 
 
 def _matched(collectives: pd.DataFrame, matched: Matched, *columns: str) -> list[np.ndarray]:
     """Cross-rank figures (`transfer_us`, `wait_us`) of each of a rank's collectives, by
     correlation (NaN where unmatched): each collective's row in `matched` found once."""
-    at = pd.Index(matched.correlation).get_indexer(collectives["correlation"].to_numpy())
+    at = pd.Index(matched.correlation).get_indexer(array_of(collectives, "correlation"))
     found = at >= 0
     out = []
     for column in columns:
@@ -232,8 +233,8 @@ def collective_transfer(
         return {name: np.full(n, np.nan) for name in TRANSFER_COLUMNS}
     transfer, wait = _matched(collectives, matched, "transfer_us", "wait_us")
     ok = ~np.isnan(transfer)
-    end = collectives["end_us"].to_numpy(dtype=np.float64)
-    start = np.maximum(end - np.nan_to_num(transfer), collectives["start_us"].to_numpy())
+    end = array_of(collectives, "end_us", np.float64)
+    start = np.maximum(end - np.nan_to_num(transfer), array_of(collectives, "start_us"))
     result = np.full(n, np.nan)
     if exposed is None:
         result[ok] = iv.split_uncovered(start[ok], end[ok], iv.EMPTY)

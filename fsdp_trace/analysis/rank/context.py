@@ -20,6 +20,7 @@ import pandas as pd
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.read.trace import MISSING
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import ROOT, Collective, Phase
 
 FSDP_LABEL = re.compile(r"^FSDP::(?P<kind>\w+?)(?: \((?P<fqn>.*?)\))?(?: \[pg=\d+\])?$")
@@ -304,7 +305,7 @@ def fsdp_labels(cpu: EventRows) -> pd.DataFrame:
     parsed = [p for p in parsed if p is not None]
     return pd.DataFrame(
         {
-            **{c: cpu[c].to_numpy()[rows[kept]] for c in ("pid", "tid", "ts", "end")},
+            **{c: array_of(cpu, c)[rows[kept]] for c in ("pid", "tid", "ts", "end")},
             "name": names[kept],
             "kind": [p[0] for p in parsed],
             "fqn": [p[1] for p in parsed],
@@ -367,7 +368,7 @@ def block_windows(labels: pd.DataFrame) -> dict[str, np.ndarray]:
             },
         ),
     ):
-        kind = labels["kind"].to_numpy()
+        kind = array_of(labels, "kind")
         opens = np.flatnonzero(np.isin(kind, list(opener)))
         closes = np.flatnonzero(np.isin(kind, list(closers)))
         if not opens.size or not closes.size:
@@ -386,7 +387,7 @@ def block_windows(labels: pd.DataFrame) -> dict[str, np.ndarray]:
                 by=["pid", "tid", "fqn"],
                 direction="forward",
             ).dropna(subset=["w_end"])
-            paired = {c: merged[c].to_numpy() for c in WINDOW_COLUMNS}
+            paired = {c: array_of(merged, c) for c in WINDOW_COLUMNS}
         paired["phase"] = np.full(paired["w_start"].size, phase, dtype=object)
         pieces.append(paired)
     if not pieces:
@@ -405,14 +406,14 @@ def _first_close_after(
     None where a key or time is NaN."""
     rows = np.concatenate([opens, closes])
     group = np.zeros(rows.size, dtype=np.int64)
-    keys = {column: labels[column].to_numpy() for column in ("pid", "tid", "fqn")}
+    keys = {column: array_of(labels, column) for column in ("pid", "tid", "fqn")}
     for values in keys.values():
         codes, uniques = pd.factorize(values[rows])
         if (codes < 0).any():
             return None
         group = pd.factorize(group * max(len(uniques), 1) + codes)[0].astype(np.int64)
-    start = labels["end"].to_numpy(dtype=np.float64)[opens]
-    end = labels["ts"].to_numpy(dtype=np.float64)[closes]
+    start = array_of(labels, "end", np.float64)[opens]
+    end = array_of(labels, "ts", np.float64)[closes]
     if np.isnan(start).any() or np.isnan(end).any():
         return None
     by_start = np.argsort(start, kind="quicksort")  # as `sort_values("w_start")` orders them
@@ -461,7 +462,7 @@ class CpuContext:
 
     @classmethod
     def build(cls, cpu: EventRows) -> CpuContext:
-        keys = ThreadKeys(cpu["pid"].to_numpy(), cpu["tid"].to_numpy(), cpu["ts"].to_numpy())
+        keys = ThreadKeys(array_of(cpu, "pid"), array_of(cpu, "tid"), array_of(cpu, "ts"))
         code = keys.codes
         fsdp = fsdp_labels(cpu)
         labels = Forest.build(
@@ -482,13 +483,13 @@ class CpuContext:
             win["fqn"],
         )
         names = cpu["name"]  # string tests run once per distinct name
-        ts, end = cpu["ts"].to_numpy(), cpu["end"].to_numpy()
+        ts, end = array_of(cpu, "ts"), array_of(cpu, "end")
         is_autograd = name_mask(names, lambda n: n.startswith(AUTOGRAD_PREFIX))
         autograd = ThreadUnion(keys, code[is_autograd], ts[is_autograd], end[is_autograd])
         # Recompute = forward ops (they carry an autograd sequence number) run inside backward,
         # where they re-run the unit's forward (`_recomputing`).
         candidate = (
-            (cpu["sequence_number"].to_numpy() != MISSING)
+            (array_of(cpu, "sequence_number") != MISSING)
             & ~name_mask(names, lambda n: "Backward" in n)
             & ~is_autograd
         )
@@ -510,15 +511,15 @@ class CpuContext:
         the unit's backward (activation checkpointing). The run's configuration is inferred
         from this table (`fsdp_trace.analysis.job.config`)."""
         table = self.label_table
-        label_kind = table["kind"].to_numpy()
+        label_kind = array_of(table, "kind")
         wanted = np.isin(label_kind, list(FACT_KINDS))
         op_thread, op_ts = self.recompute_ops
         idx = self.windows.innermost(self.keys, op_thread, op_ts)
         units = self.windows.fqn_at(idx)
         found = pd.notna(units)
         kind = np.concatenate([label_kind[wanted], np.full(int(found.sum()), RECOMPUTE_FACT)])
-        unit = np.concatenate([table["fqn"].to_numpy()[wanted], units[found]])
-        ts = np.concatenate([table["ts"].to_numpy()[wanted], op_ts[found]])
+        unit = np.concatenate([array_of(table, "fqn")[wanted], units[found]])
+        ts = np.concatenate([array_of(table, "ts")[wanted], op_ts[found]])
         ts = ts.astype(np.float64)
         if cpu_steps.empty:
             step = np.zeros(ts.size, dtype=np.int64)

@@ -29,6 +29,7 @@ from fsdp_trace.analysis.rank.context import (
 from fsdp_trace.analysis.rank.setup import label_signals
 from fsdp_trace.analysis.read.trace import MISSING, Trace, pg_sizes, trace_meta
 from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Phase
 
 
@@ -44,7 +45,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
     gloo_mask = name_mask(names, lambda n: n.startswith("gloo:"))
     issue_type = names.map(C10D_COLLECTIVES).astype(object).to_numpy()
     issue_mask = pd.notna(issue_type)
-    ts_all = events["ts"].to_numpy()
+    ts_all = array_of(events, "ts")
     gloo_rows = np.flatnonzero(gloo_mask)
     gloo_names = np.asarray(names.array[gloo_rows], dtype=object)
     issue_rows = np.flatnonzero(issue_mask)
@@ -97,8 +98,8 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
     ctype = np.array([p[2] for p in pairs], dtype=object)
 
     ctx = cpu_ctx
-    thread = ctx.keys.code(events["pid"].to_numpy()[issue], events["tid"].to_numpy()[issue])
-    t = events["ts"].to_numpy()[issue]
+    thread = ctx.keys.code(array_of(events, "pid")[issue], array_of(events, "tid")[issue])
+    t = array_of(events, "ts")[issue]
     chain = ctx.labels.chain(ctx.labels.innermost(ctx.keys, thread, t))
     ag = ctx.labels.first_of(chain, {ALL_GATHER})
     rs = ctx.labels.first_of(chain, {REDUCE})
@@ -113,11 +114,11 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
         Phase.FORWARD.value,
     )
     issuer = ctx.labels.fqn_at(ctx.labels.first_of(chain, ISSUER_LABELS))
-    start = events["ts"].to_numpy()[run]
-    end = events["end"].to_numpy()[run]
+    start = array_of(events, "ts")[run]
+    end = array_of(events, "end")[run]
     dur = end - start
     nbytes = (
-        events["cpu_coll_bytes"].to_numpy()[run].astype(np.float64)
+        array_of(events, "cpu_coll_bytes")[run].astype(np.float64)
         if "cpu_coll_bytes" in events
         else np.full(run.size, np.nan)
     )
@@ -157,7 +158,7 @@ def analyze_cpu_trace(trace: Trace, kinds: np.ndarray, source: str) -> RankAnaly
             "pg_desc": None,
             "pg_ranks": None,
             "seq": MISSING,
-            "stream": events["tid"].to_numpy()[run],
+            "stream": array_of(events, "tid")[run],
             "correlation": MISSING,
             "kernel": np.asarray(names.array[run], dtype=object),
         }
@@ -222,8 +223,8 @@ def _cpu_steps_frame(trace: Trace, cpu_steps: pd.DataFrame, comm, source: str) -
     """Per step: CPU step time and the union of collective time; overlap columns are NaN."""
     if cpu_steps.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    starts = cpu_steps["cpu_start"].to_numpy()
-    ends = cpu_steps["cpu_end"].to_numpy()
+    starts = array_of(cpu_steps, "cpu_start")
+    ends = array_of(cpu_steps, "cpu_end")
     if comm:
         u = iv.union(*comm[0])
         comm_us = iv.covered_up_to(u, ends) - iv.covered_up_to(u, starts)
@@ -234,7 +235,7 @@ def _cpu_steps_frame(trace: Trace, cpu_steps: pd.DataFrame, comm, source: str) -
         {
             "rank": trace.rank,
             "source": source,
-            "step": cpu_steps["step"].to_numpy(),
+            "step": array_of(cpu_steps, "step"),
             "start_us": starts,
             "end_us": ends,
             "step_us": ends - starts,

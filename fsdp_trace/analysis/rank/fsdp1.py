@@ -14,6 +14,7 @@ import pandas as pd
 
 from fsdp_trace.analysis.rank import steps as steps_mod
 from fsdp_trace.analysis.rank.context import EventRows, ThreadKeys, name_mask
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import ROOT, Phase
 
 PREFIX = "FullyShardedDataParallel."
@@ -29,7 +30,7 @@ def _inside(lab: pd.DataFrame, thread: np.ndarray, time: np.ndarray) -> np.ndarr
     latest-starting one (the innermost of nested ones); -1: none."""
     if lab.empty or thread.size == 0:
         return np.full(thread.size, -1)
-    t0, t1, code = (lab[c].to_numpy() for c in ("ts", "end", "code"))
+    t0, t1, code = (array_of(lab, c) for c in ("ts", "end", "code"))
     hit = (
         (code[None, :] == thread[:, None])
         & (t0[None, :] <= time[:, None])
@@ -51,12 +52,12 @@ def attribute(
     mask = name_mask(cpu["name"], lambda n: n.startswith(PREFIX))
     if not mask.any() or cpu_steps.empty:
         return None
-    ts = cpu["ts"].to_numpy()[mask]
+    ts = array_of(cpu, "ts")[mask]
     lab = pd.DataFrame(
         {
             "kind": np.asarray(cpu["name"].array[mask], dtype=object),
             "ts": ts,
-            "end": cpu["end"].to_numpy()[mask],
+            "end": array_of(cpu, "end")[mask],
             "code": keys.codes[mask],
             "step": steps_mod.step_of_time(cpu_steps, ts),
         }

@@ -25,6 +25,7 @@ from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank.context import CpuContext, EventRows, ThreadKeys, name_mask
 from fsdp_trace.analysis.results import HostTime
+from fsdp_trace.analysis.table import array_of
 
 SYNC_NAMES = re.compile(
     r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy|"
@@ -69,7 +70,7 @@ def host_time(
     keys = cpu_ctx.keys
     codes = keys.codes
     names = cpu["name"]
-    ts, end = cpu["ts"].to_numpy(np.float64), cpu["end"].to_numpy(np.float64)
+    ts, end = array_of(cpu, "ts", np.float64), array_of(cpu, "end", np.float64)
     is_op = cpu_kinds == classify.CPU_OP
     masks = {
         "synchronization": name_mask(names, lambda n: bool(SYNC_NAMES.match(n))),
@@ -102,8 +103,8 @@ def host_time(
     if cpu_steps.empty:
         events = float(recorded.sum())
     else:
-        first = iv.nan_min(cpu_steps["cpu_start"].to_numpy(np.float64))
-        last = iv.nan_max(cpu_steps["cpu_end"].to_numpy(np.float64))
+        first = iv.nan_min(array_of(cpu_steps, "cpu_start", np.float64))
+        last = iv.nan_max(array_of(cpu_steps, "cpu_end", np.float64))
         events = float((recorded & (ts >= first) & (ts <= last)).sum()) / max(len(cpu_steps), 1)
     return HostTime(
         idle_us=iv.short_median(idle),
@@ -132,7 +133,7 @@ def gaps_per_step(
     as step by step, without a dozen numpy calls per step."""
     n_steps = len(windows)
     k_ts, k_thread = gap_enders(kernels, launch_thread)
-    start, end = windows["start"].to_numpy(np.float64), windows["end"].to_numpy(np.float64)
+    start, end = array_of(windows, "start", np.float64), array_of(windows, "end", np.float64)
     timed = np.flatnonzero(~np.isnan(start) & ~np.isnan(end))  # a window without a time: no gap
     g0, g1, step = iv.subtract_each((start[timed], end[timed]), busy)
     step = timed[step]
@@ -188,8 +189,8 @@ def main_per_step(
 ) -> tuple[dict[str, list[float]], list[float]]:
     """Per CPU step, the main thread's time by category (`_by_category`), and its own time:
     the step less its waiting for the GPU (synchronization)."""
-    cpu_start = cpu_steps["cpu_start"].to_numpy(np.float64)
-    cpu_end = cpu_steps["cpu_end"].to_numpy(np.float64)
+    cpu_start = array_of(cpu_steps, "cpu_start", np.float64)
+    cpu_end = array_of(cpu_steps, "cpu_end", np.float64)
     on_main = np.full(cpu_start.size, main)
     whole = _by_category(
         (keys.key(on_main, cpu_start), keys.key(on_main, cpu_end)),

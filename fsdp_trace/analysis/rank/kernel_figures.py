@@ -21,6 +21,7 @@ from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank import overlap_tax
 from fsdp_trace.analysis.rank.breakdown import kernel_parts
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import Kind, Phase
 
 KERNEL_TIME_TOP = 50  # kernel names whose compute time per step a rank keeps
@@ -34,8 +35,8 @@ def attach(result: RankAnalysis) -> RankAnalysis:
         return result
     result.steps = result.steps.assign(**kernel_parts(k, result.steps))
     # Each figure from arrays of the compute kernels (a pandas step costs ~1 ms on any size).
-    is_compute = k["kind"].to_numpy() == Kind.COMPUTE
-    dur = k["dur"].to_numpy(dtype=np.float64)[is_compute]
+    is_compute = array_of(k, "kind") == Kind.COMPUTE
+    dur = array_of(k, "dur", np.float64)[is_compute]
     result.n_kernels = len(k)
     result.n_compute = int(is_compute.sum())
     result.compute_mean_us = iv.mean(dur) if dur.size else None
@@ -70,9 +71,9 @@ def _backward_end(k: pd.DataFrame, is_compute: np.ndarray) -> pd.DataFrame:
     """Per step with backward (or recompute) compute, when its last such kernel ends:
     `groupby("step")["end"].max()` as a frame (step, end_us)."""
     phases = [Phase.BACKWARD.value, Phase.RECOMPUTE.value]
-    backward = is_compute & np.isin(k["phase"].to_numpy(), phases)
-    steps, where = np.unique(k["step"].to_numpy()[backward], return_inverse=True)
-    last = iv.group_max(where, k["end"].to_numpy(dtype=np.float64)[backward], steps.size)
+    backward = is_compute & np.isin(array_of(k, "phase"), phases)
+    steps, where = np.unique(array_of(k, "step")[backward], return_inverse=True)
+    last = iv.group_max(where, array_of(k, "end", np.float64)[backward], steps.size)
     return pd.DataFrame({"step": steps.astype(np.int64), "end_us": last})
 
 
@@ -81,7 +82,7 @@ def backward_end(rank: RankAnalysis) -> pd.Series:
     indexed by step."""
     frame = rank.backward_end
     return pd.Series(
-        frame["end_us"].to_numpy(dtype=np.float64),
-        index=pd.Index(frame["step"].to_numpy(dtype=np.int64), name="step"),
+        array_of(frame, "end_us", np.float64),
+        index=pd.Index(array_of(frame, "step", np.int64), name="step"),
         name="end",
     )

@@ -12,6 +12,7 @@ import pandas as pd
 
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import NON_BLOCK_UNITS, Kind
 
 TAX_MIN_LAUNCHES = 3  # launches of an op with and without NCCL beside it, each
@@ -53,13 +54,13 @@ def op_blocks(kernels: pd.DataFrame) -> list[str]:
     k = kernels
     if k.empty or "grid" not in k or "block_dim" not in k:
         return []
-    blocks = k["block"].to_numpy()[_measurable(k, k["kind"].to_numpy() == Kind.COMPUTE)]
+    blocks = array_of(k, "block")[_measurable(k, array_of(k, "kind") == Kind.COMPUTE)]
     return sorted(str(b) for b in pd.unique(blocks[pd.notna(blocks)]))
 
 
 def _measurable(k: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """`rows` of the kernels whose launch shape (grid and block) is known."""
-    return rows & pd.notna(k["grid"].to_numpy()) & pd.notna(k["block_dim"].to_numpy())
+    return rows & pd.notna(array_of(k, "grid")) & pd.notna(array_of(k, "block_dim"))
 
 
 def moving(collectives: pd.DataFrame) -> iv.Intervals | None:
@@ -72,10 +73,10 @@ def moving(collectives: pd.DataFrame) -> iv.Intervals | None:
         return None
     keys = [c["collective"].astype(str), c["bytes"].fillna(-1.0), c["group_size"].fillna(-1.0)]
     code, first = iv.first_seen_codes(keys)
-    dur = c["dur_us"].to_numpy(dtype=np.float64)
+    dur = array_of(c, "dur_us", np.float64)
     shortest = -iv.group_max(code, -dur, first.size)[code]  # groupby(keys).transform("min")
-    end = c["end_us"].to_numpy(dtype=np.float64)
-    start = np.maximum(c["start_us"].to_numpy(dtype=np.float64), end - shortest)
+    end = array_of(c, "end_us", np.float64)
+    start = np.maximum(array_of(c, "start_us", np.float64), end - shortest)
     return iv.union(start, end)
 
 
@@ -95,25 +96,25 @@ def measure(
     k = kernels
     if k.empty or "grid" not in k or "block_dim" not in k:
         return pd.DataFrame()
-    kind = k["kind"].to_numpy()
+    kind = array_of(k, "kind")
     is_comm = kind == Kind.COMM
     chosen = _measurable(k, (kind == Kind.COMPUTE) & k["block"].isin(blocks).to_numpy())
     if not is_comm.any() or not chosen.any():
         return pd.DataFrame()
-    ts = k["ts"].to_numpy()
+    ts = array_of(k, "ts")
     rows = np.flatnonzero(chosen)
     rows = rows[np.argsort(ts[rows], kind="stable")]  # sort_values("ts", kind="stable")
     compute = {c: k[c].array[rows] for c in MEASURED}  # a frame only where pandas measures
-    comm_ts, comm_end = ts[is_comm], k["end"].to_numpy()[is_comm]
+    comm_ts, comm_end = ts[is_comm], array_of(k, "end")[is_comm]
     comm_u = iv.union(comm_ts, comm_end)
     if transfer is not None:
         comm_u = iv.intersect(comm_u, transfer)
     # "alone": no NCCL kernel at all beside it, moving data or waiting
     idle_u = iv.union(comm_ts, comm_end)
-    dur = compute["dur"].to_numpy(dtype=np.float64)
-    shared = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), comm_u)
+    dur = array_of(compute, "dur", np.float64)
+    shared = iv.overlap_each(array_of(compute, "ts"), array_of(compute, "end"), comm_u)
     frac = np.divide(shared, dur, out=np.zeros_like(dur), where=dur > 0)
-    touched = iv.overlap_each(compute["ts"].to_numpy(), compute["end"].to_numpy(), idle_u)
+    touched = iv.overlap_each(array_of(compute, "ts"), array_of(compute, "end"), idle_u)
     if not np.isnan(dur).any():
         return _ops(compute, dur, frac > 0.5, touched == 0)
     return _ops_frame(pd.DataFrame(compute, index=k.index[rows]), dur, frac, touched)
@@ -192,8 +193,8 @@ def _ops_frame(compute: pd.DataFrame, dur: np.ndarray, frac: np.ndarray, touched
             "nth": compute.groupby(["step", "block", *shape], observed=True, dropna=False)
             .cumcount()
             .to_numpy(),
-            "kernel": compute["name"].to_numpy(),
-            "phase": compute["phase"].to_numpy(),
+            "kernel": array_of(compute, "name"),
+            "phase": array_of(compute, "phase"),
             "dur": dur,
         }
     )
@@ -230,5 +231,5 @@ def tax_rate(ranks: list[RankAnalysis], blocks: set[str]) -> float:
     )
     if ops is None or not len(ops):
         return 0.0
-    weight = ops["time_with"].to_numpy(dtype=np.float64)
-    return max(0.0, float((ops["slowdown"].to_numpy() * weight).sum() / weight.sum()))
+    weight = array_of(ops, "time_with", np.float64)
+    return max(0.0, float((array_of(ops, "slowdown") * weight).sum() / weight.sum()))

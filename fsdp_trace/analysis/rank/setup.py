@@ -21,6 +21,7 @@ from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank import steps as steps_mod
 from fsdp_trace.analysis.rank.context import CpuContext, EventRows, ThreadUnion, name_mask
 from fsdp_trace.analysis.results import Signals
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.vocab import Parallelism, Phase
 
 # The wrappers' own record_function names (torch 2.11; trace-facts.md).
@@ -77,8 +78,8 @@ def optimizer_ends(cpu: EventRows, cpu_steps: pd.DataFrame) -> pd.Series:
     is_opt = name_mask(cpu["name"], lambda n: n.startswith(OPTIMIZER_PREFIX))
     if not is_opt.any() or cpu_steps.empty:
         return pd.Series(dtype=np.float64)
-    ends = cpu["end"].to_numpy()[is_opt]
-    step = steps_mod.step_of_time(cpu_steps, cpu["ts"].to_numpy()[is_opt])
+    ends = array_of(cpu, "end")[is_opt]
+    step = steps_mod.step_of_time(cpu_steps, array_of(cpu, "ts")[is_opt])
     steps, where = np.unique(step[step >= 0], return_inverse=True)  # groupby(step).max()
     return pd.Series(iv.group_max(where, ends[step >= 0], steps.size), index=steps)
 
@@ -119,7 +120,7 @@ def signals(
     if gemm.any():
         keys, code = cpu_ctx.keys, cpu_ctx.keys.codes  # one code per row of `cpu`
         region = name_mask(names, lambda n: bool(FLOAT8_REGION.search(n)))
-        t0, t1 = cpu["ts"].to_numpy(), cpu["end"].to_numpy()
+        t0, t1 = array_of(cpu, "ts"), array_of(cpu, "end")
         in_region = ThreadUnion(keys, code[region & ~gemm], t0[region & ~gemm], t1[region & ~gemm])
         in_gemm = ThreadUnion(keys, code[gemm], t0[gemm], t1[gemm])
         launch = np.asarray(kernels["launch_ts"], np.float64)
@@ -141,7 +142,7 @@ def signals(
     opt_cpu = opt_gpu = opt_idle = 0.0
     is_opt = name_mask(names, lambda n: n.startswith(OPTIMIZER_PREFIX))
     if is_opt.any() and not cpu_steps.empty:
-        o_ts, o_end = cpu["ts"].to_numpy()[is_opt], cpu["end"].to_numpy()[is_opt]
+        o_ts, o_end = array_of(cpu, "ts")[is_opt], array_of(cpu, "end")[is_opt]
         o_step = steps_mod.step_of_time(cpu_steps, o_ts)
         inside = np.isin(o_step, steps)
         opt_cpu = _per_step(o_end[inside] - o_ts[inside], o_step[inside], steps)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis import classify
+from fsdp_trace.analysis.table import array_of
 
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
@@ -42,9 +43,9 @@ def cpu_steps(
     numbers = classify.per_category(events["name"].array, _step_number, np.int64)
     mask = is_annotation & ((numbers >= 0) | (numbers == BEYOND_INT64))
     # Arrays throughout (a frame sorted, picked and shifted cost ~1.5 ms a rank).
-    start = events["ts"].to_numpy()[mask]
+    start = array_of(events, "ts")[mask]
     order = np.argsort(start, kind="stable")
-    step, start, end = numbers[mask][order], start[order], events["end"].to_numpy()[mask][order]
+    step, start, end = numbers[mask][order], start[order], array_of(events, "end")[mask][order]
     said = notices if notices is not None else []
     huge = step == BEYOND_INT64
     if huge.any():
@@ -83,11 +84,11 @@ def step_of_time(
     By time, not nesting: backward runs on another thread than `ProfilerStep#N`."""
     if steps.empty:
         return np.full(len(times), -1, dtype=np.int64)
-    starts = steps[start].to_numpy(dtype=np.float64)
+    starts = array_of(steps, start, np.float64)
     idx = np.searchsorted(starts, times, side="right") - 1
     safe = np.maximum(idx, 0)
-    inside = (idx >= 0) & (times <= steps[end].to_numpy(dtype=np.float64)[safe])
-    return np.where(inside, steps["step"].to_numpy()[safe], -1)
+    inside = (idx >= 0) & (times <= array_of(steps, end, np.float64)[safe])
+    return np.where(inside, array_of(steps, "step")[safe], -1)
 
 
 def gpu_windows(
@@ -112,12 +113,12 @@ def gpu_windows(
     tail = float(host_end.get(step[-1], -np.inf)) if host_end is not None else -np.inf
     window_end = np.append(start[1:], max(float(last_end[-1]), tail))
     windows = {"step": step, "start": start, "end": window_end}
-    cpu = pd.Index(steps["step"].to_numpy())
+    cpu = pd.Index(array_of(steps, "step"))
     if not cpu.is_unique or (cpu.get_indexer(step) < 0).any():  # not one CPU window each
         return pd.DataFrame(windows).merge(steps, on="step", how="left")
     at = cpu.get_indexer(step)
     return pd.DataFrame(
-        {**windows, **{c: steps[c].to_numpy()[at] for c in steps.columns if c != "step"}}
+        {**windows, **{c: array_of(steps, c)[at] for c in steps.columns if c != "step"}}
     )
 
 
@@ -133,8 +134,8 @@ def _first_and_last(
         grouped = grouped.sort_values("start")
         return (
             grouped.index.to_numpy(),
-            grouped["start"].to_numpy(),
-            grouped["last_end"].to_numpy(),
+            array_of(grouped, "start"),
+            array_of(grouped, "last_end"),
         )
     order = np.argsort(step, kind="stable")
     heads = np.flatnonzero(np.diff(step[order], prepend=step[order][0] - 1))

@@ -162,7 +162,8 @@ def _sources(kind: str) -> list[Path]:
             "cache.py",
             "cachefolder.py",
         )
-        return [read / name for name in names] + [analysis / "classify.py", *shared, *compiled]
+        own = [analysis / "classify.py", analysis / "table.py"]
+        return [read / name for name in names] + own + shared + compiled
     # the loader (the compiled reader too), the analysis, the results
     return sorted(analysis.rglob("*.py")) + shared + compiled
 

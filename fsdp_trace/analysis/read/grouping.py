@@ -18,6 +18,7 @@ files named `host_pid.<n>.pt.trace.json.gz`, two runs' traces side by side) are 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,20 +44,25 @@ class Member:
 
 @dataclass
 class Group:
+    """One profile's traces: its window (the members' earliest start, latest end) and ranks
+    kept as members join, since every member that joins reads them (recomputed from the
+    members, they made grouping a thousand ranks a million steps)."""
+
     members: list[Member] = field(default_factory=list)
     detailed: list[Member] = field(default_factory=list)
+    start: float = math.inf
+    end: float = -math.inf
+    ranks: set = field(default_factory=set)
 
-    @property
-    def start(self) -> float:
-        return min(m.start for m in self.members)
-
-    @property
-    def end(self) -> float:
-        return max(m.end for m in self.members)
-
-    @property
-    def ranks(self) -> set:
-        return {m.analysis.rank for m in self.members}
+    def add(self, member: Member) -> None:
+        """`member` joins: the window as `min`/`max` over the members in order would give."""
+        first = not self.members
+        self.members.append(member)
+        if first or member.start < self.start:
+            self.start = member.start
+        if first or member.end > self.end:
+            self.end = member.end
+        self.ranks.add(member.analysis.rank)
 
 
 def job_key(a: RankAnalysis) -> tuple:
@@ -101,9 +107,9 @@ def _cluster(members: list[Member]) -> list[Group]:
             None,
         )
         if home is None:
-            groups.append(Group([m]))
-        else:
-            home.members.append(m)
+            home = Group()
+            groups.append(home)
+        home.add(m)
     return groups
 
 

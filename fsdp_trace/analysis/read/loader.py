@@ -199,11 +199,11 @@ def _stream(path: Path, columns: Columns, on_progress) -> TraceFile:
             buf = buf + block if buf else block
             buf = pieces.decode(buf)
         # The last events, the closing ']' and the keys after it, under the header's keys.
-        check_one_events_key(path, [text, buf])
         shift = pieces.offset - len(text)  # tail bytes: where they are in the file
         parsed = _last_compiled(path, columns, text, buf, shift)
         if parsed is not None:
             return parsed
+        check_one_events_key(path, [text, buf])
         parsed = decode(path, text + buf, shift, columns.raw_count)
         add_all(columns, parsed.traceEvents or [])
         parsed.traceEvents = []
@@ -238,6 +238,9 @@ def _last_compiled(
     held = parsed.traceEvents or []
     if len(held) != 1 or held[0].ph != _MARK:
         return None
+    # A second top-level `traceEvents` key is in the header or after the bracket: the events
+    # between them (a thousand ranks' megabytes) need not be searched for one.
+    check_one_events_key(path, [header, buf[closed:]])
     parsed.traceEvents = []
     columns.take(got)
     return parsed

@@ -197,6 +197,10 @@ def utf8_checked(path: Path, blocks: Iterator[bytes]) -> Iterator[bytes]:
                     f"{path}: {encoding} text: Kineto traces are UTF-8 JSON; convert it "
                     f"(iconv -f {encoding} -t UTF-8) or re-export the trace"
                 )
+        if not decoder.getstate()[0] and block.isascii():  # the whole block, not copied
+            offset += len(block)
+            yield block
+            continue
         for start in range(0, len(block), _UTF8_SLICE):
             piece = block[start : start + _UTF8_SLICE]
             pending = decoder.getstate()[0]

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis.table import array_of
+
 MISSING = -1  # integer columns use -1 for "absent"
 # Bump when the parsed columns change (names, dtypes, meaning): cached entries of another
 # version are ignored.
@@ -87,5 +89,5 @@ def trace_meta(
         "unit_names": unit_names or {},  # unit as shown → its raw path in the labels
         # The process (and device) ids of its first events: two ranks' traces never share
         # them with every timestamp too (`pipeline.copied_ranks`).
-        "first_pids": np.unique(trace.events["pid"].to_numpy()[:1000]).tolist(),
+        "first_pids": np.unique(array_of(trace.events, "pid")[:1000]).tolist(),
     }

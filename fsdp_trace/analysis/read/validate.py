@@ -59,6 +59,7 @@ import pandas as pd
 
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis.read.trace import MISSING
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.errors import UserError
 
 TIME_LIMIT_US = float(2**53)  # ±285 years in µs
@@ -170,8 +171,8 @@ def events(path: Path, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             f"{int(dropped.sum())} duplicated events (identical in every field to another "
             f"one, e.g. {_most_common(frame['name'], np.flatnonzero(dropped))}) were dropped"
         )
-    ts = frame["ts"].to_numpy()
-    dur = frame["dur"].to_numpy()
+    ts = array_of(frame, "ts")
+    dur = array_of(frame, "dur")
     end = ts + dur
     names = frame["name"]
     kinds = classify.event_kinds(frame)
@@ -205,8 +206,8 @@ def events(path: Path, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         ok = live & (verdict.code == 0)
     bad = verdict.code > 0
     gpu_total = int((live & is_gpu).sum())
-    pid = frame["pid"].to_numpy()
-    tid = frame["tid"].to_numpy()
+    pid = array_of(frame, "pid")
+    tid = array_of(frame, "tid")
     containers = _stream_containers(ts, end, pid, tid, np.flatnonzero(live & ~bad & is_gpu))
     if containers.size > REFUSE_FRACTION * gpu_total:
         raise UserError(
@@ -244,7 +245,7 @@ def _shared_correlations(
     path: Path, frame: pd.DataFrame, kinds: np.ndarray, is_gpu: np.ndarray
 ) -> tuple[pd.DataFrame, list[str]]:
     """Clear correlation ids that several launch events share (rule 4)."""
-    correlation = frame["correlation"].to_numpy()
+    correlation = array_of(frame, "correlation")
     launch = (kinds == classify.LAUNCH) & (correlation >= 0)
     ids = correlation[launch]
     if ids.size < 2:

@@ -14,6 +14,7 @@ import pandas as pd
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank.kernel_figures import backward_end
 from fsdp_trace.analysis.results import RankAnalysis
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.diagnose import busbw as reference
 from fsdp_trace.diagnose.context import Context, ms, pct, per_step_rows
 from fsdp_trace.diagnose.finding import Change, Finding
@@ -223,7 +224,7 @@ def reduction_tail(ctx: Context) -> Finding | None:
         # Per step with backward compute, its tail's exposed time (0 for none), as
         # `groupby("step").sum()` adds them.
         per = iv.group_sum(
-            np.where(in_tail, row, -1), c["exposed_net_us"].to_numpy(), len(r.backward_end)
+            np.where(in_tail, row, -1), array_of(c, "exposed_net_us"), len(r.backward_end)
         )
         exposed, step = iv.median(per), ctx.step_us(r)
         if exposed >= TAIL_EXPOSED * step and (worst is None or exposed > worst[1]):
@@ -302,16 +303,16 @@ def _tail(c: pd.DataFrame, r: RankAnalysis) -> tuple[np.ndarray, np.ndarray]:
     step's last backward (or recompute) kernel, and each one's step's row in
     `r.backward_end` (-1: a step without backward compute)."""
     last = r.backward_end
-    steps, step = last["step"].to_numpy(), c["step"].to_numpy()
+    steps, step = array_of(last, "step"), array_of(c, "step")
     row = np.full(step.size, -1, dtype=np.int64)
     known = np.isin(step, steps)
     if not known.any():
         return known, row
     order = np.argsort(steps, kind="stable")
     row[known] = order[np.searchsorted(steps, step[known], sorter=order)]
-    last_end = np.where(known, last["end_us"].to_numpy(dtype=np.float64)[row], np.nan)
-    reduction = np.isin(c["collective"].to_numpy(), [g.value for g in GRADIENT_REDUCTIONS])
-    return reduction & known & (c["end_us"].to_numpy() > last_end), row
+    last_end = np.where(known, array_of(last, "end_us", np.float64)[row], np.nan)
+    reduction = np.isin(array_of(c, "collective"), [g.value for g in GRADIENT_REDUCTIONS])
+    return reduction & known & (array_of(c, "end_us") > last_end), row
 
 
 @rule(
@@ -350,11 +351,11 @@ def communication_bound(ctx: Context) -> Finding | None:
     for r in ctx.gpu_ranks:
         b = r.blocks
         keep = (
-            (b["collective"].to_numpy() == Collective.ALL_GATHER)
-            & np.isin(b["block"].to_numpy(), blocks)
-            & np.isin(b["phase"].to_numpy(), [Phase.FORWARD.value, Phase.BACKWARD.value])
+            (array_of(b, "collective") == Collective.ALL_GATHER)
+            & np.isin(array_of(b, "block"), blocks)
+            & np.isin(array_of(b, "phase"), [Phase.FORWARD.value, Phase.BACKWARD.value])
         )
-        picked = [b[name].to_numpy()[keep].tolist() for name in columns]
+        picked = [array_of(b, name)[keep].tolist() for name in columns]
         for block, phase, time_us, count, compute, recompute_us in zip(*picked, strict=True):
             gather = transfer_of.get((block, phase), time_us / max(count, 1))
             if phase == Phase.BACKWARD and np.isfinite(recompute_us):

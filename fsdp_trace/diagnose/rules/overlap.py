@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fsdp_trace.analysis.intervals import total
 from fsdp_trace.analysis.rank.overlap_tax import op_table
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding, FindingKind
 from fsdp_trace.diagnose.registry import rule
@@ -31,7 +32,7 @@ def overlap_tax(ctx: Context) -> Finding | None:
             continue
         n_steps = max(len(r.steps), 1)
         step = ctx.step_us(r)
-        added = total(ops["added_us"].to_numpy()) / n_steps
+        added = total(array_of(ops, "added_us")) / n_steps
         if added >= TAX_COST * step and (worst is None or added / step > worst[1]):
             worst = (r.rank, added / step, added, ops, n_steps, step)
     if worst is None:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis.intervals import total
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding
 from fsdp_trace.diagnose.registry import rule
@@ -23,15 +24,15 @@ _PAIR_SET = frozenset(PAIR)  # found by plain strings too (a Word hashes as its 
 def _exposed_per_step(ctx: Context, r, mask) -> float:
     c = ctx.collectives(r)
     rows = np.asarray(mask(c), dtype=bool)
-    return total(c["exposed_net_us"].to_numpy()[rows]) / max(len(r.steps), 1)
+    return total(array_of(c, "exposed_net_us")[rows]) / max(len(r.steps), 1)
 
 
 def _pairs_in_excess(blocks: pd.DataFrame) -> np.ndarray:
     """The block table's all-gather and reduce-scatter rows in excess of the configuration:
     `blocks["collective"].isin(PAIR) & (blocks["excess"] > 1e-9)`, read as arrays."""
-    kinds = blocks["collective"].to_numpy(dtype=object)
+    kinds = array_of(blocks, "collective", object)
     pair = np.fromiter(map(_PAIR_SET.__contains__, kinds), dtype=bool, count=kinds.size)
-    return pair & (blocks["excess"].to_numpy(dtype=np.float64) > 1e-9)
+    return pair & (array_of(blocks, "excess", np.float64) > 1e-9)
 
 
 @rule(

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis.classify import DTYPE_BYTES
+from fsdp_trace.analysis.table import array_of
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding, FindingKind
 from fsdp_trace.diagnose.registry import rule
@@ -27,7 +28,7 @@ def _exposed(ctx: Context, r, mask) -> float:
     `mask`: the median over its steps (steps without any count 0)."""
     c = ctx.collectives(r)
     c = c[mask(c)]
-    steps = r.steps["step"].to_numpy()
+    steps = array_of(r.steps, "step")
     if steps.size == 0:
         return 0.0
     per = c.groupby("step")["exposed_net_us"].sum().reindex(steps, fill_value=0.0)
