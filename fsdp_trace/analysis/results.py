@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis.intervals import overlapping
-from fsdp_trace.analysis.table import array_of
+from fsdp_trace.analysis.table import array_of, one_object_each
 from fsdp_trace.errors import UserError
 
 # Per rank × step (µs unless the name says otherwise). Documented in README "Definitions".
@@ -402,10 +402,9 @@ def _compact(
     out = frame.copy()
     for name in int32:
         values = array_of(out, name) if name in out else None
-        if values is not None and values.dtype == np.int64 and len(values):
-            limits = np.iinfo(np.int32)
-            if limits.min <= values.min() and values.max() <= limits.max:
-                out[name] = values.astype(np.int32)
+        narrowed = narrow_int(values) if values is not None else None
+        if narrowed is not values:
+            out[name] = narrowed
     for name, dtype in out.dtypes.items():  # each column read only where it is text
         python_strings = isinstance(dtype, pd.StringDtype) and dtype.storage == "python"
         if not (python_strings or (isinstance(dtype, np.dtype) and dtype.kind == "O")):
@@ -413,27 +412,56 @@ def _compact(
         raw = array_of(out, name, object)
         if name not in categorical and _held_once(raw):
             continue  # one object per distinct value already (the analysis's own text)
-        try:
-            codes, uniques = pd.factorize(raw, use_na_sentinel=True)
-        except TypeError:  # unhashable values: left as they are
+        held = categorical_text(raw) if name in categorical else None
+        if held is not None:
+            out[name] = held
             continue
-        if len(uniques) == len(raw) or not all(isinstance(u, str) for u in uniques):
-            continue  # nothing repeats, or values 1 and 1.0 (equal) would merge
-        found = codes >= 0
-        if name in categorical and found.all():
-            out[name] = _sorted_categorical(codes, uniques)
-            continue
-        if len(set(map(id, raw[found]))) == len(uniques):
-            continue  # one object per distinct string already: nothing to share
-
-        shared = raw.copy()  # missing values (None, NaN) stay the objects they are
-        shared[found] = np.asarray(uniques, dtype=object)[codes[found]]
+        shared = one_object_each(raw)
+        if shared is raw:
+            continue  # nothing repeats, values 1 and 1.0 (equal) would merge, or held once
         out[name] = (
             pd.array(shared, dtype=dtype)
             if python_strings
             else pd.Series(shared, index=out.index, dtype=object)
         )
     return out
+
+
+def kept_columns(table: str, columns: dict[str, Any]) -> dict[str, Any]:
+    """`columns` of the RankAnalysis table `table` as a run keeps them (`_NARROW`), for the
+    analysis that makes the table: `_compact` then has nothing to set (a pandas column set
+    costs ~0.1 ms, paid by every rank however small)."""
+    int32, categorical = _NARROW.get(table, ((), ()))
+    out = dict(columns)
+    for name in int32:
+        if name in out:
+            out[name] = narrow_int(np.asarray(out[name]))
+    for name in categorical:
+        held = categorical_text(np.asarray(out[name], dtype=object)) if name in out else None
+        if held is not None:
+            out[name] = held
+    return out
+
+
+def narrow_int(values: np.ndarray) -> np.ndarray:
+    """int64 `values` as int32 where every one fits (`values` itself otherwise): what a run
+    keeps of a table's long integer columns (`_NARROW`)."""
+    if values.dtype == np.int64 and len(values):
+        limits = np.iinfo(np.int32)
+        if limits.min <= values.min() and values.max() <= limits.max:
+            return values.astype(np.int32)
+    return values
+
+
+def categorical_text(raw: np.ndarray) -> pd.Categorical | None:
+    """Text `raw` (an object array) as the categorical a run keeps (`_NARROW`): where its
+    values repeat, are all strings and none is missing; else None."""
+    try:
+        codes, uniques = pd.factorize(raw, use_na_sentinel=True)
+    except TypeError:  # unhashable values
+        return None
+    texts = len(uniques) < len(raw) and all(isinstance(u, str) for u in uniques)
+    return _sorted_categorical(codes, uniques) if texts and (codes >= 0).all() else None
 
 
 def _sorted_categorical(codes: np.ndarray, uniques) -> pd.Categorical:

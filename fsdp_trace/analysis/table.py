@@ -39,3 +39,22 @@ def _values(frame: pd.DataFrame, where: int) -> Any:
     None where pandas has no such accessor (another version)."""
     read = getattr(getattr(frame, "_mgr", None), "iget_values", None)
     return read(where) if read is not None else None
+
+
+def one_object_each(values: np.ndarray) -> np.ndarray:
+    """`values` (an object array) with one object per distinct string, None and NaN left as
+    they are: text a table repeats on every row (a unit, a phase) then costs a pointer a row
+    once pickled or held, not a string. `values` itself where nothing repeats, a value is no
+    string (1 and 1.0 are equal: merged they would change), or it holds no such copies."""
+    try:
+        codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    except TypeError:  # unhashable values
+        return values
+    if len(uniques) == len(values) or not all(isinstance(u, str) for u in uniques):
+        return values
+    found = codes >= 0
+    if len(set(map(id, values[found]))) == len(uniques):
+        return values
+    shared = values.copy()  # missing values (None, NaN) stay the objects they are
+    shared[found] = np.asarray(uniques, dtype=object)[codes[found]]
+    return shared

@@ -18,8 +18,8 @@ from fsdp_trace.analysis.rank.blocks import block_table, empty_frame, phase_tabl
 from fsdp_trace.analysis.rank.context import CpuContext, EventRows
 from fsdp_trace.analysis.rank.cpu_collectives import analyze_cpu_trace
 from fsdp_trace.analysis.read.trace import MISSING, Trace, pg_sizes, trace_meta
-from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis
-from fsdp_trace.analysis.table import array_of
+from fsdp_trace.analysis.results import COLLECTIVE_COLUMNS, STEP_COLUMNS, RankAnalysis, kept_columns
+from fsdp_trace.analysis.table import array_of, one_object_each
 from fsdp_trace.vocab import UNATTRIBUTED, Collective, Device, Kind, Phase, Source
 
 BREAKDOWN_FROM = STEP_COLUMNS.index("model_compute_us")  # the step breakdown's columns
@@ -375,8 +375,13 @@ def _analyze(trace: Trace, source: str, kinds: np.ndarray) -> RankAnalysis:
     blocks = block_table(collectives, k_compute, len(windows), trace.rank, source)
     compute_keys = [k_compute["step"], k_compute["phase"]]
     phase_rows, phase_us = iv.union_length_by_keys(compute_keys, k_compute["ts"], k_compute["end"])
-    exposed = pd.DataFrame({"start_us": cover.exposed[0], "end_us": cover.exposed[1]})
-    exposed["step"] = steps_mod.step_of_time(windows, array_of(exposed, "start_us"), "start", "end")
+    exposed_start, exposed_end = cover.exposed
+    exposed_step = steps_mod.step_of_time(windows, exposed_start, "start", "end")
+    exposed = pd.DataFrame(
+        kept_columns(
+            "exposed", {"start_us": exposed_start, "end_us": exposed_end, "step": exposed_step}
+        )
+    )
     signals = setup.signals(cpu, cpu_ctx, cpu_steps, kc, launch.thread, cover.busy, cover.compute)
     host = hostside.host_time(
         cpu, kinds[cpu_mask], cpu_ctx, kc, launch.thread, windows, cover.busy, cpu_steps
@@ -555,7 +560,7 @@ def _collectives(
             "step": comm["step"],
             "collective": coll,
             "block": block,
-            "phase": phase,
+            "phase": one_object_each(np.asarray(phase, dtype=object)),  # one `np.where` each
             "issued_by": issued_by,
             "prefetched": prefetch >= 0,
             "start_us": comm["ts"],

@@ -20,7 +20,8 @@ import pandas as pd
 from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.read.trace import MISSING
-from fsdp_trace.analysis.table import array_of
+from fsdp_trace.analysis.results import kept_columns
+from fsdp_trace.analysis.table import array_of, one_object_each
 from fsdp_trace.vocab import ROOT, Collective, Phase
 
 FSDP_LABEL = re.compile(r"^FSDP::(?P<kind>\w+?)(?: \((?P<fqn>.*?)\))?(?: \[pg=\d+\])?$")
@@ -166,7 +167,8 @@ class Forest:
         order = np.lexsort((-end, ts, thread))  # parents before children at equal starts
         thread, ts, end = thread[order], ts[order], end[order]
         kind = np.asarray(kind, dtype=object)[order]
-        fqn = np.asarray(fqn, dtype=object)[order]
+        # One object a unit name: every table that names units takes them from here.
+        fqn = one_object_each(np.asarray(fqn, dtype=object)[order])
         parent = np.full(ts.size, -1, dtype=np.int64)
         stack: list[int] = []
         for i in range(ts.size):  # one pass over labels (not events): FSDP hooks are few
@@ -544,15 +546,14 @@ class CpuContext:
         first_ts = np.full(groups.size, np.nan)
         np.fmin.at(first_ts, where, ts[kept])
         head = kept[first]
-        return pd.DataFrame(
-            {
-                "step": step[head],
-                "kind": kind[head],
-                "unit": unit[head],
-                "count": np.bincount(where, minlength=groups.size).astype(np.int64),
-                "first_ts": first_ts,
-            }
-        )
+        columns = {
+            "step": step[head],
+            "kind": kind[head],
+            "unit": unit[head],
+            "count": np.bincount(where, minlength=groups.size).astype(np.int64),
+            "first_ts": first_ts,
+        }
+        return pd.DataFrame(kept_columns("fsdp", columns))
 
 
 # The label kinds the facts table counts, and its columns.
