@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdp_trace.analysis.table import array_of
+from fsdp_trace.analysis.table import array_of, dtype_of, one_object_each
 
 N = 12
 
@@ -84,3 +84,28 @@ def test_missing_repeated_and_non_frame_inputs_behave_as_pandas():
     empty = pd.DataFrame({"x": np.empty(0), "t": pd.Series([], dtype=object)})
     _same(empty["x"].to_numpy(), array_of(empty, "x"))
     _same(empty["t"].to_numpy(), array_of(empty, "t"))
+
+
+@pytest.mark.parametrize("name", list(_frame().columns))
+def test_every_kind_of_column_tells_its_dtype_as_pandas_does(name):
+    frame = _frame()
+    assert dtype_of(frame, name) == frame[name].dtype
+    assert type(dtype_of(frame, name)) is type(frame[name].dtype)
+
+
+def test_repeated_text_is_held_once_and_nothing_else_changes():
+    made = [f"unit{i % 3}" for i in range(12)]  # equal strings, each an object of its own
+    values = np.array([None, float("nan"), *("".join(list(s)) for s in made)], dtype=object)
+    assert len({id(v) for v in values[2:]}) == 12
+    shared = one_object_each(values)
+    assert [repr(v) for v in shared] == [repr(v) for v in values]  # every value as it was
+    assert shared[0] is values[0] and shared[1] is values[1]  # None and NaN as they were
+    assert len({id(v) for v in shared[2:]}) == 3  # one object per distinct string
+    assert one_object_each(shared) is shared  # held once already: nothing to do
+    distinct = np.array(["a", "b", None], dtype=object)
+    assert one_object_each(distinct) is distinct  # nothing repeats
+    numbers = np.array([1, 1.0, "1"], dtype=object)
+    assert one_object_each(numbers) is numbers  # not all text: 1 and 1.0 would merge
+    unhashable = np.empty(2, dtype=object)
+    unhashable[:] = [[1], [1]]  # lists: not hashable
+    assert one_object_each(unhashable) is unhashable

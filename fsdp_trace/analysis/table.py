@@ -58,3 +58,10 @@ def one_object_each(values: np.ndarray) -> np.ndarray:
     shared = values.copy()  # missing values (None, NaN) stay the objects they are
     shared[found] = np.asarray(uniques, dtype=object)[codes[found]]
     return shared
+
+
+def dtype_of(frame: pd.DataFrame, name: str) -> Any:
+    """`frame[name].dtype`, without the Series (`array_of`'s column store read)."""
+    where = frame.columns.get_loc(name)
+    values = _values(frame, where) if type(where) is int else None
+    return values.dtype if values is not None else frame[name].dtype

@@ -33,7 +33,7 @@ from fsdp_trace.analysis.rank import setup as setup_mod
 from fsdp_trace.analysis.rank.context import display_name
 from fsdp_trace.analysis.read.trace import pg_sizes
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.analysis.table import array_of
+from fsdp_trace.analysis.table import array_of, dtype_of
 from fsdp_trace.fmt import plural
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import (
@@ -232,35 +232,36 @@ def _collectives(ranks: list[RankAnalysis]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame()
     read = [c for c in READ if any(c in f for f in frames)]
-    parts = {c: [f.get(c) for f in frames] for c in read}  # each column read once
+    # Each column's dtype a rank, then its values, read from the frames (no Series a rank).
+    dtypes = {c: [dtype_of(f, c) if c in f else None for f in frames] for c in read}
     text = [
         c
         for c in read
-        if all(p is not None and _is_text(p) and not pd.isna(p.to_numpy()).any() for p in parts[c])
+        if all(d is not None and _is_text(d) for d in dtypes[c])
+        and not any(pd.isna(array_of(f, c)).any() for f in frames)
     ]
     rest = [c for c in read if c not in text]
-    if all(p is not None for c in rest for p in parts[c]):
-        coll = pd.DataFrame({c: _joined(parts[c]) for c in rest})
+    if all(d is not None for c in rest for d in dtypes[c]):
+        coll = pd.DataFrame({c: _joined(frames, c, dtypes[c]) for c in rest})
     else:  # ranks without some column: aligned as concat aligns frames
         coll = _concat([f[[c for c in rest if c in f]] for f in frames])
     for c in text:  # its categories sorted, as union_categoricals(sort_categories=True); the
         # values joined as Python objects (pandas' concat of a thousand ranks' categoricals of
         # differing categories costs ~0.6 ms a rank)
-        coll[c] = pd.Categorical(np.concatenate([p.to_numpy(dtype=object) for p in parts[c]]))
+        coll[c] = pd.Categorical(np.concatenate([array_of(f, c, object) for f in frames]))
     return coll
 
 
-def _joined(parts: list[pd.Series]) -> pd.Series:
-    """`pd.concat(parts, ignore_index=True)`; parts of one numpy dtype joined as arrays (a
-    thousand ranks' columns: pandas' concat costs ~10 µs a part)."""
-    dtype = parts[0].dtype
-    if isinstance(dtype, np.dtype) and all(p.dtype == dtype for p in parts):
-        return pd.Series(np.concatenate([p.to_numpy() for p in parts]), dtype=dtype)
-    return pd.concat(parts, ignore_index=True)
+def _joined(frames: list[pd.DataFrame], name: str, dtypes: list[Any]) -> pd.Series:
+    """`pd.concat([f[name] for f in frames], ignore_index=True)`; columns of one numpy dtype
+    joined as arrays (a thousand ranks' columns: pandas' concat costs ~10 µs a part)."""
+    dtype = dtypes[0]
+    if isinstance(dtype, np.dtype) and all(d == dtype for d in dtypes):
+        return pd.Series(np.concatenate([array_of(f, name) for f in frames]), dtype=dtype)
+    return pd.concat([f[name] for f in frames], ignore_index=True)
 
 
-def _is_text(column: pd.Series) -> bool:
-    dtype = column.dtype
+def _is_text(dtype: Any) -> bool:
     if isinstance(dtype, pd.StringDtype | pd.CategoricalDtype):
         return True
     return isinstance(dtype, np.dtype) and dtype.kind == "O"
