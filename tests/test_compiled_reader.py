@@ -362,7 +362,8 @@ def test_the_last_piece_stops_at_the_closing_bracket():
 @pytest.mark.parametrize(
     "layout",
     [
-        b'{"traceEvents":0,"traceEvents":[EVENTS]}',
+        b'{"traceEvents":0,"traceEvents":[EVENTS]}',  # refused by the type check first
+        b'{"traceEvents":null,"traceEvents":[EVENTS]}',  # typed alike: the key search's
         b'{"traceEvents":[EVENTS],"x":1,"traceEvents":[]}',
         b'{"traceEvents":[EVENTS],"traceEvents":{"traceEvents":1}}',
         b'{"a":"traceEvents","traceEvents":[EVENTS],"b":{"traceEvents":[]}}',  # one: kept

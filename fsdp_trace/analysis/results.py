@@ -406,8 +406,7 @@ def _compact(
         if narrowed is not values:
             out[name] = narrowed
     for name, dtype in out.dtypes.items():  # each column read only where it is text
-        python_strings = isinstance(dtype, pd.StringDtype) and dtype.storage == "python"
-        if not (python_strings or (isinstance(dtype, np.dtype) and dtype.kind == "O")):
+        if not _compacted_text(dtype):
             continue
         raw = array_of(out, name, object)
         if name not in categorical and _held_once(raw):
@@ -421,7 +420,7 @@ def _compact(
             continue  # nothing repeats, values 1 and 1.0 (equal) would merge, or held once
         out[name] = (
             pd.array(shared, dtype=dtype)
-            if python_strings
+            if isinstance(dtype, pd.StringDtype)
             else pd.Series(shared, index=out.index, dtype=object)
         )
     return out
@@ -437,10 +436,20 @@ def kept_columns(table: str, columns: dict[str, Any]) -> dict[str, Any]:
         if name in out:
             out[name] = narrow_int(np.asarray(out[name]))
     for name in categorical:
-        held = categorical_text(np.asarray(out[name], dtype=object)) if name in out else None
-        if held is not None:
-            out[name] = held
+        values = np.asarray(out[name], dtype=object) if name in out else np.empty(0, object)
+        # Only text `_compact` would turn categorical: held as the frame would type it.
+        if values.size and _compacted_text(pd.Series(values[:1]).dtype):
+            held = categorical_text(values)
+            if held is not None:
+                out[name] = held
     return out
+
+
+def _compacted_text(dtype: Any) -> bool:
+    """Whether `_compact` shares (or makes categorical) a column of `dtype`: Python objects
+    or strings pandas holds as Python objects (pyarrow's are left as they are)."""
+    python_strings = isinstance(dtype, pd.StringDtype) and dtype.storage == "python"
+    return python_strings or (isinstance(dtype, np.dtype) and dtype.kind == "O")
 
 
 def narrow_int(values: np.ndarray) -> np.ndarray:

@@ -13,25 +13,34 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pandas.api.extensions import ExtensionArray
+from pandas.api.extensions import ExtensionDtype
 
 
 def array_of(frame: pd.DataFrame | Any, name: str, dtype: Any = None) -> np.ndarray:
-    """`frame[name].to_numpy(dtype=dtype)`: a read-only view of a numpy column's values (a
-    new array where `dtype` converts them, or where the column is an extension array, as
-    pandas' text columns are). `frame` may also be a mapping of Series."""
+    """`frame[name].to_numpy(dtype=dtype)`: for a numpy column, its values (a view, read-only
+    where pandas copies on write, as pandas gives it; a new array where `dtype` converts
+    them); for an extension array (pandas' text, categoricals), its `to_numpy`. `frame` may
+    also be a mapping of Series."""
     if type(frame) is pd.DataFrame:
         where = frame.columns.get_loc(name)  # KeyError where `frame[name]` raises it
         values = _values(frame, where) if type(where) is int else None
-        if type(values) is np.ndarray:
+        if type(values) is np.ndarray:  # as `Series.to_numpy` does with one
             result = np.asarray(values, dtype=dtype)
-            if result is values:  # no conversion: a view, read-only as pandas gives it
-                result = values.view()
+            shared = result is values or np.shares_memory(values[:2], result[:2])
+            if shared and _copy_on_write():
+                result = result.view()
                 result.flags.writeable = False
             return result
-        if isinstance(values, ExtensionArray):  # what Series.to_numpy does with one
+        if values is not None and isinstance(values.dtype, ExtensionDtype):
             return values.to_numpy(dtype=dtype)
-    return frame[name].to_numpy(dtype=dtype)
+    return frame[name].to_numpy(dtype=dtype)  # and a datetime column: pandas' own path
+
+
+def dtype_of(frame: pd.DataFrame, name: str) -> Any:
+    """`frame[name].dtype`, without the Series (`array_of`'s column store read)."""
+    where = frame.columns.get_loc(name)
+    values = _values(frame, where) if type(where) is int else None
+    return values.dtype if values is not None else frame[name].dtype
 
 
 def _values(frame: pd.DataFrame, where: int) -> Any:
@@ -39,6 +48,17 @@ def _values(frame: pd.DataFrame, where: int) -> Any:
     None where pandas has no such accessor (another version)."""
     read = getattr(getattr(frame, "_mgr", None), "iget_values", None)
     return read(where) if read is not None else None
+
+
+_PANDAS_3 = int(pd.__version__.split(".")[0]) >= 3
+
+
+def _copy_on_write() -> bool:
+    """Whether pandas copies on write (always from pandas 3; an option before), so hands a
+    column's values back read-only."""
+    if _PANDAS_3:
+        return True
+    return pd.get_option("mode.copy_on_write") is True  # pandas 2's ("warn": not yet)
 
 
 def one_object_each(values: np.ndarray) -> np.ndarray:
@@ -58,10 +78,3 @@ def one_object_each(values: np.ndarray) -> np.ndarray:
     shared = values.copy()  # missing values (None, NaN) stay the objects they are
     shared[found] = np.asarray(uniques, dtype=object)[codes[found]]
     return shared
-
-
-def dtype_of(frame: pd.DataFrame, name: str) -> Any:
-    """`frame[name].dtype`, without the Series (`array_of`'s column store read)."""
-    where = frame.columns.get_loc(name)
-    values = _values(frame, where) if type(where) is int else None
-    return values.dtype if values is not None else frame[name].dtype
