@@ -409,6 +409,8 @@ def first_seen_codes(columns: list, dropna: bool = True) -> tuple[np.ndarray, np
     missing = np.zeros(n, dtype=bool)
     span = 1  # the numbers `combined` can hold so far
     for column in columns:
+        if isinstance(column, pd.arrays.NumpyExtensionArray):  # pandas 2 warns on one
+            column = column.to_numpy()
         codes, uniques = pd.factorize(column, use_na_sentinel=dropna)
         if dropna:
             missing |= codes < 0

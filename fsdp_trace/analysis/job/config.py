@@ -316,7 +316,7 @@ class _Labels:
                 forward.append(facts[is_pre])
         if forward:
             pre = pd.concat(forward)
-            out.first_forward = pre.groupby("unit")["first_ts"].min().reset_index()
+            out.first_forward = pre.groupby("unit", observed=True)["first_ts"].min().reset_index()
         return out
 
 
@@ -330,7 +330,7 @@ def _sum_per_step(step: np.ndarray, count: np.ndarray) -> pd.Series:
 def _n_steps(facts: _Labels, coll: pd.DataFrame) -> int:
     """Profiled steps per rank (the most any rank has)."""
     if not coll.empty and "step" in coll:
-        per_rank = coll.groupby("rank")["step"].nunique() if "rank" in coll else None
+        per_rank = coll.groupby("rank", observed=True)["step"].nunique() if "rank" in coll else None
         return int(per_rank.max()) if per_rank is not None else int(coll["step"].nunique())
     return max((len(s) for s in facts.steps.values()), default=1)
 
@@ -369,7 +369,7 @@ def _unit_order(facts: _Labels, coll: pd.DataFrame) -> list[str]:
         names = [u for u in one["unit"].astype(str) if u != ROOT]
     if not names and not coll.empty:  # no labels beyond the collectives' own
         gathers = coll[coll["collective"] == Collective.ALL_GATHER]
-        firsts = gathers.groupby("block")["start_us"].min().sort_values()
+        firsts = gathers.groupby("block", observed=True)["start_us"].min().sort_values()
         names = [u for u in firsts.index.astype(str) if u not in NON_BLOCK_UNITS]
     has_root = facts.root or (not coll.empty and (coll["block"] == ROOT).any())
     return names + ([ROOT] if has_root else [])
@@ -535,7 +535,7 @@ def _no_sync(coll: pd.DataFrame, micro: int, rank_steps: int, run: RunRecord | N
     if micro <= 1 or coll.empty:
         return Item(False, From.DEFAULT if coll.empty else From.TRACE)
     rs = coll[coll["collective"] == Collective.REDUCE_SCATTER]
-    per_unit = rs.groupby("block").size() / max(rank_steps, 1)
+    per_unit = rs.groupby("block", observed=True).size() / max(rank_steps, 1)
     once = bool(len(per_unit)) and float(per_unit.median()) <= 1.0
     return Item(once, From.TRACE, "reduce-scatters per unit and step")
 
