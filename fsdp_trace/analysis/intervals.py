@@ -396,6 +396,10 @@ def _python_values(column) -> list:
     return column if isinstance(column, list) else column.tolist()
 
 
+# pandas' wrapper of a numpy column's values (`Series.array`): `PandasArray` before 2.1.
+_NUMPY_WRAPPER = getattr(pd.arrays, "NumpyExtensionArray", None) or pd.arrays.PandasArray
+
+
 def first_seen_codes(columns: list, dropna: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the number of its combination of `columns` in order of first appearance
     (`groupby(columns, sort=False).ngroup()`), and a row of each combination (its first);
@@ -409,7 +413,7 @@ def first_seen_codes(columns: list, dropna: bool = True) -> tuple[np.ndarray, np
     missing = np.zeros(n, dtype=bool)
     span = 1  # the numbers `combined` can hold so far
     for column in columns:
-        if isinstance(column, pd.arrays.NumpyExtensionArray):  # pandas 2 warns on one
+        if isinstance(column, _NUMPY_WRAPPER):  # pandas 2 warns on one
             column = column.to_numpy()
         codes, uniques = pd.factorize(column, use_na_sentinel=dropna)
         if dropna:

@@ -22,8 +22,7 @@ def array_of(frame: pd.DataFrame | Any, name: str, dtype: Any = None) -> np.ndar
     them); for an extension array (pandas' text, categoricals), its `to_numpy`. `frame` may
     also be a mapping of Series."""
     if type(frame) is pd.DataFrame:
-        where = frame.columns.get_loc(name)  # KeyError where `frame[name]` raises it
-        values = _values(frame, where) if type(where) is int else None
+        values = _values(frame, name)
         if type(values) is np.ndarray:  # as `Series.to_numpy` does with one
             result = np.asarray(values, dtype=dtype)
             shared = result is values or np.shares_memory(values[:2], result[:2])
@@ -38,16 +37,17 @@ def array_of(frame: pd.DataFrame | Any, name: str, dtype: Any = None) -> np.ndar
 
 def dtype_of(frame: pd.DataFrame, name: str) -> Any:
     """`frame[name].dtype`, without the Series (`array_of`'s column store read)."""
-    where = frame.columns.get_loc(name)
-    values = _values(frame, where) if type(where) is int else None
+    values = _values(frame, name)
     return values.dtype if values is not None else frame[name].dtype
 
 
-def _values(frame: pd.DataFrame, where: int) -> Any:
-    """Column `where`'s values in the frame's column store (a numpy or extension array);
-    None where pandas has no such accessor (another version)."""
+def _values(frame: pd.DataFrame, name: str) -> Any:
+    """Column `name`'s values in the frame's column store (a numpy or extension array);
+    None where the label is repeated or pandas has no such accessor (another version). A
+    missing label raises KeyError, as `frame[name]` does."""
+    where = frame.columns.get_loc(name)
     read = getattr(getattr(frame, "_mgr", None), "iget_values", None)
-    return read(where) if read is not None else None
+    return read(where) if read is not None and type(where) is int else None
 
 
 _PANDAS_3 = int(pd.__version__.split(".")[0]) >= 3
