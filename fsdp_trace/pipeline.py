@@ -292,8 +292,9 @@ def analyze_run(
         record = None
         config = infer(timing, None)
     notices += config.notices
+    expected: dict[tuple[str, str], float] = {}  # a run's ranks repeat their units
     for r in timing + detailed:
-        _apply_expectations(r, config)
+        _apply_expectations(r, config, expected)
     copies = copied_ranks(timing)
     notices += [
         f"rank {copy.rank}'s trace is rank {original.rank}'s (every step and collective at "
@@ -377,13 +378,17 @@ def run_record_contradicts(
     return None
 
 
-def _apply_expectations(rank: RankAnalysis, config: InferredConfig) -> None:
-    """Fill the blocks table's `expected_per_step` and `excess` from the configuration."""
+def _apply_expectations(
+    rank: RankAnalysis, config: InferredConfig, known: dict[tuple[str, str], float]
+) -> None:
+    """Fill the blocks table's `expected_per_step` and `excess` from the configuration
+    (`known`: its answers so far, by unit and collective, shared by a run's ranks)."""
     b = rank.blocks
     if b.empty:
         return
+    pairs = zip(map(str, array_of(b, "block")), map(str, array_of(b, "collective")), strict=True)
     expected = np.array(
-        [config.expected(str(u), str(c)) for u, c in zip(b["block"], b["collective"], strict=True)],
+        [known[p] if p in known else known.setdefault(p, config.expected(*p)) for p in pairs],
         dtype=np.float64,
     )
     rank.blocks = b.assign(

@@ -6,8 +6,9 @@ profiler-distortion rule, never a timing rule."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 
 import numpy as np
 import pandas as pd
@@ -20,20 +21,112 @@ from fsdp_trace.analysis.table import array_of
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import Collective, Device
 
+# The columns `Context.collectives` adds to a rank's collectives.
+NET_COLUMNS = ("net_us", "exposed_net_us", "matched")
+
+
+def net_columns(read: Callable[[str], np.ndarray]) -> dict[str, np.ndarray]:
+    """`NET_COLUMNS` from the columns `read` gives (one rank's, or a run's joined): the
+    cross-rank transfer where matched, else the duration, and the same for exposed time."""
+    transfer = np.asarray(read("transfer_us"), dtype=np.float64)
+    matched = ~np.isnan(transfer)
+    return {
+        "net_us": np.where(matched, transfer, read("dur_us")),
+        "exposed_net_us": np.where(matched, read("exposed_transfer_us"), read("exposed_us")),
+        "matched": matched,
+    }
+
+
+class RunCollectives:
+    """The collectives of a run's ranks as columns over all of them (`NET_COLUMNS` too),
+    each joined once: rules that read a thousand ranks' columns one rank at a time paid a
+    pandas read a column and a new frame (for the net columns) a rank. A rank's column is
+    its slice of the joined one: the same values and dtype as read from its own table, and
+    read from its own table where they could differ (no rows; a column whose dtype is not
+    the same on every rank; a rank not of the run)."""
+
+    def __init__(self, ranks: list[RankAnalysis]) -> None:
+        self.ranks = [r for r in ranks if len(r.collectives)]
+        self._at = {id(r): i for i, r in enumerate(self.ranks)}
+        sizes = np.array([len(r.collectives) for r in self.ranks], dtype=np.int64)
+        self._bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        self._joined: dict[str, np.ndarray | None] = {}
+
+    def column(self, rank: RankAnalysis, name: str) -> np.ndarray:
+        """The rank's column `name` of `Context.collectives(rank)`, as an array (read it,
+        never change it)."""
+        i = self._at.get(id(rank))
+        joined = self._join(name) if i is not None else None
+        if joined is None:
+            if name in NET_COLUMNS:
+                return net_columns(lambda n: array_of(rank.collectives, n))[name]
+            return array_of(rank.collectives, name)
+        return joined[self._bounds[i] : self._bounds[i + 1]]
+
+    def rank_bound(self, name: str, where: np.ndarray, total: bool = False) -> dict[int, float]:
+        """Per rank (by id) with collectives: the largest of its column `name` over its rows
+        where `where` (a mask of the joined rows, `joined`'s order) holds, or with `total`
+        the sum of its positive values there; NaN skipped, -inf (0 for `total`) for none.
+        An upper bound on any median (with `total`: any sum) of those values a rule takes, so
+        a rule skips the ranks that cannot pass its threshold. Empty when `name` is not
+        joined: no rank skipped."""
+        values = self._join(name)
+        if values is None or not values.size:
+            return {}
+        values = np.asarray(values, dtype=np.float64)
+        keep = np.asarray(where, dtype=bool) & ~np.isnan(values)
+        if total:
+            bound = np.add.reduceat(np.where(keep, np.maximum(values, 0.0), 0.0), self._starts)
+        else:
+            bound = np.maximum.reduceat(np.where(keep, values, -np.inf), self._starts)
+        return {id(r): float(b) for r, b in zip(self.ranks, bound.tolist(), strict=True)}
+
+    def joined(self, name: str) -> np.ndarray | None:
+        """Column `name` of every rank with collectives, joined in `ranks`' order (read it,
+        never change it); None where a rank's dtype differs."""
+        return self._join(name)
+
+    @property
+    def _starts(self) -> np.ndarray:
+        return np.asarray(self._bounds[:-1], dtype=np.int64)
+
+    def _join(self, name: str) -> np.ndarray | None:
+        if name not in self._joined:
+            if name in NET_COLUMNS:
+                columns = {n: self._join(n) for n in _NET_SOURCES}
+                ok = all(v is not None for v in columns.values())
+                for net, values in (net_columns(columns.__getitem__) if ok else {}).items():
+                    values.flags.writeable = False
+                    self._joined[net] = values
+                for net in NET_COLUMNS:
+                    self._joined.setdefault(net, None)
+            else:
+                parts = [array_of(r.collectives, name) for r in self.ranks]
+                same = parts and all(p.dtype == parts[0].dtype for p in parts)
+                joined = np.concatenate(parts) if same else None
+                if joined is not None:
+                    joined.flags.writeable = False  # every rule reads the same one
+                self._joined[name] = joined
+        return self._joined[name]
+
+
+_NET_SOURCES = ("transfer_us", "dur_us", "exposed_transfer_us", "exposed_us")
+
 
 @dataclass(frozen=True)
 class Rows:
-    """Some rows of a frame, read a column at a time as an array (no frame copied), each
-    column once: several rules read a rank's gathers (read them, never change them)."""
+    """Some rows of a rank's collectives, read a column at a time as an array (no frame
+    copied), each column once: several rules read a rank's gathers (read them, never change
+    them)."""
 
-    frame: pd.DataFrame
+    read: Callable[[str], np.ndarray]  # a column of the rank's collectives, whole
     rows: np.ndarray
     _read: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def __getitem__(self, column: str) -> np.ndarray:
         values = self._read.get(column)
         if values is None:
-            values = self._read[column] = array_of(self.frame, column)[self.rows]
+            values = self._read[column] = self.read(column)[self.rows]
             values.flags.writeable = False  # shared by the rules that read it
         return values
 
@@ -82,6 +175,15 @@ class Context:
         value = b.get(name) if b is not None else None
         return float(value) if value is not None else float("nan")
 
+    @cached_property
+    def run_collectives(self) -> RunCollectives:
+        return RunCollectives(self.analysis.ranks)
+
+    def column(self, rank: RankAnalysis, name: str) -> np.ndarray:
+        """A column of `collectives(rank)` as an array, without making the frame (read it,
+        never change it)."""
+        return self.run_collectives.column(rank, name)
+
     def collectives(self, rank: RankAnalysis) -> pd.DataFrame:
         """A rank's collectives with `net_us` (the cross-rank transfer time, the duration
         where unmatched), `exposed_net_us` (exposed transfer, the exposed share where
@@ -89,16 +191,8 @@ class Context:
         collective's. Made once per rank: read it, never change it."""
         made = self._collectives.get(id(rank))
         if made is None:
-            c = rank.collectives
-            transfer = array_of(c, "transfer_us", np.float64)
-            matched = ~np.isnan(transfer)
-            made = c.assign(
-                net_us=np.where(matched, transfer, array_of(c, "dur_us")),
-                exposed_net_us=np.where(
-                    matched, array_of(c, "exposed_transfer_us"), array_of(c, "exposed_us")
-                ),
-                matched=matched,
-            )
+            net = {n: np.array(self.column(rank, n)) for n in NET_COLUMNS}  # the frame's own
+            made = rank.collectives.assign(**net)
             self._collectives[id(rank)] = made
         return made
 
@@ -106,8 +200,8 @@ class Context:
         """The rank's all-gathers among `collectives(rank)`, in order. Made once per rank."""
         made = self._gathers.get(id(rank))
         if made is None:
-            c = self.collectives(rank)
-            made = Rows(c, np.flatnonzero(array_of(c, "collective") == Collective.ALL_GATHER))
+            read = partial(self.column, rank)
+            made = Rows(read, np.flatnonzero(read("collective") == Collective.ALL_GATHER))
             self._gathers[id(rank)] = made
         return made
 

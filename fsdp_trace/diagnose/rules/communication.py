@@ -7,6 +7,8 @@ for late peers wherever the cross-rank view matched the collective (`net_us`,
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -69,7 +71,18 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
     a root that holds the embeddings and output head makes it several blocks long."""
     worst = None
     blocks = ctx.block_units()
+    # A rank's first gathers' exposed median is at most its largest forward gather's: ranks
+    # whose largest is under the threshold are skipped unread (one pass over the run).
+    run = ctx.run_collectives
+    kind, phase = run.joined("collective"), run.joined("phase")
+    bound = (
+        run.rank_bound("exposed_net_us", (kind == Collective.ALL_GATHER) & (phase == Phase.FORWARD))
+        if kind is not None and phase is not None
+        else {}
+    )
     for r in ctx.gpu_ranks:
+        if bound.get(id(r), np.inf) < FIRST_AG_EXPOSED * ctx.step_us(r):
+            continue
         ag = ctx.gathers(r)
         forward = np.flatnonzero(ag["phase"] == Phase.FORWARD)
         if forward.size == 0:
@@ -216,22 +229,35 @@ def reduction_tail(ctx: Context) -> Finding | None:
     """Gradient reductions still running after the last backward compute: every reduce-scatter
     and, under HSDP, the all-reduce across replicas. About one is unavoidable."""
     worst = None
+    # A rank's median step tail is at most all its reductions' exposed time: ranks whose
+    # total is under the threshold are skipped unread (one pass over the run).
+    run = ctx.run_collectives
+    kind = run.joined("collective")
+    reductions = [g.value for g in GRADIENT_REDUCTIONS]
+    bound = (
+        run.rank_bound("exposed_net_us", np.isin(kind, reductions), total=True)
+        if kind is not None
+        else {}
+    )
     for r in ctx.gpu_ranks:
         if not r.n_kernels or r.collectives.empty:
             continue
-        c = ctx.collectives(r)
-        in_tail, row = _tail(c, r)
+        if bound.get(id(r), np.inf) < TAIL_EXPOSED * ctx.step_us(r):
+            continue
+        column = partial(ctx.column, r)
+        in_tail, row = _tail(column, r)
         # Per step with backward compute, its tail's exposed time (0 for none), as
         # `groupby("step").sum()` adds them.
         per = iv.group_sum(
-            np.where(in_tail, row, -1), array_of(c, "exposed_net_us"), len(r.backward_end)
+            np.where(in_tail, row, -1), column("exposed_net_us"), len(r.backward_end)
         )
         exposed, step = iv.median(per), ctx.step_us(r)
         if exposed >= TAIL_EXPOSED * step and (worst is None or exposed > worst[1]):
-            worst = (r, exposed, step, c[in_tail])
+            worst = (r, exposed, step, in_tail)
     if worst is None:
         return None
-    r, exposed, step, tail = worst
+    r, exposed, step, in_tail = worst
+    tail = ctx.collectives(r)[in_tail]
     rank, last_compute = r.rank, backward_end(r)
     count = float(tail.groupby("step").size().reindex(last_compute.index, fill_value=0).median())
     units = ", ".join(dict.fromkeys(tail["block"].astype(str)))
@@ -298,12 +324,12 @@ def reduction_tail(ctx: Context) -> Finding | None:
     )
 
 
-def _tail(c: pd.DataFrame, r: RankAnalysis) -> tuple[np.ndarray, np.ndarray]:
-    """Which of the rank's collectives `c` are gradient reductions that end after their
-    step's last backward (or recompute) kernel, and each one's step's row in
-    `r.backward_end` (-1: a step without backward compute)."""
+def _tail(column: Callable[[str], np.ndarray], r: RankAnalysis) -> tuple[np.ndarray, np.ndarray]:
+    """Which of the rank's collectives (`column`: a column of them) are gradient reductions
+    that end after their step's last backward (or recompute) kernel, and each one's step's
+    row in `r.backward_end` (-1: a step without backward compute)."""
     last = r.backward_end
-    steps, step = array_of(last, "step"), array_of(c, "step")
+    steps, step = array_of(last, "step"), column("step")
     row = np.full(step.size, -1, dtype=np.int64)
     known = np.isin(step, steps)
     if not known.any():
@@ -311,8 +337,8 @@ def _tail(c: pd.DataFrame, r: RankAnalysis) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(steps, kind="stable")
     row[known] = order[np.searchsorted(steps, step[known], sorter=order)]
     last_end = np.where(known, array_of(last, "end_us", np.float64)[row], np.nan)
-    reduction = np.isin(array_of(c, "collective"), [g.value for g in GRADIENT_REDUCTIONS])
-    return reduction & known & (array_of(c, "end_us") > last_end), row
+    reduction = np.isin(column("collective"), [g.value for g in GRADIENT_REDUCTIONS])
+    return reduction & known & (column("end_us") > last_end), row
 
 
 @rule(
