@@ -236,3 +236,23 @@ def test_recompute_and_fsdp_copies_are_found():
         k["kind"] for k in raw_kernels(SAMPLES / "gpt-small-2gpu-fullac" / "rank0.timing.json.gz")
     }
     assert kinds == {"comm", "compute", "recompute", "fsdp"}
+
+
+def test_a_collectives_match_is_found_by_its_correlation_as_pandas_finds_it():
+    """`breakdown._positions`: each wanted id's position among the matched ones, -1 where
+    unmatched, as `pd.Index(keys).get_indexer(wanted)` gives it (keys distinct); other dtypes
+    and repeated keys go through pandas, which refuses repeated keys."""
+    import numpy as np
+    import pandas as pd
+
+    from fsdp_trace.analysis.rank.breakdown import _positions
+
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        keys = rng.choice(200, int(rng.integers(0, 40)), replace=False).astype(np.int64)
+        wanted = rng.integers(-3, 210, int(rng.integers(0, 60))).astype(np.int64)
+        assert _positions(keys, wanted).tolist() == pd.Index(keys).get_indexer(wanted).tolist()
+    floats = np.array([2.0, np.nan, 5.0])
+    assert _positions(floats, np.array([np.nan, 5.0])).tolist() == [1, 2]  # pandas' NaN match
+    with pytest.raises(pd.errors.InvalidIndexError):
+        _positions(np.array([4, 4]), np.array([4]))

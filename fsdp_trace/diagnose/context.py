@@ -213,7 +213,7 @@ class Context:
         total = sum(counts)
         if world <= 1 or total == 0:
             return 0.0
-        matched = sum(int(r.collectives["transfer_us"].notna().sum()) for r in self.gpu_ranks)
+        matched = sum(int(np.count_nonzero(self.column(r, "matched"))) for r in self.gpu_ranks)
         return 1.0 - matched / total
 
     def env(self, name: str) -> str | None:

@@ -295,7 +295,7 @@ class _Labels:
             if not len(facts):
                 continue
             out.any = True
-            kind, unit = np.asarray(facts["kind"]), np.asarray(facts["unit"])
+            kind, unit = array_of(facts, "kind"), array_of(facts, "unit")
             rows = unit[kind == context.RECOMPUTE_FACT]
             out.recompute |= {str(u) for u in rows if u not in NON_BLOCK_UNITS}
             out.root = out.root or bool((unit == ROOT).any())

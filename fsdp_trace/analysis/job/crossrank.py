@@ -35,7 +35,7 @@ from fsdp_trace.analysis import classify
 from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank.breakdown import Matched
 from fsdp_trace.analysis.results import RankAnalysis
-from fsdp_trace.analysis.table import array_of
+from fsdp_trace.analysis.table import array_of, dtype_of
 from fsdp_trace.vocab import Device
 
 # Matched collectives end within a few µs of each other on one host (NCCL's own completion
@@ -220,7 +220,10 @@ class _Columns:
         """One column of every rank's collectives (`text`: as strings)."""
         parts = []
         for c, order in zip(self.tables, self.orders, strict=True):
-            values = c[name].astype(str).to_numpy(dtype=dtype) if text else array_of(c, name, dtype)
+            if text and not _is_str(dtype_of(c, name)):
+                values = c[name].astype(str).to_numpy(dtype=dtype)
+            else:  # a column of str already is its own astype(str): read without a Series
+                values = array_of(c, name, dtype)
             parts.append(values[order])
         return np.concatenate(parts)
 
@@ -245,6 +248,11 @@ class _Columns:
         for name in ("bytes", "group_size", "start_us", "end_us"):
             rows[name] = self.column(name, np.float64)[chosen]
         return rows
+
+
+def _is_str(dtype: Any) -> bool:
+    """pandas' `str` dtype (pandas 3's for text, either storage): `astype(str)` keeps it."""
+    return isinstance(dtype, pd.StringDtype) and dtype.na_value is not pd.NA
 
 
 def _complete(table: pd.DataFrame, keys: list[str], expected: pd.Series) -> pd.Series:
@@ -341,7 +349,7 @@ def _windows(usable: list[RankAnalysis]) -> pd.DataFrame:
     concatenated per rank cost ~0.4 ms a rank)."""
     steps = [r.steps for r in usable]
     numeric = all(
-        r.rank is not None and all(s[c].dtype.kind in "iuf" for c in WINDOW_COLUMNS)
+        r.rank is not None and all(dtype_of(s, c).kind in "iuf" for c in WINDOW_COLUMNS)
         for r, s in zip(usable, steps, strict=True)
     )
     if not numeric or not steps:

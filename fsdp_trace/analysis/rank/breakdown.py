@@ -101,12 +101,17 @@ def _exposed_parts(
     """The exposed parts: transfer, then wait, then unsplit time within `exposed` (C \\ K;
     the three sets lie in C, so within C \\ K is the same as outside K)."""
     t_set, w_set, u_set = sets
+    # An empty set's parts are empty (every collective matched, or none): not computed.
+    wait = iv.intersect(iv.subtract(w_set, t_set), exposed) if w_set[0].size else iv.EMPTY
+    unsplit = (
+        iv.intersect(iv.subtract(u_set, _merge(t_set, w_set)), exposed)
+        if u_set[0].size
+        else iv.EMPTY
+    )
     return {
         "exposed_transfer_us": _lengths(iv.intersect(t_set, exposed), starts, ends),
-        "exposed_wait_us": _lengths(iv.intersect(iv.subtract(w_set, t_set), exposed), starts, ends),
-        "exposed_unsplit_us": _lengths(
-            iv.intersect(iv.subtract(u_set, _merge(t_set, w_set)), exposed), starts, ends
-        ),
+        "exposed_wait_us": _lengths(wait, starts, ends),
+        "exposed_unsplit_us": _lengths(unsplit, starts, ends),
     }
 
 
@@ -209,7 +214,7 @@ def exposed_intervals(rank: RankAnalysis) -> iv.Intervals:
 def _matched(collectives: pd.DataFrame, matched: Matched, *columns: str) -> list[np.ndarray]:
     """Cross-rank figures (`transfer_us`, `wait_us`) of each of a rank's collectives, by
     correlation (NaN where unmatched): each collective's row in `matched` found once."""
-    at = pd.Index(matched.correlation).get_indexer(array_of(collectives, "correlation"))
+    at = _positions(np.asarray(matched.correlation), array_of(collectives, "correlation"))
     found = at >= 0
     out = []
     for column in columns:
@@ -217,6 +222,22 @@ def _matched(collectives: pd.DataFrame, matched: Matched, *columns: str) -> list
         picked = values[np.maximum(at, 0)] if values.size else np.full(at.size, np.nan)
         out.append(np.where(found, picked, np.nan))
     return out
+
+
+def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """`pd.Index(keys).get_indexer(wanted)` (`keys` distinct: each wanted value's position
+    in `keys`, -1 where absent), by a sort of `keys` rather than a hash table a rank: integer
+    ids; anything else (a NaN would match a NaN there) through pandas."""
+    if keys.dtype.kind != "i" or wanted.dtype.kind != "i":
+        return pd.Index(keys).get_indexer(wanted)
+    if not keys.size:
+        return np.full(wanted.size, -1, dtype=np.intp)
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    if ordered.size > 1 and not (ordered[1:] != ordered[:-1]).all():
+        return pd.Index(keys).get_indexer(wanted)  # repeated keys: pandas says so
+    at = np.minimum(np.searchsorted(ordered, wanted), ordered.size - 1)
+    return np.where(ordered[at] == wanted, order[at], -1)
 
 
 def collective_transfer(
