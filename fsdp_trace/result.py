@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.results import (
     BLOCK_COLUMNS,
     BREAKDOWN_COLUMNS,
@@ -179,7 +180,7 @@ class RunAnalysis:
             base = timing.get(det.rank)
             if base is None or base.steps.empty or det.steps.empty:
                 continue
-            t_med = float(base.steps["step_us"].median())
+            t_med = iv.median(array_of(base.steps, "step_us"))
             d_step = float(det.steps["step_us"].iloc[-1])
             out.append(
                 {
@@ -189,7 +190,8 @@ class RunAnalysis:
                     "timing_max_step_us": float(base.steps["step_us"].max()),
                     "slowdown_pct": 100.0 * (d_step - t_med) / t_med if t_med else float("nan"),
                     "detailed_exposed_pct": float(det.steps["exposed_pct"].iloc[-1]),
-                    "timing_exposed_pct": float(base.steps["exposed_pct"].median()),
+                    # NaN on a CPU trace: no exposed time to read (NaN, no warning)
+                    "timing_exposed_pct": iv.median(array_of(base.steps, "exposed_pct")),
                 }
             )
         return out

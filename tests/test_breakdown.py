@@ -256,3 +256,47 @@ def test_a_collectives_match_is_found_by_its_correlation_as_pandas_finds_it():
     assert _positions(floats, np.array([np.nan, 5.0])).tolist() == [1, 2]  # pandas' NaN match
     with pytest.raises(pd.errors.InvalidIndexError):
         _positions(np.array([4, 4]), np.array([4]))
+
+
+@pytest.mark.parametrize("matched_share", [0.0, 0.5, 1.0])
+def test_the_exposed_parts_count_unit_cells(matched_share):
+    """`breakdown._exposed_parts` on collectives of whole µs (all matched, none, some: where
+    the wait or unsplit set is empty its part is not computed): each part is the number of
+    1 µs cells of the window that are exposed and in that part, counted one cell at a time."""
+    import numpy as np
+
+    from fsdp_trace.analysis import intervals as iv
+    from fsdp_trace.analysis.rank.breakdown import _comm_sets, _exposed_parts
+
+    rng = np.random.default_rng(int(matched_share * 10))
+    for _ in range(300):
+        n = int(rng.integers(0, 6))
+        ts = rng.integers(0, 50, n).astype(float)
+        dur = rng.integers(1, 12, n).astype(float)
+        end = ts + dur
+        matched = rng.random(n) < matched_share
+        transfer = np.where(matched, np.floor(rng.random(n) * (dur + 1)), np.nan)
+        k0 = rng.integers(0, 60, 4).astype(float)
+        busy = iv.union(k0, k0 + rng.integers(0, 10, 4))
+        exposed = iv.subtract(iv.union(ts, end), busy)
+        starts, ends = np.array([0.0, 20.0]), np.array([30.0, 64.0])
+        got = _exposed_parts(exposed, _comm_sets(ts, end, transfer), starts, ends)
+        cut = np.maximum(end - np.nan_to_num(transfer), ts)
+        for w, (lo, hi) in enumerate(zip(starts, ends, strict=True)):
+            want = {"exposed_transfer_us": 0, "exposed_wait_us": 0, "exposed_unsplit_us": 0}
+            for x in range(int(lo), int(hi)):
+                if not _covers(ts, end, x) or _covers(*busy, x):
+                    continue  # not communication, or compute hides it
+                if _covers(cut[matched], end[matched], x):
+                    want["exposed_transfer_us"] += 1
+                elif _covers(ts[matched], cut[matched], x):
+                    want["exposed_wait_us"] += 1
+                elif _covers(ts[~matched], end[~matched], x):
+                    want["exposed_unsplit_us"] += 1
+            for part, cells in want.items():
+                assert got[part][w] == cells, (part, w)
+
+
+def _covers(starts, ends, x: int) -> bool:
+    """Whether one of the intervals holds the cell [x, x + 1)."""
+    return bool(((starts <= x) & (x + 1 <= ends)).any())

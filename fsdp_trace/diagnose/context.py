@@ -21,6 +21,11 @@ from fsdp_trace.analysis.table import array_of
 from fsdp_trace.runrecord import RunRecord
 from fsdp_trace.vocab import Collective, Device
 
+# A sum's bound is raised by this share: the rules' sums (`iv.group_sum`, compensated) and
+# the bound's (plain) may round apart by a few ulps (the relative error of either is far
+# below this for any number of rows a rank holds).
+SUM_MARGIN = 1e-6
+
 # The columns `Context.collectives` adds to a rank's collectives.
 NET_COLUMNS = ("net_us", "exposed_net_us", "matched")
 
@@ -66,7 +71,8 @@ class RunCollectives:
     def rank_bound(self, name: str, where: np.ndarray, total: bool = False) -> dict[int, float]:
         """Per rank (by id) with collectives: the largest of its column `name` over its rows
         where `where` (a mask of the joined rows, `joined`'s order) holds, or with `total`
-        the sum of its positive values there; NaN skipped, -inf (0 for `total`) for none.
+        the sum of its positive values there (raised by `SUM_MARGIN`); NaN skipped, -inf (0
+        for `total`) for none.
         An upper bound on any median (with `total`: any sum) of those values a rule takes, so
         a rule skips the ranks that cannot pass its threshold. Empty when `name` is not
         joined: no rank skipped."""
@@ -75,9 +81,10 @@ class RunCollectives:
             return {}
         values = np.asarray(values, dtype=np.float64)
         keep = np.asarray(where, dtype=bool) & ~np.isnan(values)
-        if total:
-            bound = np.add.reduceat(np.where(keep, np.maximum(values, 0.0), 0.0), self._starts)
-        else:
+        if total:  # a plain sum, a rule's may be compensated: a margin for their rounding
+            positive = np.where(keep, np.maximum(values, 0.0), 0.0)
+            bound = np.add.reduceat(positive, self._starts) * (1.0 + SUM_MARGIN)
+        else:  # exact: no median of these values exceeds their largest
             bound = np.maximum.reduceat(np.where(keep, values, -np.inf), self._starts)
         return {id(r): float(b) for r, b in zip(self.ranks, bound.tolist(), strict=True)}
 

@@ -251,8 +251,14 @@ class _Columns:
 
 
 def _is_str(dtype: Any) -> bool:
-    """pandas' `str` dtype (pandas 3's for text, either storage): `astype(str)` keeps it."""
-    return isinstance(dtype, pd.StringDtype) and dtype.na_value is not pd.NA
+    """pandas' `str` dtype (pandas 3's for text, either storage): `astype(str)` keeps it,
+    missing values too. Not pandas 2's `string[pyarrow_numpy]` (its `future.infer_string`),
+    whose `astype(str)` writes a missing value as 'nan'."""
+    return (
+        isinstance(dtype, pd.StringDtype)
+        and dtype.na_value is not pd.NA
+        and dtype.storage in ("python", "pyarrow")
+    )
 
 
 def _complete(table: pd.DataFrame, keys: list[str], expected: pd.Series) -> pd.Series:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdp_trace.analysis.intervals import total
+from fsdp_trace.analysis.intervals import median, total
 from fsdp_trace.analysis.table import array_of
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding
@@ -205,7 +205,7 @@ def root_resharded(ctx: Context) -> Finding | None:
         n_steps = max(len(r.steps), 1)
         exposed = float(again["exposed_net_us"].fillna(0.0).sum()) / n_steps
         transfer = float(again["net_us"].sum()) / n_steps
-        nbytes = float(again["bytes"].median())
+        nbytes = median(array_of(again, "bytes"))  # NaN on gloo (no sizes), no warning
         if worst is None or exposed > worst[1]:
             worst = (r.rank, exposed, transfer, nbytes, ctx.step_us(r), len(again) / n_steps)
     if worst is None:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from fsdp_trace.analysis.classify import DTYPE_BYTES
+from fsdp_trace.analysis.intervals import median
 from fsdp_trace.analysis.table import array_of
 from fsdp_trace.diagnose.context import Context, ms, pct
 from fsdp_trace.diagnose.finding import Change, Finding, FindingKind
@@ -103,7 +104,7 @@ def one_unit(ctx: Context) -> Finding | None:
     r, cost, step = worst
     c = ctx.collectives(r)
     gathers = c[(c["collective"] == Collective.ALL_GATHER) & (c["block"] == ROOT)]
-    nbytes = float(gathers["bytes"].median()) if len(gathers) else float("nan")
+    nbytes = median(array_of(gathers, "bytes"))  # NaN: none, or no sizes (gloo)
     per_step = len(gathers) / max(len(r.steps), 1)
     size = f"{nbytes / 1e9:.2f} GB" if np.isfinite(nbytes) else "all of its parameters"
     return Finding(
@@ -243,7 +244,7 @@ def float8_uncompiled(ctx: Context) -> Finding | None:
     gathers = c[(c["collective"] == Collective.ALL_GATHER) & (c["dtype"].astype(str) == "Byte")]
     gathered = (
         f"; {len(gathers) / n_steps:.0f} float8 all-gathers per step "
-        f"({float(gathers['bytes'].median()) / 1e6:.1f} MB each: one byte a parameter, half of "
+        f"({median(array_of(gathers, 'bytes')) / 1e6:.1f} MB each: one byte a parameter, half of "
         "bf16's)"
         if len(gathers)
         else ""
@@ -315,7 +316,7 @@ def ddp_allreduce(ctx: Context) -> Finding | None:
         return None
     r, cost, step, ar, transfer = found
     buckets = len(ar) / max(len(r.steps), 1)
-    mb = float(ar["bytes"].median()) / 1e6 if len(ar) else float("nan")
+    mb = median(array_of(ar, "bytes")) / 1e6
     return Finding(
         "ddp-allreduce",
         "DDP: gradient all-reduce exposed",
