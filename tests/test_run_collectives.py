@@ -76,7 +76,8 @@ def test_a_column_whose_dtype_differs_between_ranks_is_read_per_rank():
     assert run.joined("step") is None
     assert run.column(ints, "step").dtype == np.int32
     assert run.column(ranks[0], "step").dtype == np.int64
-    assert run.rank_bound("step", np.ones(11, dtype=bool)) == {}
+    assert run.rank_bound("step") == {}
+    assert run.rank_bound("dur_us", collective=["AllGather"], step=[0]) == {}  # step: not joined
     outsider = _rank(3, 6)  # not of the run: its own table
     np.testing.assert_array_equal(
         run.column(outsider, "net_us"), _net(outsider.collectives)["net_us"]
@@ -91,8 +92,7 @@ def test_rank_bounds_are_each_ranks_largest_or_positive_sum(total):
     negative.loc[first, "transfer_us"] = np.nan  # unmatched: its exposed_us is read
     negative.loc[first, "exposed_us"] = [-40.0, -5.0, -0.5]
     run = RunCollectives(ranks)
-    where = run.joined("collective") == "AllGather"
-    got = run.rank_bound("exposed_net_us", where, total=total)
+    got = run.rank_bound("exposed_net_us", total=total, collective=["AllGather"])
     assert set(got) == {id(r) for r in ranks if len(r.collectives)}
     for r in ranks:
         if not len(r.collectives):
@@ -119,7 +119,7 @@ def test_a_sum_bound_is_never_below_the_compensated_sum_a_rule_takes():
     values += [1271.212, 1758.901, 368.072, 2801.307, 2052.151, 2471.344]
     rank = _rank(len(values), 0, exposed_transfer_us=values, transfer_us=np.ones(len(values)))
     run = RunCollectives([rank])
-    bound = run.rank_bound("exposed_net_us", np.ones(len(values), dtype=bool), total=True)
+    bound = run.rank_bound("exposed_net_us", total=True)
     rule_sum = float(iv.group_sum(np.zeros(len(values), dtype=np.int64), np.array(values), 1)[0])
     assert bound[id(rank)] >= rule_sum >= math.fsum(values) - 1e-9
 

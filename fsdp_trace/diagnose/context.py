@@ -54,33 +54,37 @@ class RunCollectives:
         self.ranks = [r for r in ranks if len(r.collectives)]
         self._at = {id(r): i for i, r in enumerate(self.ranks)}
         sizes = np.array([len(r.collectives) for r in self.ranks], dtype=np.int64)
-        self._bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        self._starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self._bounds = [*self._starts.tolist(), int(sizes.sum())]  # each rank's rows: [i, i+1)
         self._joined: dict[str, np.ndarray | None] = {}
 
     def column(self, rank: RankAnalysis, name: str) -> np.ndarray:
         """The rank's column `name` of `Context.collectives(rank)`, as an array (read it,
         never change it)."""
         i = self._at.get(id(rank))
-        joined = self._join(name) if i is not None else None
+        joined = self.joined(name) if i is not None else None
         if joined is None:
             if name in NET_COLUMNS:
                 return net_columns(lambda n: array_of(rank.collectives, n))[name]
             return array_of(rank.collectives, name)
         return joined[self._bounds[i] : self._bounds[i + 1]]
 
-    def rank_bound(self, name: str, where: np.ndarray, total: bool = False) -> dict[int, float]:
+    def rank_bound(self, name: str, total: bool = False, **among: list[str]) -> dict[int, float]:
         """Per rank (by id) with collectives: the largest of its column `name` over its rows
-        where `where` (a mask of the joined rows, `joined`'s order) holds, or with `total`
-        the sum of its positive values there (raised by `SUM_MARGIN`); NaN skipped, -inf (0
-        for `total`) for none.
+        whose columns hold one of the values `among` gives (`collective=[...]`), or with
+        `total` the sum of its positive values there (raised by `SUM_MARGIN`); NaN skipped,
+        -inf (0 for `total`) for none.
         An upper bound on any median (with `total`: any sum) of those values a rule takes, so
-        a rule skips the ranks that cannot pass its threshold. Empty when `name` is not
-        joined: no rank skipped."""
-        values = self._join(name)
-        if values is None or not values.size:
+        a rule skips the ranks that cannot pass its threshold. Empty where a column read is
+        not joined: no rank skipped."""
+        values = self.joined(name)
+        columns = {column: self.joined(column) for column in among}
+        if values is None or not values.size or any(c is None for c in columns.values()):
             return {}
         values = np.asarray(values, dtype=np.float64)
-        keep = np.asarray(where, dtype=bool) & ~np.isnan(values)
+        keep = ~np.isnan(values)
+        for column, wanted in among.items():
+            keep &= np.isin(columns[column], wanted)
         if total:  # a plain sum, a rule's may be compensated: a margin for their rounding
             positive = np.where(keep, np.maximum(values, 0.0), 0.0)
             bound = np.add.reduceat(positive, self._starts) * (1.0 + SUM_MARGIN)
@@ -89,31 +93,23 @@ class RunCollectives:
         return {id(r): float(b) for r, b in zip(self.ranks, bound.tolist(), strict=True)}
 
     def joined(self, name: str) -> np.ndarray | None:
-        """Column `name` of every rank with collectives, joined in `ranks`' order (read it,
-        never change it); None where a rank's dtype differs."""
-        return self._join(name)
-
-    @property
-    def _starts(self) -> np.ndarray:
-        return np.asarray(self._bounds[:-1], dtype=np.int64)
-
-    def _join(self, name: str) -> np.ndarray | None:
+        """Column `name` of every rank with collectives, joined in `ranks`' order, once (read
+        it, never change it); None where a rank's dtype differs (or, for a net column, that of
+        a column it is made of)."""
         if name not in self._joined:
             if name in NET_COLUMNS:
-                columns = {n: self._join(n) for n in _NET_SOURCES}
-                ok = all(v is not None for v in columns.values())
-                for net, values in (net_columns(columns.__getitem__) if ok else {}).items():
-                    values.flags.writeable = False
-                    self._joined[net] = values
-                for net in NET_COLUMNS:
-                    self._joined.setdefault(net, None)
+                sources = {n: self.joined(n) for n in _NET_SOURCES}
+                made = dict.fromkeys(NET_COLUMNS)
+                if all(v is not None for v in sources.values()):
+                    made = net_columns(sources.__getitem__)
+                self._joined.update(made)
             else:
                 parts = [array_of(r.collectives, name) for r in self.ranks]
                 same = parts and all(p.dtype == parts[0].dtype for p in parts)
-                joined = np.concatenate(parts) if same else None
-                if joined is not None:
-                    joined.flags.writeable = False  # every rule reads the same one
-                self._joined[name] = joined
+                self._joined[name] = np.concatenate(parts) if same else None
+            for values in self._joined.values():
+                if values is not None:
+                    values.flags.writeable = False  # every rule reads the same one
         return self._joined[name]
 
 

@@ -73,15 +73,12 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
     blocks = ctx.block_units()
     # A rank's first gathers' exposed median is at most its largest forward gather's: ranks
     # whose largest is under the threshold are skipped unread (one pass over the run).
-    run = ctx.run_collectives
-    kind, phase = run.joined("collective"), run.joined("phase")
-    bound = (
-        run.rank_bound("exposed_net_us", (kind == Collective.ALL_GATHER) & (phase == Phase.FORWARD))
-        if kind is not None and phase is not None
-        else {}
+    bound = ctx.run_collectives.rank_bound(
+        "exposed_net_us", collective=[Collective.ALL_GATHER], phase=[Phase.FORWARD]
     )
     for r in ctx.gpu_ranks:
-        if bound.get(id(r), np.inf) < FIRST_AG_EXPOSED * ctx.step_us(r):
+        step = ctx.step_us(r)
+        if bound.get(id(r), np.inf) < FIRST_AG_EXPOSED * step:
             continue
         ag = ctx.gathers(r)
         forward = np.flatnonzero(ag["phase"] == Phase.FORWARD)
@@ -91,7 +88,6 @@ def first_forward_allgather(ctx: Context) -> Finding | None:
         block = ag["block"]
         nbytes = ag["bytes"].astype(np.float64)
         exposed = iv.median(ag["exposed_net_us"][first])
-        step = ctx.step_us(r)
         block_bytes = iv.median(nbytes[forward[np.isin(block[forward], list(blocks))]])
         unit_bytes = iv.median(nbytes[first])
         unit = str(iv.mode(block[first].astype(str)))
@@ -231,18 +227,12 @@ def reduction_tail(ctx: Context) -> Finding | None:
     worst = None
     # A rank's median step tail is at most all its reductions' exposed time: ranks whose
     # total is under the threshold are skipped unread (one pass over the run).
-    run = ctx.run_collectives
-    kind = run.joined("collective")
-    reductions = [g.value for g in GRADIENT_REDUCTIONS]
-    bound = (
-        run.rank_bound("exposed_net_us", np.isin(kind, reductions), total=True)
-        if kind is not None
-        else {}
-    )
+    bound = ctx.run_collectives.rank_bound("exposed_net_us", total=True, collective=_REDUCTIONS)
     for r in ctx.gpu_ranks:
         if not r.n_kernels or r.collectives.empty:
             continue
-        if bound.get(id(r), np.inf) < TAIL_EXPOSED * ctx.step_us(r):
+        step = ctx.step_us(r)
+        if bound.get(id(r), np.inf) < TAIL_EXPOSED * step:
             continue
         column = partial(ctx.column, r)
         in_tail, row = _tail(column, r)
@@ -251,7 +241,7 @@ def reduction_tail(ctx: Context) -> Finding | None:
         per = iv.group_sum(
             np.where(in_tail, row, -1), column("exposed_net_us"), len(r.backward_end)
         )
-        exposed, step = iv.median(per), ctx.step_us(r)
+        exposed = iv.median(per)
         if exposed >= TAIL_EXPOSED * step and (worst is None or exposed > worst[1]):
             worst = (r, exposed, step, in_tail)
     if worst is None:
@@ -324,6 +314,9 @@ def reduction_tail(ctx: Context) -> Finding | None:
     )
 
 
+_REDUCTIONS = [g.value for g in GRADIENT_REDUCTIONS]
+
+
 def _tail(column: Callable[[str], np.ndarray], r: RankAnalysis) -> tuple[np.ndarray, np.ndarray]:
     """Which of the rank's collectives (`column`: a column of them) are gradient reductions
     that end after their step's last backward (or recompute) kernel, and each one's step's
@@ -337,7 +330,7 @@ def _tail(column: Callable[[str], np.ndarray], r: RankAnalysis) -> tuple[np.ndar
     order = np.argsort(steps, kind="stable")
     row[known] = order[np.searchsorted(steps, step[known], sorter=order)]
     last_end = np.where(known, array_of(last, "end_us", np.float64)[row], np.nan)
-    reduction = np.isin(column("collective"), [g.value for g in GRADIENT_REDUCTIONS])
+    reduction = np.isin(column("collective"), _REDUCTIONS)
     return reduction & known & (column("end_us") > last_end), row
 
 
