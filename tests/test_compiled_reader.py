@@ -461,3 +461,136 @@ def test_the_python_reader_can_be_chosen(monkeypatch):
     assert Columns().reader is None and not columns_mod.compiled_reader()
     monkeypatch.delenv(READER_ENV)
     assert Columns().reader is not None and columns_mod.compiled_reader()
+
+
+# --- timestamps past Clinger's fast path, read without the GIL ---------------------------
+
+
+def _timestamps(rng: random.Random) -> list[str]:
+    """Microseconds with fractions whose digits pass 2**53 (a machine up over ~104 days,
+    `ts` of 16-19 digits), and the exact halfway points between two doubles there (ties:
+    rounded to the even one)."""
+    out = []
+    for _ in range(3000):
+        digits = rng.randint(16, 19)
+        k = rng.randint(1, 6)
+        whole = str(rng.randrange(10 ** (digits - 1), 10**digits))
+        out.append(whole[:-k] + "." + whole[-k:])
+    for _ in range(1000):  # ulp 1 (2**52..2**53): halfway is n + 0.5; ulp 2: an odd integer
+        n = rng.randrange(2**52, 2**53)
+        out.append(f"{n}.5")
+        out.append(f"{2 * rng.randrange(2**52, 2**53) + 1}.0")
+        out.append(f"{n}.{'5' + '0' * rng.randint(0, 2)}{rng.choice(['', '1', '01'])}")
+    return out
+
+
+@needs_it
+def test_long_timestamps_are_rounded_as_python_rounds_them():
+    """The reader's integer division (no GIL) against Python's correctly rounded float(),
+    to the bit, ties included."""
+    rng = random.Random(17)
+    texts = _timestamps(rng)
+    for i in range(0, len(texts), 500):
+        chunk = texts[i : i + 500]
+        body = ",".join(
+            f'{{"ph":"X","cat":"kernel","name":"k","pid":1,"tid":1,"ts":{t},"dur":-{t}}}'
+            for t in chunk
+        ).encode()
+        columns = Columns()
+        assert columns.add_text(body, 0, len(body))
+        columns._flush()
+        for text, ts, dur in zip(chunk, columns.ts, columns.dur, strict=True):
+            assert struct.pack("d", ts) == struct.pack("d", float(text)), text
+            assert struct.pack("d", dur) == struct.pack("d", -float(text)), text
+
+
+# --- a second reader beside the first ------------------------------------------------------
+
+
+@needs_it
+def test_a_forgotten_piece_names_its_strings_again():
+    """`Reader.forget`: a piece read but not taken (the caller cut the text anew) leaves
+    its new names to be given by the next piece that uses them."""
+    piece = b'{"ph":"X","cat":"kernel","name":"gemm","pid":1,"tid":1,"ts":1,"dur":1}'
+    reader = columns_mod._CompiledReader()
+    first = reader.parse(piece, 0, len(piece))
+    assert [name for _, name in first["new_names"]] == ["gemm"]
+    assert reader.parse(piece, 0, len(piece))["new_names"] == []  # handed over already
+    reader.forget(first["new_cats"], first["new_names"])
+    again = reader.parse(piece, 0, len(piece))
+    assert again["new_names"] == first["new_names"] and again["new_cats"] == first["new_cats"]
+    with pytest.raises(ValueError):
+        reader.forget([], [(99, "not one of its names")])
+
+
+def _beside_trace(rng: random.Random) -> str:
+    """Events of the kinds the compiled reader takes, some it declines (a string pid: their
+    pieces go to msgspec), with metadata, and args holding a
+    list of objects (a `},{` inside an event: where a cut there falls, the piece is cut
+    again larger, and the second reader's piece after it is not taken)."""
+    events = []
+    for i in range(4000):
+        event = _event(rng, True)
+        if rng.random() < 0.01:
+            event["pid"] = "GPU 0"  # a string id: the compiled reader declines its piece
+        if rng.random() < 0.3:  # names met for the first time all through the file
+            event["name"] = f"op{rng.randrange(2000)}"
+        if rng.random() < 0.02 and isinstance(event.get("args"), dict):
+            event["args"]["shapes"] = [{"a": i}, {"b": [i, i]}] * rng.randint(1, 30)
+        if rng.random() < 0.002 and isinstance(event.get("args"), dict):
+            # Longer than a piece, of objects a reader takes for events: the piece cut inside
+            # it is read (names and all) by the second reader, then not taken.
+            event["args"]["inner"] = [
+                {"ph": "X", "cat": "kernel", "name": f"op{rng.randrange(2000)}", "ts": 1, "dur": 1}
+                for _ in range(300)
+            ]
+        events.append(event)
+    for pid in range(3):
+        events.insert(
+            rng.randrange(len(events)),
+            {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"rank {pid}"}},
+        )
+    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"})
+
+
+@needs_it
+def test_a_second_reader_beside_makes_the_same_trace(tmp_path, monkeypatch):
+    """Large files are read by two threads (`Columns.read_beside`): every other piece by a
+    second compiled reader, its strings coded in file order. Made small here (pieces of
+    2-8 KB), the trace loads exactly as with one reader, its error (if any) the same."""
+    from fsdp_trace.analysis.read import events as events_mod
+    from fsdp_trace.analysis.read import parallel
+
+    taken = {"beside": 0, "forgotten": 0}
+    take_second, forget = Columns.take_second, columns_mod.SecondReader.forget
+
+    def counted_take(self):
+        got = take_second(self)
+        taken["beside"] += got
+        return got
+
+    def counted_forget(self):
+        taken["forgotten"] += 1
+        forget(self)
+
+    monkeypatch.setattr(Columns, "take_second", counted_take)
+    monkeypatch.setattr(columns_mod.SecondReader, "forget", counted_forget)
+    monkeypatch.setattr(parallel, "BESIDE_MIN_BYTES", 0)
+    monkeypatch.setattr(parallel, "one_core", lambda: False)
+    for seed in range(6):
+        rng = random.Random(seed)
+        monkeypatch.setattr(events_mod, "COMPILED_PIECE", rng.choice([2048, 4096, 8192]))
+        path = tmp_path / f"rank{seed}.json"
+        path.write_text(_beside_trace(rng))
+        alone = _parse(path, parallel=False)
+        beside = _parse(path, parallel=None)
+        assert not isinstance(alone, str), alone
+        _assert_same(alone, beside, path.name)
+    assert taken["beside"] > 100 and taken["forgotten"] > 0
+
+
+def _parse(path: Path, parallel: bool | None) -> object:
+    try:
+        return loader.load_trace(path, cache=False, progress=False, parallel=parallel)
+    except UserError as exc:
+        return str(exc)

@@ -18,6 +18,7 @@ from fsdp_trace.analysis.read import cache as cache_mod
 from fsdp_trace.analysis.read import loader, remote
 from fsdp_trace.analysis.read.inputs import TraceInput
 from fsdp_trace.analysis.read.loader import raw_size, wants_progress
+from fsdp_trace.analysis.read.parallel import usable_cores
 from fsdp_trace.analysis.read.readers import load as load_trace  # through the reader registry
 from fsdp_trace.analysis.read.remote import is_url
 from fsdp_trace.analysis.read.trace import rank_from_name
@@ -157,10 +158,7 @@ def auto_jobs(raw_sizes: list[int]) -> int:
     per core this process may run on, no more than the traces, and no more than half the
     available memory holds at one largest trace each (a machine's memory, not its cores,
     bounds a run of gigabyte traces)."""
-    if hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
-    else:  # pragma: no cover - macOS, Windows
-        cores = os.cpu_count() or 1
+    cores = usable_cores()
     largest = max(raw_sizes, default=0)
     free = available_memory()
     fit = int(free / 2 // (EVENTS_PER_JSON_BYTE * largest)) if largest and free else cores

@@ -12,6 +12,13 @@
  *
  * Written for this project (CPython's C API only, no numpy headers): the arrays go back as
  * bytes objects that numpy reads without a copy.
+ *
+ * The scan of a piece runs with the GIL released, so that a second reader reads the next piece
+ * on another thread (columns.SecondReader) while the file is read and gunzipped on a third.
+ * It makes no Python object: a metadata event's strings are kept as bytes and made into
+ * objects after it, the GIL held again (and taken back for the rare number only CPython's
+ * dtoa converts). One reader serves one call at a time (its tables are not shared); a
+ * second thread's call on a busy reader is refused.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,6 +76,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
+    int busy; /* a parse runs (set and read with the GIL held) */
     Table cats, names, texts, raws;
     /* per event, reused */
     Buf cat_scratch, name_scratch, str_scratch, argname_scratch, pid_scratch, tid_scratch;
@@ -335,7 +343,7 @@ typedef struct {
     Buf ts, dur, pid, tid, dense[N_DENSE], cat_ids, name_ids;
     Buf rare_rows, rare_values; /* int64 rows; RareValue[N_RARE] per rare row */
     Buf gloo;                   /* (row, dims span, type span) per CPU collective */
-    PyObject *metadata;         /* list of (kind, pid, tid, name) */
+    Buf meta, meta_text;        /* MetaRow per metadata event; the bytes they point into */
     Py_ssize_t rows, raw_count, python_events;
     int input_dims, has_collective;
 } Out;
@@ -345,13 +353,29 @@ typedef struct {
     Span dims, type;
 } GlooRow;
 
+/* A metadata event's fields, its strings as offsets into Out.meta_text (the scan's spans may
+ * point into scratch buffers that the next string overwrites). */
+typedef struct {
+    size_t off, len;
+} TextAt;
+
+typedef struct {
+    IdKind kind;
+    int64_t i;
+    TextAt text;
+} IdAt;
+
+typedef struct {
+    TextAt kind, name;
+    IdAt pid, tid;
+} MetaRow;
+
 static void out_free(Out *o) {
     Buf *bufs[] = {&o->ts,       &o->dur,       &o->pid,         &o->tid,
                    &o->cat_ids,  &o->name_ids,  &o->rare_rows,   &o->rare_values,
                    &o->gloo,     &o->dense[0],  &o->dense[1],    &o->dense[2],
-                   &o->dense[3]};
+                   &o->dense[3], &o->meta,      &o->meta_text};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) buf_free(bufs[i]);
-    Py_CLEAR(o->metadata);
 }
 
 static int span_is(Span sp, const char *text) {
@@ -359,31 +383,65 @@ static int span_is(Span sp, const char *text) {
     return sp.n == n && memcmp(sp.p, text, n) == 0;
 }
 
-static PyObject *id_object(IdValue *id) {
+static int keep_text(Out *o, Span sp, TextAt *at) {
+    at->off = o->meta_text.n;
+    at->len = sp.n;
+    return buf_put(&o->meta_text, sp.p, sp.n);
+}
+
+static int keep_id(Out *o, IdValue *id, IdAt *at) {
+    at->kind = id->kind;
+    at->i = id->i;
+    at->text.off = at->text.len = 0;
+    return id->kind == ID_STR ? keep_text(o, id->span, &at->text) : 0;
+}
+
+/* A metadata event ('M') with a name in its args, kept for `metadata_list`. */
+static int take_metadata(Out *o, Event *ev) {
+    if (!ev->has_argname) return 0;
+    MetaRow row;
+    if (keep_text(o, ev->name, &row.kind) < 0 || keep_id(o, &ev->pid, &row.pid) < 0 ||
+        keep_id(o, &ev->tid, &row.tid) < 0 || keep_text(o, ev->argname, &row.name) < 0)
+        return -1;
+    return buf_put(&o->meta, &row, sizeof(row));
+}
+
+static PyObject *text_object(Out *o, TextAt at) {
+    return PyUnicode_DecodeUTF8(o->meta_text.p + at.off, (Py_ssize_t)at.len, "strict");
+}
+
+static PyObject *id_object(Out *o, IdAt *id) {
     switch (id->kind) {
         case ID_ABSENT: return PyLong_FromLong(0);
         case ID_INT: return PyLong_FromLongLong(id->i);
-        default: return PyUnicode_DecodeUTF8((const char *)id->span.p, id->span.n, "strict");
+        default: return text_object(o, id->text);
     }
 }
 
-/* A metadata event ('M') with a name in its args: (kind, pid, tid, name) for the caller. */
-static int take_metadata(Out *o, Event *ev) {
-    if (!ev->has_argname) return 0;
-    PyObject *kind = PyUnicode_DecodeUTF8((const char *)ev->name.p, ev->name.n, "strict");
-    PyObject *pid = id_object(&ev->pid);
-    PyObject *tid = id_object(&ev->tid);
-    PyObject *name = PyUnicode_DecodeUTF8((const char *)ev->argname.p, ev->argname.n, "strict");
-    PyObject *item = NULL;
-    if (kind && pid && tid && name) item = PyTuple_Pack(4, kind, pid, tid, name);
-    Py_XDECREF(kind);
-    Py_XDECREF(pid);
-    Py_XDECREF(tid);
-    Py_XDECREF(name);
-    if (item == NULL) return -1;
-    int rc = PyList_Append(o->metadata, item);
-    Py_DECREF(item);
-    return rc;
+/* The metadata events kept: [(kind, pid, tid, name)] for the caller. */
+static PyObject *metadata_list(Out *o) {
+    size_t n = o->meta.n / sizeof(MetaRow);
+    const MetaRow *rows = (const MetaRow *)o->meta.p;
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (list == NULL) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        MetaRow row = rows[i];
+        PyObject *kind = text_object(o, row.kind);
+        PyObject *pid = kind ? id_object(o, &row.pid) : NULL;
+        PyObject *tid = pid ? id_object(o, &row.tid) : NULL;
+        PyObject *name = tid ? text_object(o, row.name) : NULL;
+        PyObject *item = name ? PyTuple_Pack(4, kind, pid, tid, name) : NULL;
+        Py_XDECREF(kind);
+        Py_XDECREF(pid);
+        Py_XDECREF(tid);
+        Py_XDECREF(name);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
 }
 
 static int take_complete(Reader *r, Out *o, Scan *s, Event *ev) {
@@ -523,6 +581,36 @@ static PyObject *gloo_list(Out *o) {
     return list;
 }
 
+/* The events of the piece into `o`, the GIL released (`s->released` its holder); returns
+ * where the closing bracket is (until_close), else -1. Stops with s->bail set where the piece
+ * is declined, or with an error noted (pending_error). */
+static Py_ssize_t scan_piece(Reader *r, Scan *s, Out *o, const uchar *base, int until_close) {
+    Event ev;
+    skip_ws(s);
+    if (s->p >= s->end) s->bail = 1;
+    while (!s->bail) {
+        if (scan_event(r, s, &ev) < 0) break;
+        o->raw_count++;
+        if (span_is(ev.ph, "X")) {
+            if (take_complete(r, o, s, &ev) < 0) break;
+        } else if (span_is(ev.ph, "M")) {
+            if (take_metadata(o, &ev) < 0) break;
+        }
+        skip_ws(s);
+        if (s->p >= s->end) {
+            if (until_close) s->bail = 1; /* no closing bracket */
+            break;
+        }
+        if (until_close && *s->p == ']') return s->p - base;
+        if (*s->p != ',') {
+            s->bail = 1;
+            break;
+        }
+        s->p++;
+    }
+    return -1;
+}
+
 static PyObject *Reader_parse(Reader *r, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, stop;
@@ -533,40 +621,24 @@ static PyObject *Reader_parse(Reader *r, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "piece out of range");
         return NULL;
     }
-    Scan s = {(const uchar *)view.buf + start, (const uchar *)view.buf + stop, 0};
+    if (r->busy) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_RuntimeError, "this reader is parsing in another thread");
+        return NULL;
+    }
+    r->busy = 1;
+    const uchar *base = (const uchar *)view.buf;
+    Scan s = {base + start, base + stop, 0, NULL};
     Out o;
     memset(&o, 0, sizeof(o));
     PyObject *result = NULL;
-    o.metadata = PyList_New(0);
-    if (o.metadata == NULL) goto done;
-    Event ev;
-    Py_ssize_t closed = -1; /* where the closing bracket is (until_close) */
-    skip_ws(&s);
-    if (s.p >= s.end) s.bail = 1;
-    while (!s.bail) {
-        if (scan_event(r, &s, &ev) < 0) break;
-        o.raw_count++;
-        if (span_is(ev.ph, "X")) {
-            if (take_complete(r, &o, &s, &ev) < 0) break;
-        } else if (span_is(ev.ph, "M")) {
-            if (take_metadata(&o, &ev) < 0) break;
-        }
-        skip_ws(&s);
-        if (s.p >= s.end) {
-            if (until_close) s.bail = 1; /* no closing bracket */
-            break;
-        }
-        if (until_close && *s.p == ']') {
-            closed = s.p - (const uchar *)view.buf;
-            break;
-        }
-        if (*s.p != ',') {
-            s.bail = 1;
-            break;
-        }
-        s.p++;
-    }
-    if (PyErr_Occurred()) {
+    s.released = PyEval_SaveThread();
+    Py_ssize_t closed = scan_piece(r, &s, &o, base, until_close);
+    PyEval_RestoreThread(s.released);
+    s.released = NULL;
+    if (raise_pending() < 0) goto done;
+    PyObject *metadata = s.bail ? NULL : metadata_list(&o);
+    if (metadata == NULL && !s.bail) {
         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto done;
         PyErr_Clear(); /* not UTF-8 after all: the msgspec path names the byte */
         s.bail = 1;
@@ -584,6 +656,7 @@ static PyObject *Reader_parse(Reader *r, PyObject *args) {
         Py_XDECREF(cats);
         Py_XDECREF(names);
         Py_XDECREF(rare);
+        Py_DECREF(metadata);
         rollback_names(&r->cats);
         rollback_names(&r->names);
         if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
@@ -594,7 +667,7 @@ static PyObject *Reader_parse(Reader *r, PyObject *args) {
         goto done;
     }
     result = Py_BuildValue(
-        "{s:n,s:n,s:n,s:n,s:O,s:O,s:N,s:N,s:N,s:N,s:(NNNN),s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:O}",
+        "{s:n,s:n,s:n,s:n,s:O,s:O,s:N,s:N,s:N,s:N,s:(NNNN),s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
         "closed", closed, "rows", o.rows, "raw_count", o.raw_count, "python_events", o.python_events,
         "input_dims", o.input_dims ? Py_True : Py_False, "has_collective",
         o.has_collective ? Py_True : Py_False, "ts", as_bytes(&o.ts), "dur", as_bytes(&o.dur),
@@ -602,7 +675,7 @@ static PyObject *Reader_parse(Reader *r, PyObject *args) {
         as_bytes(&o.dense[1]), as_bytes(&o.dense[2]), as_bytes(&o.dense[3]), "cat_ids",
         as_bytes(&o.cat_ids), "new_cats", cats, "name_ids", as_bytes(&o.name_ids), "new_names",
         names, "rare_rows", as_bytes(&o.rare_rows), "rare", rare, "gloo", gloo, "metadata",
-        o.metadata);
+        metadata);
     if (result == NULL) {
         rollback_names(&r->cats);
         rollback_names(&r->names);
@@ -612,8 +685,36 @@ static PyObject *Reader_parse(Reader *r, PyObject *args) {
     }
 done:
     out_free(&o);
+    r->busy = 0;
     PyBuffer_Release(&view);
     return result;
+}
+
+/* A parse's result not taken after all (the caller cut the text anew): its new names are
+ * marked as not handed over, so that the next piece using them names them again. */
+static PyObject *Reader_forget(Reader *r, PyObject *args) {
+    PyObject *lists[2];
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &lists[0], &PyList_Type, &lists[1]))
+        return NULL;
+    if (r->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "this reader is parsing in another thread");
+        return NULL;
+    }
+    Table *tables[2] = {&r->cats, &r->names};
+    for (int k = 0; k < 2; k++) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lists[k]); i++) {
+            PyObject *item = PyList_GET_ITEM(lists[k], i);
+            long id = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2
+                          ? PyLong_AsLong(PyTuple_GET_ITEM(item, 0))
+                          : -1;
+            if (id < 0 || id >= tables[k]->count) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "not a name of this reader");
+                return NULL;
+            }
+            tables[k]->entries[id].used = 0;
+        }
+    }
+    Py_RETURN_NONE;
 }
 
 static void Reader_dealloc(Reader *r) {
@@ -641,7 +742,11 @@ static PyMethodDef Reader_methods[] = {
      "parse(text, start, stop, until_close=False) -> dict | None: the events in "
      "text[start:stop] (whole events separated by commas, no brackets; with until_close, "
      "up to the array's closing bracket, whose place is 'closed') as columns; None when the "
-     "piece is not the plain case (the caller decodes it with msgspec)."},
+     "piece is not the plain case (the caller decodes it with msgspec). The GIL is released "
+     "while it reads."},
+    {"forget", (PyCFunction)Reader_forget, METH_VARARGS,
+     "forget(new_cats, new_names): a result of parse not taken after all; the names it gave "
+     "as new are given again by the next piece that uses them."},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject ReaderType = {
@@ -664,7 +769,7 @@ PyMODINIT_FUNC PyInit__fastread(void) {
     if (m == NULL) return NULL;
     /* The interface version columns.COMPILED_VERSION expects: raise both with any change of
      * what `parse` takes or gives. */
-    if (PyModule_AddIntConstant(m, "VERSION", 1) < 0) {
+    if (PyModule_AddIntConstant(m, "VERSION", 2) < 0) {
         Py_DECREF(m);
         return NULL;
     }

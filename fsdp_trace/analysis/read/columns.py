@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
 from array import array
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_, is_not
@@ -28,7 +30,7 @@ INT64 = 1 << 63
 
 # The compiled reader's interface version: a shared library built from another version of
 # _fastread.c (an editable install not rebuilt) is not used.
-COMPILED_VERSION = 1
+COMPILED_VERSION = 2
 try:  # the compiled reader (built with the package where a C compiler was at hand)
     from fsdp_trace.analysis.read import _fastread
 except ImportError:  # pragma: no cover - depends on the installation
@@ -205,6 +207,64 @@ def _narrow(codes: np.ndarray) -> np.ndarray:
     return codes
 
 
+class SecondReader:
+    """A second compiled reader on a thread of its own: while the caller's thread reads one
+    piece, this one reads the next (the reader releases the GIL: two cores, about half the
+    time on a large file). Its string ids are its own, mapped to the columns' codes as its
+    pieces are taken, in file order. One piece at a time: `start`, then `result` (taken with
+    `Columns.take_second`) or `forget`."""
+
+    def __init__(self) -> None:
+        assert _CompiledReader is not None
+        self.reader = _CompiledReader()
+        self.cat_remap = np.empty(0, np.int32)
+        self.name_remap = np.empty(0, np.int32)
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name="fsdp-trace-reader", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (piece := self._work.get()) is not None:
+            text, start, stop = piece
+            try:
+                self._done.put((self.reader.parse(text, start, stop), None))
+            except BaseException as exc:  # MemoryError: raised on the caller's thread
+                self._done.put((None, exc))
+
+    def start(self, text: bytes, start: int, stop: int) -> None:
+        """Read text[start:stop] on the thread."""
+        assert not self._busy
+        self._busy = True
+        self._work.put((text, start, stop))
+
+    def result(self) -> dict[str, Any] | None:
+        """The piece's columns once read (None: declined, left to msgspec)."""
+        assert self._busy
+        got, exc = self._done.get()
+        self._busy = False
+        if exc is not None:
+            raise exc
+        return got
+
+    def forget(self) -> None:
+        """The piece read is not taken (the caller cut the text anew)."""
+        got = self.result()
+        if got is not None:
+            self.reader.forget(got["new_cats"], got["new_names"])
+
+    def close(self) -> None:
+        try:
+            if self._busy:
+                self.forget()
+        except Exception:  # its piece is dropped either way
+            pass
+        finally:
+            self._work.put(None)
+            self._thread.join()
+
+
 class Columns:
     """Columns of the complete events, filled piece by piece from decoded structs."""
 
@@ -242,6 +302,7 @@ class Columns:
         # piece's few KB to the arrays regrows and copies them ~8 times over.
         self.pending: list[dict[str, Any]] = []
         self.pending_rows = 0
+        self.second: SecondReader | None = None  # `read_beside`
 
     def __len__(self) -> int:
         return len(self.ts) + self.pending_rows
@@ -254,7 +315,21 @@ class Columns:
         self._flush()
         state = self.__dict__.copy()
         state["reader"] = None  # holds C memory; a batch crossing processes is only merged
+        state["second"] = None
         return state
+
+    def read_beside(self) -> bool:
+        """Read every other piece on a second thread (`SecondReader`), where there is a
+        compiled reader (it releases the GIL while it reads); whether it is on."""
+        if self.reader is not None and self.second is None:
+            self.second = SecondReader()
+        return self.second is not None
+
+    def close(self) -> None:
+        """Stop the second thread, if any (its pieces are all taken or forgotten)."""
+        second, self.second = self.second, None
+        if second is not None:
+            second.close()
 
     def _flush(self) -> None:
         """Append the compiled reader's pieces held so far to the columns."""
@@ -288,6 +363,16 @@ class Columns:
         self.take(got)
         return True
 
+    def take_second(self) -> bool:
+        """The piece the second reader read (`SecondReader.start`) into the columns, in file
+        order, as `take` takes the first reader's; False where it declined the piece."""
+        assert self.second is not None
+        got = self.second.result()
+        if got is None:
+            return False
+        self.take(got, self.second)
+        return True
+
     def read_last(self, text: bytes) -> tuple[int, dict[str, Any]] | None:
         """The events at the start of `text` up to the closing bracket of their array, read
         by the compiled reader but not yet taken (`take` them once the text after the
@@ -299,20 +384,22 @@ class Columns:
         got = self.reader.parse(text, 0, len(text), True)
         return None if got is None else (got["closed"], got)
 
-    def take(self, got: dict[str, Any]) -> None:
+    def take(self, got: dict[str, Any], side: Columns | SecondReader | None = None) -> None:
         """What the compiled reader made of a piece (`add_text`, `read_last`), into the
-        columns."""
+        columns. `side`: the reader whose string ids these are (their maps to codes): these
+        columns' own, or the second one."""
+        side = side or self
         self.raw_count += got["raw_count"]
         self._names(got["metadata"])
         self.python_events += got["python_events"]
         if not got["rows"]:
             return
         row0 = len(self)
-        self.cat_remap, got["cat_codes"] = _recoded(
-            self.cats, self.cat_remap, got["cat_ids"], got["new_cats"]
+        side.cat_remap, got["cat_codes"] = _recoded(
+            self.cats, side.cat_remap, got["cat_ids"], got["new_cats"]
         )
-        self.name_remap, got["name_codes"] = _recoded(
-            self.names, self.name_remap, got["name_ids"], got["new_names"]
+        side.name_remap, got["name_codes"] = _recoded(
+            self.names, side.name_remap, got["name_ids"], got["new_names"]
         )
         self.input_dims = self.input_dims or got["input_dims"]
         self.has_collective = self.has_collective or got["has_collective"]

@@ -156,12 +156,29 @@ def check_one_events_key(path: Path, texts: list[bytes]) -> None:
         )
 
 
+class Beside(Protocol):
+    """A reader of one piece at a time on a thread of its own, beside the caller's
+    (`fsdp_trace.analysis.read.columns.SecondReader`)."""
+
+    def start(self, text: bytes, start: int, stop: int) -> None: ...
+
+    def forget(self) -> None:
+        """Its piece is not taken: the text is cut anew."""
+        ...
+
+
 class Sink(Protocol):
     """Where decoded events go, piece by piece (`fsdp_trace.analysis.read.columns.Columns`):
     named here so the decoding knows nothing of the columns."""
 
     raw_count: int  # events taken so far: decoding errors count from it
     piece_bytes: int  # the size of the pieces it takes best (PIECE, or COMPILED_PIECE)
+    second: Beside | None  # reads every other piece, where on
+
+    def take_second(self) -> bool:
+        """Take the piece `second` read (after the one before it); False when it declined
+        (then it is read again here, and decoded if declined again)."""
+        ...
 
     def add(self, events: list[Event]) -> None: ...
 
@@ -189,36 +206,55 @@ class Pieces:
 
     def decode(self, buf: bytes) -> bytes:
         """Decode every whole piece at the front of `buf`; returns the rest. A rest past the
-        look-ahead bound (no event ends within it) is refused."""
+        look-ahead bound (no event ends within it) is refused. With a second reader, the
+        piece after each one is read beside it, cut where it would be cut after it."""
         pos = 0
+        second = self.columns.second
         while len(buf) - pos > self.size:
             match = BOUNDARY.search(buf, pos + self.size)
             if match is None:
                 break
-            if not self.columns.add_text(buf, pos, match.start() + 1):
-                try:
-                    events = LIST_DECODER.decode(b"[" + buf[pos : match.start() + 1] + b"]")
-                except RecursionError as exc:
-                    raise decode_error(self.path, exc, self.offset + pos) from None
-                except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError too
-                    # The cut fell inside an event (a `},{` within its args): take a larger piece.
-                    # Past the look-ahead bound it is a real error (else the end of the file
-                    # shows it when the rest is decoded, `_stream`).
-                    self.size *= 2
-                    if self.size > LOOKAHEAD:
-                        raise decode_error(
-                            self.path, exc, self.offset + pos - 1, self.columns.raw_count
-                        ) from None
-                    continue
-                self.columns.add(events)
-                del events
-            pos = match.end() - 1
+            after = match.end() - 1
+            beside = None
+            if second is not None and len(buf) - after > self.piece:
+                following = BOUNDARY.search(buf, after + self.piece)
+                if following is not None:
+                    beside = following.end() - 1
+                    second.start(buf, after, following.start() + 1)
+            if not self._piece(buf, pos, match.start() + 1):  # cut inside an event
+                if beside is not None:
+                    second.forget()
+                continue
+            pos = after
             self.size = self.piece
+            if beside is not None and self.columns.take_second():
+                pos = beside
         self.offset += pos
         rest = buf[pos:]
         if len(rest) > LOOKAHEAD + BLOCK:
             raise _no_event_end(self.path, rest, self.offset, self.columns.raw_count)
         return rest
+
+    def _piece(self, buf: bytes, start: int, stop: int) -> bool:
+        """Take the events of buf[start:stop]: the compiled reader's, else msgspec's. False
+        when the cut fell inside an event (a `},{` within its args): the piece size is
+        doubled for the caller to cut again; past the look-ahead bound it is a real error
+        (else the end of the file shows it when the rest is decoded, `_stream`)."""
+        if self.columns.add_text(buf, start, stop):
+            return True
+        try:
+            events = LIST_DECODER.decode(b"[" + buf[start:stop] + b"]")
+        except RecursionError as exc:
+            raise decode_error(self.path, exc, self.offset + start) from None
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError too
+            self.size *= 2
+            if self.size > LOOKAHEAD:
+                raise decode_error(
+                    self.path, exc, self.offset + start - 1, self.columns.raw_count
+                ) from None
+            return False
+        self.columns.add(events)
+        return True
 
 
 def _no_event_end(path: Path, text: bytes, offset: int, events_before: int) -> UserError:

@@ -44,7 +44,12 @@ from pathlib import Path
 from fsdp_trace.analysis.read import validate
 from fsdp_trace.analysis.read.columns import INT64, INT_KEYS, Columns
 from fsdp_trace.analysis.read.events import Pieces, TraceFile, add_all, check_one_events_key, decode
-from fsdp_trace.analysis.read.parallel import Helper, parallel_worth_it, stream_parallel
+from fsdp_trace.analysis.read.parallel import (
+    Helper,
+    beside_worth_it,
+    parallel_worth_it,
+    stream_parallel,
+)
 from fsdp_trace.analysis.read.text import (
     after_header,
     check_path,
@@ -117,14 +122,21 @@ class _ProgressBar:
 
 
 def _parse(path: Path, progress: bool | None, parallel: bool | None = None) -> Trace:
+    beside = False  # a second thread reads every other piece (the compiled reader)
     if parallel is None:
         parallel = parallel_worth_it(path)
+        beside = not parallel and beside_worth_it(path)
     helper = Helper() if parallel else None  # forked before the progress bar's thread starts
     with _ProgressBar(path, progress) as on_progress:
         done = stream_parallel(path, on_progress, helper) if helper is not None else None
         if done is None:
             columns = Columns()
-            parsed = _stream(path, columns, on_progress)
+            if beside:
+                columns.read_beside()
+            try:
+                parsed = _stream(path, columns, on_progress)
+            finally:
+                columns.close()
         else:
             parsed, columns = done
     if parsed.traceEvents is None:

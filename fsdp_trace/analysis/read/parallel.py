@@ -20,6 +20,7 @@ import msgspec
 from fsdp_trace.analysis.read.columns import Codes, Columns, compiled_reader
 from fsdp_trace.analysis.read.events import (
     BOUNDARY,
+    COMPILED_PIECE,
     LIST_DECODER,
     Pieces,
     TraceFile,
@@ -51,13 +52,37 @@ STALL_SECONDS = 60.0
 KILL_AFTER_SECONDS = 5.0  # a helper SIGTERM has not ended by then is killed
 
 
+# Files of this much raw JSON and more are read by two threads where the compiled reader is
+# (`Columns.read_beside`): four of its pieces, so that the thread's start (~0.1 ms) is
+# repaid many times over.
+BESIDE_MIN_BYTES = 4 * COMPILED_PIECE
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the system says, as a batch
+    scheduler's cgroup sets it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # pragma: no cover - macOS, Windows
+
+
+def one_core() -> bool:
+    return usable_cores() < 2 or os.environ.get("FSDP_TRACE_LOAD_PROCESSES") == "1"
+
+
 def parallel_worth_it(path: Path) -> bool:
     """Two processes decode large files (one is enough for small ones, or on one core)."""
-    if (os.cpu_count() or 1) < 2 or os.environ.get("FSDP_TRACE_LOAD_PROCESSES") == "1":
+    if one_core():
         return False
     if compiled_reader():  # it reads faster than a second process's batches are merged
         return False
     return raw_size(path) >= PARALLEL_MIN_BYTES
+
+
+def beside_worth_it(path: Path) -> bool:
+    """A second thread reads every other piece of a large file, where the compiled reader is
+    (it releases the GIL; merging a second process's batches costs more than it gives)."""
+    return not one_core() and compiled_reader() and raw_size(path) >= BESIDE_MIN_BYTES
 
 
 def _decode_batch(text: bytes, tables: tuple[Codes, Codes]) -> Columns:
