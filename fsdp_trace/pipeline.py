@@ -12,9 +12,9 @@ Pure: traces in, a typed `Result` out; nothing printed, nothing written. Every f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,8 @@ from fsdp_trace.errors import UserError
 from fsdp_trace.fmt import agree, plural
 from fsdp_trace.result import Result, RunAnalysis
 from fsdp_trace.vocab import Source
+
+T = TypeVar("T")
 
 
 @full_passes_deferred()  # the results of many ranks, held: fsdp_trace.collector
@@ -77,23 +79,75 @@ def analyze(
 
         if hta_tool() is None:  # asked for: refused before any work, not a notice after it
             raise UserError(NOT_INSTALLED)
-    inputs = resolve(paths)
-    groups = [[t for t in r.traces if detailed or t.source != Source.DETAILED] for r in inputs.runs]
-    unsorted = [TraceInput(p) for p in inputs.loose]
-    work = [t for group in [*groups, unsorted] for t in group]
+    plan = Plan.of(paths, detailed)
     if client is not None:
         from fsdp_trace.analysis.job import cluster
 
-        keep = [keep_kernels and t.source != Source.DETAILED for t in work]
-        outcomes = cluster.analyze_all(client, work, cache, keep)
+        keep = [keep_kernels and t.source != Source.DETAILED for t in plan.work]
+        outcomes = cluster.analyze_all(client, plan.work, cache, keep)
     else:
         # Decided per run (the loose traces as one): a small run keeps its kernels.
         keep = [
             k
-            for group in [*groups, unsorted]
+            for group in plan.groups
             for k in perrank.keeps_kernels(group, cache, every=keep_kernels)
         ]
-        outcomes = list(perrank.analyze_all(work, jobs, cache, keep))
+        outcomes = list(perrank.analyze_all(plan.work, jobs, cache, keep))
+    return assemble(plan, outcomes, hta=hta, cache=cache)
+
+
+def analyze_on_cluster(
+    paths: str | Path | Sequence[str | Path],
+    client: Any,
+    produce: Callable[[Result], T],
+    *,
+    detailed: bool = True,
+    cache: bool = True,
+) -> T:
+    """`analyze` on a Dask cluster with its run level there too: what `produce` (a
+    picklable callable, run on a worker) makes of the Result, not the Result. The command's
+    outputs travel to the caller, never every rank's results, so its memory stays flat in
+    the number of ranks (`cluster.analyze_and_produce`; `fsdp-trace analyze --scheduler`)."""
+    from fsdp_trace.analysis.job import cluster
+
+    plan = Plan.of(paths, detailed)
+    return cluster.analyze_and_produce(client, plan, cache, False, assemble, produce)
+
+
+@dataclasses.dataclass
+class Plan:
+    """What an analysis of `paths` reads: the runs and loose traces found, and every trace
+    to analyze (`work`), run by run (`groups`, the loose traces last, as one)."""
+
+    given: list[str]
+    inputs: Inputs
+    detailed: bool
+    groups: list[list[TraceInput]]
+
+    @classmethod
+    def of(cls, paths: str | Path | Sequence[str | Path], detailed: bool = True) -> Plan:
+        inputs = resolve(paths)
+        groups = [
+            [t for t in r.traces if detailed or t.source != Source.DETAILED] for r in inputs.runs
+        ]
+        groups.append([TraceInput(p) for p in inputs.loose])
+        given = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
+        return cls(given, inputs, detailed, groups)
+
+    @property
+    def work(self) -> list[TraceInput]:
+        return [t for group in self.groups for t in group]
+
+
+@full_passes_deferred()
+def assemble(
+    plan: Plan, outcomes: Sequence[RankAnalysis | Failure], *, hta: bool = False, cache: bool = True
+) -> Result:
+    """The runs of `plan` from its traces' analyses (`outcomes`, in the order of
+    `plan.work`): grouped, each analyzed as a run (configuration, cross-rank view,
+    breakdown, diagnosis). Where this runs, the ranks' results are: on the caller's
+    machine, or on a Dask worker (`cluster.analyze_and_produce`)."""
+    inputs, detailed, work = plan.inputs, plan.detailed, plan.work
     failed = [o for o in outcomes if isinstance(o, Failure)]
     if len(failed) == len(work):
         more = f" (and {len(failed) - 1} more traces failed)" if len(failed) > 1 else ""
@@ -124,14 +178,13 @@ def analyze(
         for (r, a), m in zip(runs_in, missing, strict=True)
     ]
     placed = {id(f) for m in missing for f in m}
-    given = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
     grouping = grouping_line(runs_in, len(work))
     if failed:
         grouping += f"; {len(failed)} failed (left out)"
     if inputs.skipped:
         grouping += f"; {plural(len(inputs.skipped), 'run')} not analyzed (see the notices)"
     return Result(
-        inputs=given,
+        inputs=plan.given,
         runs=runs,
         grouping=grouping,
         input_notices=[f"not analyzed: {line}" for line in inputs.skipped]

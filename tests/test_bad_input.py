@@ -245,7 +245,7 @@ def test_a_failing_output_leaves_none_behind(tmp_path, monkeypatch):
     out = tmp_path / "new"
     outputs = {"--json": out / "a.json", "--report": out / "r.html", "--perfetto": None}
     with pytest.raises(UserError, match=r"--report .*r.html: cannot write \(No space left"):
-        cli.analyze._write_outputs(result, outputs, out / "csv")
+        cli.analyze._write_outputs(cli.analyze._FromResult(result, True), outputs, out / "csv")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]
 
 

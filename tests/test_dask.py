@@ -110,6 +110,84 @@ def test_scheduler_local_gives_the_json_of_jobs_1(tmp_path):
     assert len(one["ranks"]) == 4 and not any("missing" in n for n in one["notices"])
 
 
+def _outputs(tmp_path: Path, name: str, *args: str) -> tuple[str, dict[str, bytes], str]:
+    out = tmp_path / name
+    done = run_cli(
+        "analyze", *args, "--out-dir", str(out), "--json", str(out / "a.json"),
+        "--csv", str(out / "csv"), "--fail-on", "exposed_pct>0", timeout=120,
+        env={"FSDP_TRACE_CACHE": "0"},
+    )  # fmt: skip
+    assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr
+    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    return done.stdout, files, done.stderr.replace(str(out), "OUT") + str(done.returncode)
+
+
+def test_scheduler_local_writes_what_jobs_1_writes(tmp_path):
+    """`--scheduler` assembles the run and makes its outputs on a worker
+    (`cluster.analyze_and_produce`): the terminal's text, every file (JSON, CSV, the
+    report) and the gate's verdict and exit code are byte for byte a local run's."""
+    one = _outputs(tmp_path, "one", str(GPT), "--jobs", "1")
+    dask = _outputs(tmp_path, "dask", str(GPT), "--scheduler", "local:2")
+    assert dask == one
+    assert sorted(one[1]) == [
+        "a.json", *(f"csv/{n}.csv" for n in ("blocks", "breakdown", "collectives", "steps")),
+        "report.html",
+    ]  # fmt: skip
+    assert one[0].startswith("fsdp-trace analyze") and one[2].endswith("1")  # the gate held
+    assert "fail-on: exposed_pct" in one[2]
+
+
+def test_the_cli_on_a_cluster_never_gathers_the_ranks_results(monkeypatch):
+    """`fsdp-trace analyze --scheduler` takes the assembling path, not `analyze_all`'s
+    gathering one (`--perfetto` and `--hta`, which read every rank's results here, do)."""
+    from typer.testing import CliRunner
+
+    from fsdp_trace import cli
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the ranks' results were brought to the client")
+
+    monkeypatch.setattr(cluster, "analyze_all", refused)
+    monkeypatch.setenv("FSDP_TRACE_QUIET", "1")
+    done = CliRunner().invoke(
+        cli.app, ["analyze", str(GPT), "--scheduler", "local:2", "--no-cache", "--no-report"]
+    )
+    assert done.exit_code == 0, done.output
+    assert done.output.startswith("fsdp-trace analyze")
+
+
+def _where(result) -> tuple[int, dict]:
+    """Made on the worker that assembled the run: its process, and the Result's JSON."""
+    import os
+
+    return os.getpid(), result.to_json()
+
+
+def test_the_run_is_assembled_where_the_ranks_results_are(client, tmp_path, monkeypatch):
+    """The client never brings a rank's result over: the per-rank tasks' results stay on
+    their workers, a task on a worker assembles the run (`pipeline.assemble`) and makes the
+    outputs; a trace that fails there is left out of its run as `analyze(client=)` leaves
+    it."""
+    import os
+
+    from fsdp_trace.pipeline import analyze_on_cluster
+
+    gathered = []
+    outcome = cluster._outcome
+    monkeypatch.setattr(cluster, "_outcome", lambda f, t: gathered.append(t) or outcome(f, t))
+    run = tmp_path / "run"
+    shutil.copytree(HSDP, run)
+    good = (run / "rank2.timing.json.gz").read_bytes()
+    (run / "rank2.timing.json.gz").write_bytes(good[: len(good) // 3])
+    pid, document = analyze_on_cluster(run, client, _where, cache=False)
+    assert pid != os.getpid()
+    assert gathered == []  # the corrupt trace's Failure too went to the assembling worker
+    here = fsdp_trace.analyze(run, client=client, cache=False).to_json()
+    assert json.dumps(document, sort_keys=True) == json.dumps(here, sort_keys=True)
+    assert [r["rank"] for r in document["ranks"]] == [0, 1, 3]
+    assert any("rank 2 missing" in n for n in document["notices"])
+
+
 def test_client_facade_gives_the_result_of_jobs_1(client):
     alone = fsdp_trace.analyze(GPT, cache=False)
     spread = fsdp_trace.analyze(GPT, client=client, cache=False)

@@ -3,10 +3,11 @@
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import typer
 
+from fsdp_trace import atomic
 from fsdp_trace.cli.app import user_errors
 from fsdp_trace.cli.common import (
     OUT_DIR_HELP,
@@ -159,31 +160,57 @@ def analyze(
         # rank's), so the writer never parses again.
         perfetto_out = outputs["--perfetto"] is not None
         with cluster_client(scheduler, jobs) as client, keeping_cpu_slices(perfetto_out):
-            result = run_analysis(
-                paths,
-                jobs=jobs,
-                detailed=detailed,
-                cache=not no_cache,
-                hta=hta,
-                client=client,
-                keep_kernels=perfetto_out,
-            )
-        # The gate can refuse a condition (a run metric without run.json): before any output.
-        violated = gate.violations(conditions, result.runs)
-        terminal.render(result, top=top)
+            if client is not None and not perfetto_out and not hta:
+                # The run assembled and its outputs made on the cluster, where the ranks'
+                # results are: the client receives the outputs (fsdp_trace.render.produced).
+                from fsdp_trace.pipeline import analyze_on_cluster
+                from fsdp_trace.render.produced import ConsoleSpec, Produce
+
+                produce = Produce(
+                    top=top,
+                    conditions=tuple(conditions),
+                    console=ConsoleSpec.of(terminal.make_console()),
+                    json=outputs["--json"] is not None,
+                    csv=csv_dir is not None,
+                    report=outputs["--report"] is not None,
+                )
+                produced = analyze_on_cluster(
+                    paths, client, produce, detailed=detailed, cache=not no_cache
+                )
+                made: _Made = _FromProduced(produced)
+            else:
+                result = run_analysis(
+                    paths,
+                    jobs=jobs,
+                    detailed=detailed,
+                    cache=not no_cache,
+                    hta=hta,
+                    client=client,
+                    keep_kernels=perfetto_out,
+                )
+                made = _FromResult(result, cache=not no_cache)
+        if isinstance(made, _FromProduced):
+            violated, n_runs = made.produced.violated, made.produced.runs
+            sys.stdout.write(made.produced.terminal)
+            sys.stdout.flush()
+        else:
+            # The gate can refuse a condition (a run metric without run.json): before any
+            # output.
+            violated, n_runs = gate.violations(conditions, result.runs), len(result.runs)
+            terminal.render(result, top=top)
         notes = {}
-        runs = plural(len(result.runs), "run")
+        runs = plural(n_runs, "run")
         if placement is not None and placement.note:  # several inputs
             notes[placement.path] = (
                 f"one report for {plural(len(paths), 'input')} ({runs}), {placement.note}; "
                 "choose with --report or --out-dir"
             )
-        elif placement is not None and len(result.runs) > 1:  # a folder of several runs
+        elif placement is not None and n_runs > 1:  # a folder of several runs
             notes[placement.path] = (
                 f"one report for {runs}, in {placement.path.parent}; "
                 "choose with --report or --out-dir"
             )
-        written = _write_outputs(result, outputs, csv_dir, cache=not no_cache, notes=notes)
+        written = _write_outputs(made, outputs, csv_dir, notes=notes)
     announce(written)
     for line in violated:
         print(f"fsdp-trace analyze: fail-on: {printable(line)}", file=sys.stderr)
@@ -191,11 +218,63 @@ def analyze(
         raise typer.Exit(1)
 
 
+class _Made(Protocol):
+    """Each file output written to a (staged) path: from the Result here, or from the
+    bytes a Dask worker made of it."""
+
+    def json(self, path: Path) -> None: ...
+    def csv(self, folder: Path) -> None: ...
+    def report(self, path: Path) -> None: ...
+    def perfetto(self, path: Path) -> dict: ...
+
+
+class _FromResult:
+    def __init__(self, result, cache: bool) -> None:
+        self.result, self.cache = result, cache
+
+    def json(self, path: Path) -> None:
+        from fsdp_trace.render import export
+
+        export.write_json(self.result, path)
+
+    def csv(self, folder: Path) -> None:
+        from fsdp_trace.render import export
+
+        export.write_csv_files(self.result, folder)
+
+    def report(self, path: Path) -> None:
+        from fsdp_trace.render.report import write_report
+
+        write_report(self.result, path)
+
+    def perfetto(self, path: Path) -> dict:
+        from fsdp_trace.render.perfetto import write_perfetto
+
+        return write_perfetto(self.result, path, cache=self.cache)
+
+
+class _FromProduced:
+    def __init__(self, produced) -> None:
+        self.produced = produced
+
+    def json(self, path: Path) -> None:
+        atomic.write_bytes(path, self.produced.json)
+
+    def csv(self, folder: Path) -> None:
+        for name, data in self.produced.csv.items():
+            atomic.write_bytes(folder / name, data)
+
+    def report(self, path: Path) -> None:
+        atomic.write_bytes(path, self.produced.report)
+
+    def perfetto(self, path: Path) -> dict:
+        raise AssertionError("--perfetto is written from the Result, on the client")
+
+
 def _write_outputs(
-    result,
+    made: _Made,
     outputs: dict[str, Path | None],
     csv_dir: Path | None,
-    cache: bool = True,
     notes: dict[Path, str] | None = None,
 ) -> list[str]:
     """Write every requested output, all or nothing: each is staged beside its target and
@@ -215,28 +294,24 @@ def _write_outputs(
         with export.StagedOutputs() as staged:
             if outputs["--json"] is not None:
                 current = f"--json {outputs['--json']}"
-                export.write_json(result, staged.file(outputs["--json"]))
+                made.json(staged.file(outputs["--json"]))
                 written.append(said(outputs["--json"]))
             if csv_dir is not None:
                 current = f"--csv {csv_dir}"
-                export.write_csv_files(result, staged.folder(csv_dir))
+                made.csv(staged.folder(csv_dir))
                 names = [f"{n}.csv" for n in export.CSV_NAMES]
                 again = any((csv_dir / n).exists() for n in names)
                 written.append(
                     f"{'replaced' if again else 'wrote'} {csv_dir}/ ({', '.join(names)})"
                 )
             if outputs["--report"] is not None:
-                from fsdp_trace.render.report import write_report
-
                 current = f"--report {outputs['--report']}"
-                write_report(result, staged.file(outputs["--report"]))
+                made.report(staged.file(outputs["--report"]))
                 written.append(said(outputs["--report"]))
             if outputs["--perfetto"] is not None:
-                from fsdp_trace.render.perfetto import write_perfetto
-
                 path = outputs["--perfetto"]
                 current = f"--perfetto {path}"
-                counts = write_perfetto(result, staged.file(path), cache=cache)
+                counts = made.perfetto(staged.file(path))
                 written.append(
                     said(
                         path,

@@ -6,12 +6,20 @@ Each task reads one trace where its worker runs (a path on a shared filesystem, 
 `RankAnalysis` without its kernels (`RankAnalysis.without_kernels`: per-step, per-block and
 per-collective tables and the figures the run reads of the kernels, never a per-event table,
 unless asked for the views that read every rank's: whatif, --perfetto);
-the client gathers results as they finish and drops each future at once, so its memory grows by
-a rank's tables, compact (`RankAnalysis.as_kept`; ~0.36 MB pickled for a 100 MB trace, ~0.9 MB
-of the client's peak RSS; benchmarks/results/dask.md), not by its events. The views that draw
-or replay kernels read them again on the client (`RankAnalysis.load_kernels`). A trace that
-fails, or whose worker dies, comes back as a `Failure` naming its rank: the run is analyzed
-without it and says so.
+where it goes next is the caller's choice:
+
+- `analyze_and_produce` (`fsdp-trace analyze --scheduler`): the results stay on their
+  workers and one more task assembles the run where they are (`pipeline.assemble`) and makes
+  the command's outputs there; the client receives only those, so its memory stays flat in
+  the number of ranks;
+- `analyze_all` (`analyze(..., client=)`, `whatif`, `--perfetto`, `--hta`): the client gathers
+  results as they finish and drops each future at once, so its memory grows by a rank's
+  tables, compact (`RankAnalysis.as_kept`; ~0.36 MB pickled for a 100 MB trace, ~0.9 MB of
+  the client's peak RSS; benchmarks/results/dask.md), not by its events.
+
+The views that draw or replay kernels read them again where the run is assembled
+(`RankAnalysis.load_kernels`). A trace that fails, or whose worker dies, is a `Failure` naming
+its rank: the run is analyzed without it and says so.
 
 `distributed` is imported only here, and this module only when a cluster is asked for
 (`--scheduler`, `analyze(..., client=)`).
@@ -27,9 +35,9 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdp_trace.analysis.job.perrank import (
     Failure,
@@ -42,6 +50,9 @@ from fsdp_trace.analysis.read import cache as cache_mod
 from fsdp_trace.analysis.read.trace import rank_from_name
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.errors import UserError
+
+if TYPE_CHECKING:
+    from fsdp_trace.result import Result
 
 _LOCAL = re.compile(r"local:(\S+)")
 # How long the run waits to reach the scheduler, and with no worker on the cluster (none
@@ -285,6 +296,72 @@ def analyze_all(
     result is taken as soon as its task finishes and its future released, so the cluster
     frees it and the client keeps only the small `RankAnalysis`. A cluster left with no
     worker for FSDP_TRACE_DASK_WAIT_S fails the traces not yet analyzed, never hangs."""
+    return _run_tasks(client, work, cache, keep, gather=True)
+
+
+def analyze_and_produce(
+    client: Any,
+    plan: Any,
+    cache: bool,
+    hta: bool,
+    assemble: Callable[..., Result],
+    produce: Callable[[Result], Any],
+) -> Any:
+    """What `produce` makes of the Result of `plan` (a `pipeline.Plan`), all of it computed
+    on the cluster: each trace analyzed as a task, its result left on its worker, then the
+    run assembled where they are (`assemble`: `pipeline.assemble`, in a task of its own,
+    whose worker gathers the ranks' results) and `produce` run there. The client holds futures and
+    `produce`'s outputs, never a rank's results: its memory stays flat in the number of
+    ranks (benchmarks/results/dask.md). A trace that fails is left out of its run, as
+    `analyze_all` leaves it; the assembly failing (its worker lost) is one line."""
+    work = plan.work
+    outcomes = _run_tasks(client, work, cache, [False] * len(work), gather=False)
+    token = uuid.uuid4().hex[:12]
+    future = client.submit(
+        _assemble_task,
+        plan,
+        outcomes,
+        hta,
+        cache,
+        assemble,
+        produce,
+        key=f"fsdp-trace-run-{token}",
+    )
+    try:
+        return future.result()
+    except UserError:
+        raise
+    except Exception as exc:
+        killed = _distributed().KilledWorker
+        why = (
+            "its Dask worker died (out of memory? it holds every rank's results)"
+            if isinstance(exc, killed)
+            else f"failed on a Dask worker ({_first_line(exc)})"
+        )
+        raise UserError(f"the run's assembly: {why}; nothing written") from None
+    finally:
+        with contextlib.suppress(Exception):
+            client.cancel([future, *(o for o in outcomes if not isinstance(o, Failure))])
+
+
+def _assemble_task(
+    plan: Any, outcomes: list[RankAnalysis | Failure], hta: bool, cache: bool, assemble, produce
+) -> Any:
+    """`assemble` and `produce` on a worker, from the ranks' results (Dask gathers them here
+    from the workers holding them)."""
+    shared = SharedGroups()  # what every rank repeats, held once
+    outcomes = [shared(o) for o in outcomes]
+    with contextlib.ExitStack() as stack:
+        if not cache:
+            stack.enter_context(cache_mod.off("--no-cache"))
+        return produce(assemble(plan, outcomes, hta=hta, cache=cache))
+
+
+def _run_tasks(
+    client: Any, work: list[TraceInput], cache: bool, keep: list[bool], gather: bool
+) -> list[Any]:
+    """`analyze_all`'s tasks; `gather`: each result brought to the client (else its
+    finished future is kept in its place, the result left on its worker)."""
     distributed = _distributed()
     _check_workers(client)
     token = uuid.uuid4().hex[:12]
@@ -321,10 +398,13 @@ def analyze_all(
                         done.add(future)  # result: the scheduler computes it again
                         continue
                     i = index[future.key]
-                    results[i] = shared(_outcome(future, work[i]))
                     outstanding.pop(future.key, None)
-                    future.release()
                     progress.advance()
+                    if not gather and future.status == "finished":
+                        results[i] = future  # its result stays on its worker
+                        continue
+                    results[i] = shared(_outcome(future, work[i]))
+                    future.release()
         finally:  # interrupted, or the cluster emptied: leave no task of ours behind
             done.clear()
             if outstanding:

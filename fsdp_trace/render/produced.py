@@ -1,0 +1,100 @@
+"""`fsdp-trace analyze`'s outputs, made where its run is assembled: on a Dask worker
+(`fsdp_trace.analysis.job.cluster.analyze_and_produce`), so that the client receives the
+command's outputs, not every rank's results (its memory stays flat in the number of ranks).
+
+`Produce` is what the command asks for, sent to the worker with the tasks; `Produced` is
+what comes back: the gate's violations, the terminal's text (rendered for the client's
+console: its width, colours and whether it is a terminal) and the bytes of each file output,
+made by the writers a local run uses. The client prints the text and writes the files as a
+local run does (staged, all or nothing).
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from fsdp_trace.diagnose.gate import Condition
+    from fsdp_trace.result import Result
+
+
+@dataclass(frozen=True)
+class ConsoleSpec:
+    """The client's console, as the worker renders for it."""
+
+    width: int
+    color_system: str | None  # rich's name ("truecolor", "256", ...); None: no colours
+    terminal: bool
+    no_color: bool
+
+    @classmethod
+    def of(cls, console: Console) -> ConsoleSpec:
+        return cls(console.width, console.color_system, console.is_terminal, console.no_color)
+
+    def console(self, file: io.StringIO) -> Console:
+        from rich.console import Console
+
+        return Console(
+            file=file,
+            width=self.width,
+            color_system=self.color_system,  # type: ignore[arg-type]
+            force_terminal=self.terminal,
+            no_color=self.no_color,
+        )
+
+
+@dataclass(frozen=True)
+class Produced:
+    """A run's outputs, made on a worker."""
+
+    violated: list[str]  # the --fail-on conditions that hold
+    terminal: str  # the terminal output, as the client's console prints it
+    runs: int  # how many runs the inputs held
+    json: bytes | None = None
+    csv: dict[str, bytes] = field(default_factory=dict)  # file name -> bytes
+    report: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Produce:
+    """What the command makes of the assembled Result: the gate, the terminal's text, and
+    the file outputs asked for (--json, --csv, --report)."""
+
+    top: int
+    conditions: tuple[Condition, ...]
+    console: ConsoleSpec
+    json: bool = False
+    csv: bool = False
+    report: bool = False
+
+    def __call__(self, result: Result) -> Produced:
+        from fsdp_trace.diagnose import gate
+        from fsdp_trace.render import export, terminal
+
+        # The gate can refuse a condition (a run metric without run.json): before any output.
+        violated = gate.violations(list(self.conditions), result.runs)
+        text = io.StringIO()
+        terminal.render(result, console=self.console.console(text), top=self.top)
+        files: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory(prefix="fsdp-trace-produce-") as tmp:
+            if self.json:
+                export.write_json(result, Path(tmp) / "out.json")
+                files["json"] = (Path(tmp) / "out.json").read_bytes()
+            if self.csv:
+                folder = Path(tmp) / "csv"
+                folder.mkdir()
+                export.write_csv_files(result, folder)
+                files["csv"] = {
+                    f"{n}.csv": (folder / f"{n}.csv").read_bytes() for n in export.CSV_NAMES
+                }
+        if self.report:
+            from fsdp_trace.render.report import render_html
+
+            files["report"] = render_html(result).encode("utf-8")
+        return Produced(violated, text.getvalue(), len(result.runs), **files)
