@@ -6,12 +6,15 @@ msgspec refuses."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import os
 import random
 import struct
+import threading
+import time
 from pathlib import Path
 
 import msgspec
@@ -519,8 +522,39 @@ def test_a_forgotten_piece_names_its_strings_again():
     reader.forget(first["new_cats"], first["new_names"])
     again = reader.parse(piece, 0, len(piece))
     assert again["new_names"] == first["new_names"] and again["new_cats"] == first["new_cats"]
-    with pytest.raises(ValueError):
-        reader.forget([], [(99, "not one of its names")])
+    with pytest.raises(ValueError):  # checked whole first: the valid name stays handed over
+        reader.forget([], [*again["new_names"], (99, "not one of its names")])
+    assert reader.parse(piece, 0, len(piece))["new_names"] == []
+
+
+@needs_it
+def test_a_reader_busy_on_another_thread_refuses_a_second_call():
+    """The scan runs without the GIL: a second thread's call on the same reader (whose
+    tables it would change under the first) is refused, and the first reads on unharmed."""
+    event = b'{"ph":"X","cat":"kernel","name":"gemm","pid":1,"tid":1,"ts":1.5,"dur":2}'
+    big = b",".join([event] * 300_000)  # ~20 MB: long enough to be caught reading
+    small = event
+    reader = columns_mod._CompiledReader()
+    results: list = []
+
+    def read_big() -> None:
+        while len(results) < 5:
+            with contextlib.suppress(RuntimeError):  # the other thread's call had it
+                results.append(reader.parse(big, 0, len(big)))
+
+    thread = threading.Thread(target=read_big)
+    refused = 0
+    thread.start()
+    while thread.is_alive():
+        try:
+            reader.parse(small, 0, len(small))
+        except RuntimeError as exc:
+            assert "another thread" in str(exc)
+            refused += 1
+        time.sleep(0.002)  # room for the other thread to start its next read
+    thread.join()
+    assert refused > 0
+    assert [got["rows"] for got in results] == [300_000] * 5
 
 
 def _beside_trace(rng: random.Random) -> str:
@@ -583,7 +617,9 @@ def test_a_second_reader_beside_makes_the_same_trace(tmp_path, monkeypatch):
         path = tmp_path / f"rank{seed}.json"
         path.write_text(_beside_trace(rng))
         alone = _parse(path, parallel=False)
+        threads = threading.active_count()
         beside = _parse(path, parallel=None)
+        assert threading.active_count() == threads  # the second reader's thread ended
         assert not isinstance(alone, str), alone
         _assert_same(alone, beside, path.name)
     assert taken["beside"] > 100 and taken["forgotten"] > 0

@@ -64,7 +64,8 @@ def analyze_file(
     `cache`: reuse the analysis (else the parsed columns) of an unchanged file, and store
     them (see `fsdp_trace.analysis.read.cache`); `progress`: a loading bar on stderr (None: for
     large files when stderr is a terminal); `parallel`: decode a large file with two
-    processes (None: when it is large).
+    processes (None: when it is large, or two threads where the compiled reader is; False:
+    one thread).
 
     Only one trace's parsed events live here, and only until its analysis is done: the
     result holds copies of the few columns it keeps, never the events; its kernels too (a

@@ -701,17 +701,20 @@ static PyObject *Reader_forget(Reader *r, PyObject *args) {
         return NULL;
     }
     Table *tables[2] = {&r->cats, &r->names};
-    for (int k = 0; k < 2; k++) {
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lists[k]); i++) {
-            PyObject *item = PyList_GET_ITEM(lists[k], i);
-            long id = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2
-                          ? PyLong_AsLong(PyTuple_GET_ITEM(item, 0))
-                          : -1;
-            if (id < 0 || id >= tables[k]->count) {
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "not a name of this reader");
-                return NULL;
+    for (int pass = 0; pass < 2; pass++) { /* all checked first: nothing changed on an error */
+        for (int k = 0; k < 2; k++) {
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lists[k]); i++) {
+                PyObject *item = PyList_GET_ITEM(lists[k], i);
+                long id = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2
+                              ? PyLong_AsLong(PyTuple_GET_ITEM(item, 0))
+                              : -1;
+                if (id < 0 || id >= tables[k]->count) {
+                    if (!PyErr_Occurred())
+                        PyErr_SetString(PyExc_ValueError, "not a name of this reader");
+                    return NULL;
+                }
+                if (pass) tables[k]->entries[id].used = 0;
             }
-            tables[k]->entries[id].used = 0;
         }
     }
     Py_RETURN_NONE;
@@ -743,7 +746,8 @@ static PyMethodDef Reader_methods[] = {
      "text[start:stop] (whole events separated by commas, no brackets; with until_close, "
      "up to the array's closing bracket, whose place is 'closed') as columns; None when the "
      "piece is not the plain case (the caller decodes it with msgspec). The GIL is released "
-     "while it reads."},
+     "while it reads: give it bytes (a buffer another thread changes meanwhile reads as "
+     "garbage, safely)."},
     {"forget", (PyCFunction)Reader_forget, METH_VARARGS,
      "forget(new_cats, new_names): a result of parse not taken after all; the names it gave "
      "as new are given again by the next piece that uses them."},

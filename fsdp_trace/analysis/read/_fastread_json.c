@@ -387,8 +387,10 @@ static int scan_string(Scan *s, const uchar **out, size_t *n, Buf *scratch, int 
 }
 
 /* A JSON number at s->p, its grammar checked. is_int: no fraction, no exponent. For an
- * integer, *i (ok_int: it fits int64); *d: its value as a double when it is read exactly
- * (ok_double), else computed by CPython's correctly rounded conversion. */
+ * integer, *i (ok_int: it fits int64); *d (want_double): its value as a double, correctly
+ * rounded: one exact operation where both operands are exact (Clinger's fast path), else an
+ * integer division for up to 19 digits and 19 decimals (`exact_quotient`), else CPython's
+ * dtoa, the GIL taken back for it. */
 typedef struct {
     int is_int, ok_int;
     int64_t i;

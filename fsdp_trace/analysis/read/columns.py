@@ -222,7 +222,9 @@ class SecondReader:
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._busy = False
-        self._thread = threading.Thread(target=self._run, name="fsdp-trace-reader", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="fsdp-trace-second-reader", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:
@@ -255,14 +257,11 @@ class SecondReader:
             self.reader.forget(got["new_cats"], got["new_names"])
 
     def close(self) -> None:
-        try:
-            if self._busy:
-                self.forget()
-        except Exception:  # its piece is dropped either way
-            pass
-        finally:
-            self._work.put(None)
-            self._thread.join()
+        """Stop the thread once its piece (if any) is read; the reader goes with it, so a
+        piece read and not taken needs no `forget` (nor a wait for its result, which an
+        interrupt between `start`'s steps may never bring)."""
+        self._work.put(None)
+        self._thread.join()
 
 
 class Columns:

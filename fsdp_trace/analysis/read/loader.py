@@ -16,7 +16,9 @@ The stages, one module each:
   not take (anything but the plain case) goes to msgspec as above. FSDP_TRACE_READER=python
   turns it off;
 - `parallel`: files of PARALLEL_MIN_BYTES and more decoded by two processes into exactly the
-  columns one process builds (without the compiled reader, which reads faster alone);
+  columns one process builds (without the compiled reader, which reads faster alone); with
+  it, files of BESIDE_MIN_BYTES and more read by two threads (`columns.SecondReader`: the
+  compiled reader releases the GIL), to the same columns;
 
 and this module runs them for one file: the cache first (`fsdp_trace.analysis.read.cache`:
 parsed columns keyed by the file's content), then the parse, then
@@ -271,7 +273,9 @@ def load_trace(
     `cache`: reuse (and store) the parsed columns keyed by the file's content, under
     $FSDP_TRACE_CACHE_DIR or ~/.cache/fsdp-trace (see `fsdp_trace.analysis.read.cache`).
     `progress`: a progress bar on stderr; None shows it for large files on a terminal.
-    `parallel`: decode with a second process; None does for large files on 2+ cores.
+    `parallel`: decode with a second process; None does for large files on 2+ cores (and,
+    where the compiled reader is, reads files of 8 MB and more with a second thread); False:
+    neither (one thread, as a worker of a pool of processes reads).
     `content`: the file's `cache.content_hash`, when the caller has it (saves hashing again).
     """
     from fsdp_trace.analysis.read import cache as cache_mod
