@@ -188,6 +188,36 @@ def test_the_run_is_assembled_where_the_ranks_results_are(client, tmp_path, monk
     assert any("rank 2 missing" in n for n in document["notices"])
 
 
+def test_workers_of_other_code_do_not_assemble_a_run(client, monkeypatch):
+    """The worker that assembles a run runs the diagnosis and the renderers too: a worker
+    whose code differs anywhere (not only in the analysis) is refused for it, in one line;
+    for the per-rank map alone (the API) the analysis code is what must agree."""
+    from fsdp_trace.analysis.read import cache
+    from fsdp_trace.pipeline import analyze_on_cluster
+
+    real = cache.code_version
+    monkeypatch.setattr(cache, "code_version", lambda k: "edited" if k == "all" else real(k))
+    with pytest.raises(UserError, match=r"run other fsdp-trace \S+ code than this client"):
+        analyze_on_cluster(GPT, client, _where, cache=False)
+    assert [r.rank for r in fsdp_trace.analyze(GPT, client=client, cache=False).ranks] == [0, 1]
+
+
+def test_the_assembly_waits_for_a_worker_only_so_long(monkeypatch):
+    """A cluster left with no worker while the run's assembly waits is one line after
+    FSDP_TRACE_DASK_WAIT_S, never a hang."""
+    import distributed
+
+    class Pending:
+        def result(self, timeout):
+            raise distributed.TimeoutError
+
+    monkeypatch.setenv("FSDP_TRACE_DASK_WAIT_S", "1")
+    monkeypatch.setattr(cluster, "_CHECK_S", 0.05)
+    monkeypatch.setattr(cluster, "_workers", lambda client: 0)
+    with pytest.raises(UserError, match=r"assembly: no Dask worker left on the cluster for 1 s"):
+        cluster._result(None, Pending())
+
+
 def test_client_facade_gives_the_result_of_jobs_1(client):
     alone = fsdp_trace.analyze(GPT, cache=False)
     spread = fsdp_trace.analyze(GPT, client=client, cache=False)

@@ -26,27 +26,57 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ConsoleSpec:
-    """The client's console, as the worker renders for it."""
+    """The client's console, as the worker renders for it: its size (both: rich takes a
+    width alone as 80 columns under TERM=dumb), colours, whether it is a terminal, and its
+    stream's encoding (rich draws ASCII boxes where it is not UTF-8)."""
 
     width: int
+    height: int
     color_system: str | None  # rich's name ("truecolor", "256", ...); None: no colours
     terminal: bool
     no_color: bool
+    encoding: str
 
     @classmethod
     def of(cls, console: Console) -> ConsoleSpec:
-        return cls(console.width, console.color_system, console.is_terminal, console.no_color)
+        return cls(
+            console.width,
+            console.height,
+            console.color_system,
+            console.is_terminal,
+            console.no_color,
+            console.encoding,
+        )
 
     def console(self, file: io.StringIO) -> Console:
         from rich.console import Console
 
         return Console(
-            file=file,
+            file=_Text(file, self.encoding),
             width=self.width,
+            height=self.height,
             color_system=self.color_system,  # type: ignore[arg-type]
             force_terminal=self.terminal,
             no_color=self.no_color,
         )
+
+
+class _Text(io.TextIOBase):
+    """A text buffer that says it is of the client's stream's encoding (rich reads
+    `file.encoding`)."""
+
+    def __init__(self, buffer: io.StringIO, encoding: str) -> None:
+        self.buffer_, self._encoding = buffer, encoding
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._encoding
+
+    def write(self, text: str) -> int:
+        return self.buffer_.write(text)
+
+    def writable(self) -> bool:
+        return True
 
 
 @dataclass(frozen=True)

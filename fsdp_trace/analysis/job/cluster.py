@@ -197,18 +197,31 @@ def _wait_for_file(path: Path) -> None:
         time.sleep(0.2)
 
 
-def _version() -> tuple[str, str | None]:
+def _version(everything: bool = False) -> tuple:
     """This process's fsdp-trace version and the hash of its analysis code (run on each
-    worker): another checkout of one version differs in the second."""
+    worker): another checkout of one version differs in the second. `everything`: of all its
+    code, and the versions of rich and plotly, for workers that also assemble the run and
+    make its outputs."""
     from fsdp_trace import __version__
     from fsdp_trace.analysis.read.cache import code_version
 
-    return __version__, code_version("analysis")
+    if not everything:
+        return __version__, code_version("analysis")
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return __version__, code_version("all"), version("rich"), version("plotly")
 
 
-def _check_workers(client: Any) -> None:
+def _check_workers(client: Any, everything: bool = False) -> None:
     """Some worker is there, and every worker runs this fsdp-trace: results of another
-    version could differ from a local run's."""
+    version could differ from a local run's (`everything`: all of its code, see
+    `_version`)."""
     from fsdp_trace import __version__
 
     where = getattr(client, "scheduler", None)
@@ -222,13 +235,13 @@ def _check_workers(client: Any) -> None:
             f"`dask worker {where}` (where fsdp-trace is installed)"
         ) from None
     try:
-        versions = client.run(_version)
+        versions = client.run(_version, everything)
     except Exception as exc:
         raise UserError(
             f"the Dask workers of {where} cannot run fsdp-trace ({_first_line(exc)}): install "
             f"fsdp-trace {__version__} where they run"
         ) from None
-    mine = _version()
+    mine = _version(everything)
     seen = [tuple(v) if isinstance(v, tuple | list) else (v, None) for v in versions.values()]
     other = {str(v[0]) for v in seen if v[0] != __version__}
     if other:
@@ -239,8 +252,9 @@ def _check_workers(client: Any) -> None:
     if any(v != mine for v in seen):
         raise UserError(
             f"the Dask workers of {where} run other fsdp-trace {__version__} code than this "
-            "client (another checkout, or other numpy/pandas/msgspec versions): install the "
-            "same on both"
+            "client (another checkout, or other numpy/pandas/msgspec"
+            + ("/rich/plotly" if everything else "")
+            + " versions): install the same on both"
         )
 
 
@@ -296,7 +310,7 @@ def analyze_all(
     result is taken as soon as its task finishes and its future released, so the cluster
     frees it and the client keeps only the small `RankAnalysis`. A cluster left with no
     worker for FSDP_TRACE_DASK_WAIT_S fails the traces not yet analyzed, never hangs."""
-    return _run_tasks(client, work, cache, keep, gather=True)
+    return _run_tasks(client, work, cache, keep, gather=True)[0]
 
 
 def analyze_and_produce(
@@ -315,7 +329,13 @@ def analyze_and_produce(
     ranks (benchmarks/results/dask.md). A trace that fails is left out of its run, as
     `analyze_all` leaves it; the assembly failing (its worker lost) is one line."""
     work = plan.work
-    outcomes = _run_tasks(client, work, cache, [False] * len(work), gather=False)
+    outcomes, emptied = _run_tasks(client, work, cache, [False] * len(work), gather=False)
+    if emptied:  # the results the cluster kept went with its workers
+        with contextlib.suppress(Exception):
+            client.cancel([o for o in outcomes if not isinstance(o, Failure)])
+        raise UserError(
+            f"no Dask worker left on the cluster for {_wait_s():.0f} s: nothing written; run again"
+        )
     token = uuid.uuid4().hex[:12]
     future = client.submit(
         _assemble_task,
@@ -328,10 +348,11 @@ def analyze_and_produce(
         key=f"fsdp-trace-run-{token}",
     )
     try:
-        return future.result()
+        return _result(client, future)
     except UserError:
         raise
     except Exception as exc:
+        _workers(client)  # a lost scheduler is said as such
         killed = _distributed().KilledWorker
         why = (
             "its Dask worker died (out of memory? it holds every rank's results)"
@@ -342,6 +363,26 @@ def analyze_and_produce(
     finally:
         with contextlib.suppress(Exception):
             client.cancel([future, *(o for o in outcomes if not isinstance(o, Failure))])
+
+
+def _result(client: Any, future: Any) -> Any:
+    """The future's result, waited for while some worker is on the cluster: with none for
+    FSDP_TRACE_DASK_WAIT_S, one line (never a hang)."""
+    wait = _wait_s()
+    seen_worker = time.monotonic()
+    while True:
+        try:
+            return future.result(timeout=_CHECK_S)
+        except _distributed().TimeoutError:
+            pass
+        now = time.monotonic()
+        if _workers(client) > 0:
+            seen_worker = now
+        elif now - seen_worker > wait:
+            raise UserError(
+                f"the run's assembly: no Dask worker left on the cluster for {wait:.0f} s: "
+                "nothing written; run again"
+            )
 
 
 def _assemble_task(
@@ -359,11 +400,12 @@ def _assemble_task(
 
 def _run_tasks(
     client: Any, work: list[TraceInput], cache: bool, keep: list[bool], gather: bool
-) -> list[Any]:
+) -> tuple[list[Any], bool]:
     """`analyze_all`'s tasks; `gather`: each result brought to the client (else its
-    finished future is kept in its place, the result left on its worker)."""
+    finished future is kept in its place, the result left on its worker). Also whether the
+    cluster emptied (no worker for FSDP_TRACE_DASK_WAIT_S) before every task finished."""
     distributed = _distributed()
-    _check_workers(client)
+    _check_workers(client, everything=not gather)
     token = uuid.uuid4().hex[:12]
     keep = keep or [False] * len(work)
     futures = [
@@ -377,6 +419,7 @@ def _run_tasks(
     done = distributed.as_completed(futures, loop=client.loop)
     del futures
     results: list[RankAnalysis | Failure | None] = [None] * len(work)
+    emptied = False
     shared = SharedGroups()
     wait = _wait_s()
     checked = seen_worker = time.monotonic()
@@ -391,6 +434,7 @@ def _run_tasks(
                         if _workers(client) > 0:
                             seen_worker = now
                         elif now - seen_worker > wait:
+                            emptied = True
                             break
                     continue
                 for future in done.next_batch(block=False):
@@ -417,7 +461,7 @@ def _run_tasks(
                 f"{work[i].path}: not analyzed: no Dask worker left on the cluster for "
                 f"{wait:.0f} s",
             )
-    return results  # type: ignore[return-value]
+    return results, emptied  # type: ignore[return-value]
 
 
 def _workers(client: Any) -> int:

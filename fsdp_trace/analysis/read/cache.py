@@ -123,7 +123,8 @@ def content_hash(path: Path) -> str:
 
 @functools.cache
 def code_version(kind: str) -> str | None:
-    """What produces an entry of `kind` ("trace" or "analysis"): package and library versions
+    """What produces an entry of `kind` ("trace" or "analysis"; "all": every source file of
+    the package, what a Dask worker that assembles a run runs): package and library versions
     and a hash of the source files; None (no caching) when the sources cannot be read."""
     from fsdp_trace import __version__
 
@@ -150,6 +151,8 @@ def _sources(kind: str) -> list[Path]:
 
     module = columns.compiled_module()
     compiled = [Path(module)] if module else []
+    if kind == "all":
+        return sorted(analysis.parent.rglob("*.py")) + compiled
     if kind == "trace":
         names = (
             "loader.py",
