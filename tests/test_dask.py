@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -119,6 +120,10 @@ def _outputs(tmp_path: Path, name: str, *args: str) -> tuple[str, dict[str, byte
     )  # fmt: skip
     assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr
     files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    # The report's footer says when it was made, to the minute: two runs may straddle one.
+    made = rb"<footer>fsdp-trace \S+ \xc2\xb7 [^<]*? \xc2\xb7 "
+    files["report.html"], found = re.subn(made, b"<footer>MADE", files["report.html"], count=1)
+    assert found == 1
     return done.stdout, files, done.stderr.replace(str(out), "OUT") + str(done.returncode)
 
 
@@ -200,6 +205,23 @@ def test_workers_of_other_code_do_not_assemble_a_run(client, monkeypatch):
     with pytest.raises(UserError, match=r"run other fsdp-trace \S+ code than this client"):
         analyze_on_cluster(GPT, client, _where, cache=False)
     assert [r.rank for r in fsdp_trace.analyze(GPT, client=client, cache=False).ranks] == [0, 1]
+
+
+def test_outputs_come_back_packed_and_are_written_a_piece_at_a_time(tmp_path, monkeypatch):
+    """A file made on the worker travels compressed and is inflated into place in pieces of
+    `produced.PIECE` bytes: the same bytes, whatever the pieces."""
+    import random
+
+    from fsdp_trace.render import produced
+
+    rng = random.Random(4)
+    data = b"".join(rng.choice([b"rank,step,exposed_us\n", rng.randbytes(97)]) for _ in range(5000))
+    for piece in (1, 7, 4096, 1 << 20):
+        monkeypatch.setattr(produced, "PIECE", piece)
+        produced.write(produced._packed(data), tmp_path / "out.csv")
+        assert (tmp_path / "out.csv").read_bytes() == data
+    produced.write(produced._packed(b""), tmp_path / "empty.csv")
+    assert (tmp_path / "empty.csv").read_bytes() == b""
 
 
 def test_the_assembly_waits_for_a_worker_only_so_long(monkeypatch):

@@ -7,7 +7,6 @@ from typing import Annotated, Protocol
 
 import typer
 
-from fsdp_trace import atomic
 from fsdp_trace.cli.app import user_errors
 from fsdp_trace.cli.common import (
     OUT_DIR_HELP,
@@ -258,14 +257,20 @@ class _FromProduced:
         self.produced = produced
 
     def json(self, path: Path) -> None:
-        atomic.write_bytes(path, self.produced.json)
+        from fsdp_trace.render.produced import write
+
+        write(self.produced.json, path)
 
     def csv(self, folder: Path) -> None:
+        from fsdp_trace.render.produced import write
+
         for name, data in self.produced.csv.items():
-            atomic.write_bytes(folder / name, data)
+            write(data, folder / name)
 
     def report(self, path: Path) -> None:
-        atomic.write_bytes(path, self.produced.report)
+        from fsdp_trace.render.produced import write
+
+        write(self.produced.report, path)
 
     def perfetto(self, path: Path) -> dict:
         raise AssertionError("--perfetto is written from the Result, on the client")
