@@ -104,14 +104,15 @@ def analyze_on_cluster(
     detailed: bool = True,
     cache: bool = True,
 ) -> T:
-    """`analyze` on a Dask cluster with its run level there too: what `produce` (a
-    picklable callable, run on a worker) makes of the Result, not the Result. The command's
+    """`analyze` on a Dask cluster with its run level there too (no HTA check: it reads the
+    traces where the Result is): what `produce` (a picklable callable, run on a worker)
+    makes of the Result, not the Result. The command's
     outputs travel to the caller, never every rank's results, so its memory stays flat in
     the number of ranks (`cluster.analyze_and_produce`; `fsdp-trace analyze --scheduler`)."""
     from fsdp_trace.analysis.job import cluster
 
     plan = Plan.of(paths, detailed)
-    return cluster.analyze_and_produce(client, plan, cache, False, assemble, produce)
+    return cluster.analyze_and_produce(client, plan, cache, assemble, produce)
 
 
 @dataclasses.dataclass

@@ -188,15 +188,7 @@ def analyze(
                     keep_kernels=perfetto_out,
                 )
                 made = _FromResult(result, cache=not no_cache)
-        if isinstance(made, _FromProduced):
-            violated, n_runs = made.produced.violated, made.produced.runs
-            sys.stdout.write(made.produced.terminal)
-            sys.stdout.flush()
-        else:
-            # The gate can refuse a condition (a run metric without run.json): before any
-            # output.
-            violated, n_runs = gate.violations(conditions, result.runs), len(result.runs)
-            terminal.render(result, top=top)
+        violated, n_runs = made.show(conditions, top)
         notes = {}
         runs = plural(n_runs, "run")
         if placement is not None and placement.note:  # several inputs
@@ -218,9 +210,11 @@ def analyze(
 
 
 class _Made(Protocol):
-    """Each file output written to a (staged) path: from the Result here, or from the
-    bytes a Dask worker made of it."""
+    """The run's outputs: from the Result here, or from what a Dask worker made of it. `show`
+    checks the gate and prints the terminal's view (the --fail-on conditions that hold, how
+    many runs); the others write each file output to a (staged) path."""
 
+    def show(self, conditions: list, top: int) -> tuple[list[str], int]: ...
     def json(self, path: Path) -> None: ...
     def csv(self, folder: Path) -> None: ...
     def report(self, path: Path) -> None: ...
@@ -230,6 +224,15 @@ class _Made(Protocol):
 class _FromResult:
     def __init__(self, result, cache: bool) -> None:
         self.result, self.cache = result, cache
+
+    def show(self, conditions: list, top: int) -> tuple[list[str], int]:
+        from fsdp_trace.diagnose import gate
+        from fsdp_trace.render import terminal
+
+        # The gate can refuse a condition (a run metric without run.json): before any output.
+        violated = gate.violations(conditions, self.result.runs)
+        terminal.render(self.result, top=top)
+        return violated, len(self.result.runs)
 
     def json(self, path: Path) -> None:
         from fsdp_trace.render import export
@@ -255,6 +258,11 @@ class _FromResult:
 class _FromProduced:
     def __init__(self, produced) -> None:
         self.produced = produced
+
+    def show(self, conditions: list, top: int) -> tuple[list[str], int]:
+        sys.stdout.write(self.produced.terminal)  # the gate was checked where it was made
+        sys.stdout.flush()
+        return self.produced.violated, self.produced.runs
 
     def json(self, path: Path) -> None:
         from fsdp_trace.render.produced import write

@@ -317,7 +317,6 @@ def analyze_and_produce(
     client: Any,
     plan: Any,
     cache: bool,
-    hta: bool,
     assemble: Callable[..., Result],
     produce: Callable[[Result], Any],
 ) -> Any:
@@ -341,7 +340,6 @@ def analyze_and_produce(
         _assemble_task,
         plan,
         outcomes,
-        hta,
         cache,
         assemble,
         produce,
@@ -386,7 +384,7 @@ def _result(client: Any, future: Any) -> Any:
 
 
 def _assemble_task(
-    plan: Any, outcomes: list[RankAnalysis | Failure], hta: bool, cache: bool, assemble, produce
+    plan: Any, outcomes: list[RankAnalysis | Failure], cache: bool, assemble, produce
 ) -> Any:
     """`assemble` and `produce` on a worker, from the ranks' results (Dask gathers them here
     from the workers holding them)."""
@@ -395,7 +393,7 @@ def _assemble_task(
     with contextlib.ExitStack() as stack:
         if not cache:
             stack.enter_context(cache_mod.off("--no-cache"))
-        return produce(assemble(plan, outcomes, hta=hta, cache=cache))
+        return produce(assemble(plan, outcomes, cache=cache))
 
 
 def _run_tasks(

@@ -317,12 +317,11 @@ class Columns:
         state["second"] = None
         return state
 
-    def read_beside(self) -> bool:
+    def read_beside(self) -> None:
         """Read every other piece on a second thread (`SecondReader`), where there is a
-        compiled reader (it releases the GIL while it reads); whether it is on."""
+        compiled reader (it releases the GIL while it reads)."""
         if self.reader is not None and self.second is None:
             self.second = SecondReader()
-        return self.second is not None
 
     def close(self) -> None:
         """Stop the second thread, if any (its pieces are all taken or forgotten)."""
