@@ -939,6 +939,51 @@ def test_process_group_members_are_checked_one_by_one(ranks):
         assert validate.plain(nested) == (all(map(plain, ranks)) and (levels <= 32 or not ranks))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_duplicated_events_are_found_as_a_row_by_row_comparison(seed):
+    """`validate.duplicates` (candidates by shared start, then digests, then every column)
+    marks what comparing every row with every earlier one marks: copies anywhere in the
+    file, NaN starts, -0.0 against 0.0, rows that differ in one column only."""
+    import numpy as np
+    import pandas as pd
+
+    from fsdp_trace.analysis.read import validate
+
+    rng = np.random.default_rng(seed)
+    n = 400
+    frame = pd.DataFrame(
+        {
+            "ts": np.sort(rng.integers(0, 300, n)).astype(float) + rng.random(n).round(1),
+            "dur": rng.integers(0, 3, n).astype(float),
+            "pid": rng.integers(0, 2, n),
+            "tid": rng.integers(0, 2, n),
+            "name": pd.Categorical(rng.choice(["gemm", "nccl", "copy"], n)),
+            "correlation": rng.integers(-1, 3, n),
+            "external_id": rng.integers(-1, 2, n),
+            "stream": rng.integers(-1, 2, n),
+        }
+    )
+    copies = rng.choice(n, 60)
+    frame.loc[copies[:5], "ts"] = np.nan  # copies of events whose start is NaN
+    frame = pd.concat([frame, frame.iloc[copies]], ignore_index=True)
+    frame.loc[rng.choice(len(frame), 15), "ts"] = np.nan
+    frame.loc[rng.choice(len(frame), 10), "ts"] = 0.0
+    frame.loc[rng.choice(len(frame), 10), "ts"] = -0.0
+    frame = frame.iloc[rng.permutation(len(frame))].reset_index(drop=True)
+    frame["end"] = frame["ts"] + frame["dur"]
+    bits = frame.drop(columns="end").assign(
+        ts=frame["ts"].to_numpy().view(np.int64), dur=frame["dur"].to_numpy().view(np.int64)
+    )
+    rows = [tuple(r) for r in bits.itertuples(index=False)]
+    seen: set = set()
+    want = []
+    for row in rows:
+        want.append(row in seen)
+        seen.add(row)
+    got = validate.duplicates(frame)
+    assert got.tolist() == want and sum(want) >= 20
+
+
 def test_perfetto_with_timestamps_out_of_its_range_is_one_line(tmp_path, base):
     document = copy.deepcopy(base)
     for event in document["traceEvents"]:  # the whole trace before 1970: negative ns

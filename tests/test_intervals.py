@@ -505,3 +505,44 @@ def test_groupby_sum_refuses_a_code_past_its_groups():
     for codes in (np.array([0, 3, 1]), np.array([0, 1, 3])):
         with pytest.raises(IndexError):
             iv.groupby_sum(codes, np.ones(3), 2)
+
+
+def _unique_cases():
+    rng = np.random.default_rng(23)
+    for dtype in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32, np.float64):
+        for n in (0, 1, 7, 3000):
+            for high in (2, 90, 10**7):  # counted (small ranges) and sorted (wide ones)
+                if np.issubdtype(dtype, np.integer) and high > np.iinfo(dtype).max:
+                    continue
+                low = 0 if np.issubdtype(dtype, np.unsignedinteger) else -high
+                values = rng.integers(low, high, n).astype(dtype)
+                yield values
+                if dtype == np.float64 and n > 1:
+                    with_nan = values.copy()
+                    with_nan[:: max(n // 5, 1)] = np.nan
+                    yield with_nan
+                    yield np.sort(values) + rng.random(n) * 3  # a trace's nearly sorted times
+    yield np.array([2**62, -(2**62), 2**62], dtype=np.int64)  # a range past int64 counts
+    yield np.array([0.0, -0.0, 1.0])
+
+
+def test_unique_returns_numpys_arrays():
+    """`iv.unique` (counting small-range integers, a stable sort otherwise) gives what
+    np.unique gives: the values, the inverse and the counts, dtypes and shapes included."""
+    cases = list(_unique_cases())
+    wide = sum(
+        v.dtype.kind in "iu" and v.size and int(v.max()) - int(v.min()) > 2 * v.size + 4096
+        for v in cases
+    )
+    assert wide and len(cases) - wide > 20  # both paths taken
+    for values in cases:
+        for inverse in (False, True):
+            for counts in (False, True):
+                want = np.unique(values, return_inverse=inverse, return_counts=counts)
+                got = iv.unique(values, return_inverse=inverse, return_counts=counts)
+                want = want if isinstance(want, tuple) else (want,)
+                got = got if isinstance(got, tuple) else (got,)
+                assert len(got) == len(want)
+                for a, b in zip(want, got, strict=True):
+                    assert a.dtype == b.dtype and a.shape == b.shape
+                    assert np.array_equal(a, b, equal_nan=True), (values, inverse, counts)

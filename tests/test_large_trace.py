@@ -365,6 +365,40 @@ def test_gzip_and_plain_load_alike(tmp_path, replicated):
     _same(load_trace(packed, cache=False), load_trace(replicated, cache=False))
 
 
+def test_one_block_files_are_read_without_a_thread(tmp_path, monkeypatch):
+    """A plain file of one block or less is read in the calling thread (no reader thread
+    started); a larger one, and any gzip file, on the reader thread: the same blocks and
+    progress offsets either way."""
+    import threading
+
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(self):
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(text, "BLOCK", 1000)
+    data = bytes(range(32, 127)) * 30  # 2,850 bytes: three blocks
+    path = tmp_path / "t.json"
+
+    def read(body: bytes, gz: bool = False) -> tuple[list[bytes], list[int], list[str]]:
+        path.write_bytes(gzip.compress(body) if gz else body)
+        started.clear()
+        offsets: list[int] = []
+        blocks = list(text.read_blocks(path, offsets.append))
+        return blocks, offsets, list(started)
+
+    blocks, offsets, threads = read(data[:1000])
+    assert (blocks, offsets, threads) == ([data[:1000]], [1000, 1000], [])
+    blocks, offsets, threads = read(data)
+    assert b"".join(blocks) == data and [len(b) for b in blocks] == [1000, 1000, 850]
+    assert offsets == [1000, 2000, 2850, 2850] and threads == ["fsdp-trace-reader"]
+    blocks, _, threads = read(data[:500], gz=True)
+    assert blocks == [data[:500]] and threads == ["fsdp-trace-reader"]
+
+
 def test_progress_bar_does_not_change_the_result(replicated, capsys):
     _same(load_trace(replicated, cache=False, progress=True), _whole(replicated))
 

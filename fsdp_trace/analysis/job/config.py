@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fsdp_trace.analysis import intervals as iv
 from fsdp_trace.analysis.rank import context
 from fsdp_trace.analysis.rank import setup as setup_mod
 from fsdp_trace.analysis.rank.context import display_name
@@ -307,7 +308,7 @@ class _Labels:
                 sums = _sum_per_step(step[is_root], array_of(facts, "count")[is_root])
                 seen = out.roots.get(r.rank)
                 out.roots[r.rank] = sums if seen is None else seen.add(sums, fill_value=0)
-            steps = np.unique(step)
+            steps = iv.unique(step)
             out.steps[r.rank] = np.union1d(out.steps.get(r.rank, steps), steps)
             is_pre = kind == context.PRE_FORWARD
             if is_pre.any() and (lowest is None or r.rank <= lowest):
@@ -322,7 +323,7 @@ class _Labels:
 
 def _sum_per_step(step: np.ndarray, count: np.ndarray) -> pd.Series:
     """`groupby("step")["count"].sum()` of integer counts: per step ascending, their sum."""
-    steps, where = np.unique(step, return_inverse=True)
+    steps, where = iv.unique(step, return_inverse=True)
     sums = np.bincount(where, weights=count, minlength=steps.size).astype(np.int64)
     return pd.Series(sums, index=pd.Index(steps, name="step"), name="count")
 

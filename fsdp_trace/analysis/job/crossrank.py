@@ -268,7 +268,7 @@ def _complete(table: pd.DataFrame, keys: list[str], expected: pd.Series) -> pd.S
     rank = array_of(table, "rank")
     low = int(rank.min())
     span = int(rank.max()) - low + 1
-    pairs = np.unique(key * span + (rank - low))  # the distinct (key, rank) pairs
+    pairs = iv.unique(key * span + (rank - low))  # the distinct (key, rank) pairs
     n_ranks = np.bincount(pairs // span, minlength=int(key.max()) + 1)[key]
     once = np.bincount(key)[key] == n_ranks  # no rank with two kernels under one key
     wanted = table["group"].map(expected).to_numpy()

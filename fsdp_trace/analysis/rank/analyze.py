@@ -660,7 +660,7 @@ def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int,
     if kernels.empty:
         return roles
     # Per stream (ascending, as groupby gives them): its kernels, NCCL and compute ones.
-    streams, code = np.unique(array_of(kernels, "stream"), return_inverse=True)
+    streams, code = iv.unique(array_of(kernels, "stream"), return_inverse=True)
     kind = array_of(kernels, "kind")
     total = np.bincount(code, minlength=streams.size)
     comm = np.bincount(code, weights=kind == Kind.COMM, minlength=streams.size)
@@ -678,7 +678,7 @@ def _stream_roles(kernels: pd.DataFrame, collectives: pd.DataFrame) -> dict[int,
     compute_streams = [s for s, r in roles.items() if r == Kind.COMPUTE]
     if len(compute_streams) > 1:
         is_compute = kind == Kind.COMPUTE
-        seen, where = np.unique(code[is_compute], return_inverse=True)
+        seen, where = iv.unique(code[is_compute], return_inverse=True)
         dur = array_of(kernels, "dur", np.float64)[is_compute]
         busy = iv.group_sum(where.astype(np.int64), dur, seen.size)  # as groupby sums
         busiest = streams[seen[int(np.argmax(busy))]]

@@ -323,7 +323,7 @@ def name_mask(names: pd.Series | pd.Categorical, fn) -> np.ndarray:
         codes = values.codes
         texts = _category_texts(values.categories)
         if codes.size * 4 < len(texts):  # few rows: the categories they use
-            used, where = np.unique(codes, return_inverse=True)
+            used, where = iv.unique(codes, return_inverse=True)
             found = ([fn("nan")] if used.size and used[0] < 0 else []) + [
                 fn(texts[i]) for i in used[used >= 0].tolist()
             ]
@@ -420,7 +420,7 @@ def _first_close_after(
         return None
     by_start = np.argsort(start, kind="quicksort")  # as `sort_values("w_start")` orders them
     # (group, time) as one integer: times as their ranks among all times (exact).
-    values, rank = np.unique(np.concatenate([start, end]), return_inverse=True)
+    values, rank = iv.unique(np.concatenate([start, end]), return_inverse=True)
     composite = group * (values.size + 1) + rank
     open_key, close_key = composite[: opens.size][by_start], composite[opens.size :]
     open_group, close_group = group[: opens.size][by_start], group[opens.size :]

@@ -264,7 +264,8 @@ def _self_time(start_keys: np.ndarray, end_keys: np.ndarray, values: np.ndarray)
     order = iv.parents_first(start_keys, end_keys)
     s, e = start_keys[order], end_keys[order]
     sorted_values = np.asarray(values, np.float64)[order]
-    depth = np.maximum(np.arange(n) - np.searchsorted(np.sort(e), s, side="right"), 0)
+    ends = np.sort(e, kind="stable")  # nearly sorted already: linear, where quicksort is not
+    depth = np.maximum(np.arange(n) - np.searchsorted(ends, s, side="right"), 0)
     # Each level's rows, in sorted order (a radix sort: the levels are few).
     by_depth = np.argsort(
         depth.astype(np.int16 if n and depth.max() < 2**15 else np.int64), kind="stable"

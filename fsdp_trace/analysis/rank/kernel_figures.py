@@ -72,7 +72,7 @@ def _backward_end(k: pd.DataFrame, is_compute: np.ndarray) -> pd.DataFrame:
     `groupby("step")["end"].max()` as a frame (step, end_us)."""
     phases = [Phase.BACKWARD.value, Phase.RECOMPUTE.value]
     backward = is_compute & np.isin(array_of(k, "phase"), phases)
-    steps, where = np.unique(array_of(k, "step")[backward], return_inverse=True)
+    steps, where = iv.unique(array_of(k, "step")[backward], return_inverse=True)
     last = iv.group_max(where, array_of(k, "end", np.float64)[backward], steps.size)
     return pd.DataFrame({"step": steps.astype(np.int64), "end_us": last})
 

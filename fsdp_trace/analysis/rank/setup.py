@@ -44,7 +44,7 @@ def _per_step(values: np.ndarray, step_of: np.ndarray, steps: np.ndarray) -> flo
         return 0.0
     per_step = np.zeros(steps.size, dtype=np.float64)  # `groupby(step_of).sum()`, reindexed
     if step_of.size:
-        present, where = np.unique(step_of, return_inverse=True)
+        present, where = iv.unique(step_of, return_inverse=True)
         sums = iv.groupby_sum(where.reshape(-1), values, present.size)
         at = np.minimum(np.searchsorted(present, steps), present.size - 1)
         found = present[at] == steps
@@ -80,7 +80,7 @@ def optimizer_ends(cpu: EventRows, cpu_steps: pd.DataFrame) -> pd.Series:
         return pd.Series(dtype=np.float64)
     ends = array_of(cpu, "end")[is_opt]
     step = steps_mod.step_of_time(cpu_steps, array_of(cpu, "ts")[is_opt])
-    steps, where = np.unique(step[step >= 0], return_inverse=True)  # groupby(step).max()
+    steps, where = iv.unique(step[step >= 0], return_inverse=True)  # groupby(step).max()
     return pd.Series(iv.group_max(where, ends[step >= 0], steps.size), index=steps)
 
 
@@ -110,7 +110,7 @@ def signals(
     unions of busy and compute GPU time."""
     names = cpu["name"]
     step_of = np.asarray(kernels["step"])
-    steps = np.unique(step_of) if step_of.size else np.empty(0, np.int64)
+    steps = iv.unique(step_of) if step_of.size else np.empty(0, np.int64)
     n_steps = max(int(steps.size), 1)
     kind = np.asarray(kernels["kind"])
     ts, end = np.asarray(kernels["ts"], np.float64), np.asarray(kernels["end"], np.float64)

@@ -77,6 +77,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     int busy; /* a parse runs (set and read with the GIL held) */
+    uint32_t stamp; /* the last of `next_stamp` */
     Table cats, names, texts, raws;
     /* per event, reused */
     Buf cat_scratch, name_scratch, str_scratch, argname_scratch, pid_scratch, tid_scratch;
@@ -518,46 +519,79 @@ static void rollback_names(Table *t) {
         if (t->entries[i].used == 2) t->entries[i].used = 0;
 }
 
-/* The rare columns' values, one list a field, as the msgspec path gives them. */
-static PyObject *rare_lists(Reader *r, Out *o) {
+/* The strings a piece's column names, each once, in order of first use: [(id, str)]. An
+ * entry's mark says it was listed for this column already (`stamp`, new per column). */
+static PyObject *piece_strings(Table *t, const int32_t *ids, size_t n, uint32_t stamp) {
+    PyObject *list = PyList_New(0);
+    if (list == NULL) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0) continue;
+        Entry *e = &t->entries[ids[i]];
+        if (e->mark == stamp) continue;
+        e->mark = stamp;
+        PyObject *str = table_str(t, ids[i]);
+        PyObject *item = str ? Py_BuildValue("(iN)", (int)ids[i], str) : NULL;
+        if (item == NULL || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return list;
+}
+
+/* A new stamp for `piece_strings`; past the last one, every mark is cleared first. */
+static uint32_t next_stamp(Reader *r) {
+    if (++r->stamp == 0) {
+        Table *tables[2] = {&r->texts, &r->raws};
+        for (int k = 0; k < 2; k++)
+            for (Py_ssize_t i = 0; i < tables[k]->count; i++) tables[k]->entries[i].mark = 0;
+        r->stamp = 1;
+    }
+    return r->stamp;
+}
+
+/* The rare columns, one item a field, aligned with the rare rows: an integer field's values
+ * as int64 bytes (MISSING where absent); a text or raw field's as int32 bytes of string ids
+ * (-1 where absent) and the strings those ids name, [(id, str)] (`piece_strings`): the
+ * columns take codes, not a Python object a row. */
+static PyObject *rare_columns(Reader *r, Out *o) {
     size_t n = o->rare_rows.n / 8;
     const RareValue *values = (const RareValue *)o->rare_values.p;
-    PyObject *lists = PyTuple_New(N_RARE);
-    if (lists == NULL) return NULL;
+    PyObject *fields = PyTuple_New(N_RARE);
+    if (fields == NULL) return NULL;
     for (int f = 0; f < N_RARE; f++) {
-        PyObject *list = PyList_New((Py_ssize_t)n);
-        if (list == NULL) goto fail;
-        PyTuple_SET_ITEM(lists, f, list);
         int kind = RARE_KIND[f];
-        PyObject *last = NULL; /* consecutive rows often repeat a value */
-        int64_t last_int = 0;
+        size_t width = kind == K_INT ? 8 : 4;
+        PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n * width));
+        if (bytes == NULL) goto fail;
+        char *out = PyBytes_AS_STRING(bytes);
         for (size_t i = 0; i < n; i++) {
             const RareValue *v = &values[i * N_RARE + f];
-            PyObject *item;
-            if (!v->present) {
-                item = Py_None;
-                Py_INCREF(item);
-            } else if (kind == K_INT) {
-                if (last != NULL && last_int == v->i) {
-                    item = last;
-                    Py_INCREF(item);
-                } else {
-                    item = PyLong_FromLongLong(v->i);
-                    if (item == NULL) goto fail;
-                    last = item;
-                    last_int = v->i;
-                }
+            if (kind == K_INT) {
+                int64_t x = v->present ? v->i : MISSING;
+                memcpy(out + i * 8, &x, 8);
             } else {
-                Table *t = kind == K_TEXT ? &r->texts : &r->raws;
-                item = table_str(t, v->id);
-                if (item == NULL) goto fail;
+                int32_t x = v->present ? v->id : -1;
+                memcpy(out + i * 4, &x, 4);
             }
-            PyList_SET_ITEM(list, (Py_ssize_t)i, item);
         }
+        if (kind == K_INT) {
+            PyTuple_SET_ITEM(fields, f, bytes);
+            continue;
+        }
+        Table *t = kind == K_TEXT ? &r->texts : &r->raws;
+        PyObject *strings = piece_strings(t, (const int32_t *)out, n, next_stamp(r));
+        PyObject *item = strings ? PyTuple_Pack(2, bytes, strings) : NULL;
+        Py_DECREF(bytes);
+        Py_XDECREF(strings);
+        if (item == NULL) goto fail;
+        PyTuple_SET_ITEM(fields, f, item);
     }
-    return lists;
+    return fields;
 fail:
-    Py_DECREF(lists);
+    Py_DECREF(fields);
     return NULL;
 }
 
@@ -650,7 +684,7 @@ static PyObject *Reader_parse(Reader *r, PyObject *args) {
     }
     PyObject *cats = new_names(&r->cats, &o.cat_ids);
     PyObject *names = cats ? new_names(&r->names, &o.name_ids) : NULL;
-    PyObject *rare = names ? rare_lists(r, &o) : NULL;
+    PyObject *rare = names ? rare_columns(r, &o) : NULL;
     PyObject *gloo = rare ? gloo_list(&o) : NULL;
     if (gloo == NULL) {
         Py_XDECREF(cats);
@@ -773,7 +807,7 @@ PyMODINIT_FUNC PyInit__fastread(void) {
     if (m == NULL) return NULL;
     /* The interface version columns.COMPILED_VERSION expects: raise both with any change of
      * what `parse` takes or gives. */
-    if (PyModule_AddIntConstant(m, "VERSION", 2) < 0) {
+    if (PyModule_AddIntConstant(m, "VERSION", 3) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -69,6 +69,7 @@ typedef struct {
     size_t off, len; /* the bytes, in the table's store */
     PyObject *str;   /* made on first need */
     int used;        /* handed to the caller as a new name already (name tables) */
+    uint32_t mark;   /* the last column of a piece that named it (`piece_strings`) */
 } Entry;
 
 typedef struct {
@@ -155,6 +156,7 @@ static int32_t table_id(Table *t, const uchar *s, size_t n) {
     e->len = n;
     e->str = NULL;
     e->used = 0;
+    e->mark = 0;
     t->slots[j] = (int32_t)t->count;
     return (int32_t)t->count++;
 }

@@ -104,21 +104,31 @@ _HASHED = ("ts", "dur", "tid", "name", "correlation", "external_id")
 
 
 def duplicates(frame: pd.DataFrame) -> np.ndarray:
-    """Rows identical to an earlier row in every kept column (all but the first of each)."""
-    hashed = _key_columns(frame, _HASHED)  # every column only where digests repeat
+    """Rows identical to an earlier row in every kept column (all but the first of each).
+
+    Copies share their start, so only rows whose start another row shares (or is NaN) are
+    candidates: found by a stable sort of the starts, linear on a trace's nearly sorted
+    times (a sort of every row's digest is not: ~50 ms at 900,000 events, against ~9). The
+    candidates' digests are compared, then their every column."""
+    ts = array_of(frame, "ts", np.float64)
+    ordered = ts[np.argsort(ts, kind="stable")]
+    same = ordered[1:] == ordered[:-1]
+    shared = ordered[1:][same]  # NaN never equals: NaN starts are candidates by themselves
+    out = np.zeros(len(frame), dtype=bool)
+    if not shared.size and not np.isnan(ordered[-1:]).any():
+        return out
+    rows = np.flatnonzero(np.isin(ts, shared) | np.isnan(ts))
+    hashed = _key_columns(frame, _HASHED)
     with np.errstate(over="ignore"):
-        digest = np.zeros(len(frame), dtype=np.uint64)
+        digest = np.zeros(rows.size, dtype=np.uint64)
         for i, name in enumerate(n for n in _HASHED if n in hashed):
-            column = hashed[name].astype(np.int64, copy=False).view(np.uint64)
+            column = hashed[name][rows].astype(np.int64, copy=False).view(np.uint64)
             np.bitwise_xor(digest, column, out=digest)  # in place: no temporary per step
             np.multiply(digest, np.uint64(_HASH_PRIMES[i]), out=digest)
-    out = np.zeros(len(frame), dtype=bool)
-    # Digests seen twice, found by sorting (numpy's vectorized sort is ~10x faster than a hash
-    # table here); none in a sound trace, so the exact check below rarely runs.
-    ordered = np.sort(digest)
-    twice = ordered[1:][ordered[1:] == ordered[:-1]]
+    by_digest = np.sort(digest)
+    twice = by_digest[1:][by_digest[1:] == by_digest[:-1]]
     if twice.size:  # confirm exactly, on every column (a hash collision is no copy)
-        rows = np.flatnonzero(np.isin(digest, twice))
+        rows = rows[np.isin(digest, twice)]
         keys = _key_columns(frame)
         table = pd.DataFrame({name: column[rows] for name, column in keys.items()})
         out[rows] = table.duplicated(keep="first").to_numpy()
