@@ -346,6 +346,27 @@ def test_pieces_mixed_between_the_two_readers_make_one_set_of_columns():
         _assert_same_columns(expected, mixed, pieces[0])
 
 
+def test_columns_made_into_a_frame_take_nothing_more():
+    """The frame holds the columns without a copy: a piece given after it is refused, and
+    the frame stays as made."""
+    rng = random.Random(5)
+    text = _text(rng, [_event(rng, True) for _ in range(6)])
+    events = LIST_DECODER.decode(b"[" + text + b"]")
+    columns = Columns()
+    if not columns.add_text(text, 0, len(text)):
+        columns.add(events)
+    frame = columns.frame()
+    before = frame.copy()
+    with pytest.raises(RuntimeError, match="made into a frame"):
+        columns.add(events)
+    if columns.reader is not None:
+        with pytest.raises(RuntimeError, match="made into a frame"):
+            columns.add_text(text, 0, len(text))
+    with pytest.raises(RuntimeError, match="made into a frame"):
+        columns.frame()
+    pd.testing.assert_frame_equal(frame, before)
+
+
 @needs_it
 def test_the_last_piece_stops_at_the_closing_bracket():
     rng = random.Random(3)

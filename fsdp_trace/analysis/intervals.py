@@ -555,7 +555,9 @@ def unique(values, return_inverse: bool = False, return_counts: bool = False):
     by counting them, O(n); anything else by a stable sort, which is linear on the nearly
     sorted times of a trace (np.unique's quicksort is not: ~12 ms for 60,000 floats or small
     integers, where this takes a fraction of a millisecond). NaNs are one value, last, as
-    np.unique's `equal_nan` makes them."""
+    np.unique's `equal_nan` makes them. Where floats equal as numbers differ in their bits
+    (-0.0 and 0.0, NaNs), the one standing for them is the first in the input, where
+    numpy's unstable sort picks either: the same numbers, inverse and counts."""
     v = np.asarray(values)
     if v.ndim != 1 or v.dtype.kind not in "iuf" or (v.dtype.kind == "u" and v.itemsize == 8):
         return np.unique(v, return_inverse=return_inverse, return_counts=return_counts)

@@ -519,24 +519,28 @@ static void rollback_names(Table *t) {
         if (t->entries[i].used == 2) t->entries[i].used = 0;
 }
 
-/* The strings a piece's column names, each once, in order of first use: [(id, str)]. An
- * entry's mark says it was listed for this column already (`stamp`, new per column). */
-static PyObject *piece_strings(Table *t, const int32_t *ids, size_t n, uint32_t stamp) {
+/* The strings a piece's column names, each once, in order of first use: [str]; each of
+ * `ids` (string ids, -1 absent) is made its string's place in that list, so that what the
+ * caller maps grows with the piece, not with the strings read so far. An entry's mark says
+ * it was listed for this column already (`stamp`, new per column). */
+static PyObject *piece_strings(Table *t, int32_t *ids, size_t n, uint32_t stamp) {
     PyObject *list = PyList_New(0);
     if (list == NULL) return NULL;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0) continue;
         Entry *e = &t->entries[ids[i]];
-        if (e->mark == stamp) continue;
-        e->mark = stamp;
-        PyObject *str = table_str(t, ids[i]);
-        PyObject *item = str ? Py_BuildValue("(iN)", (int)ids[i], str) : NULL;
-        if (item == NULL || PyList_Append(list, item) < 0) {
-            Py_XDECREF(item);
-            Py_DECREF(list);
-            return NULL;
+        if (e->mark != stamp) {
+            PyObject *str = table_str(t, ids[i]);
+            if (str == NULL || PyList_Append(list, str) < 0) {
+                Py_XDECREF(str);
+                Py_DECREF(list);
+                return NULL;
+            }
+            Py_DECREF(str);
+            e->mark = stamp;
+            e->local = (int32_t)(PyList_GET_SIZE(list) - 1);
         }
-        Py_DECREF(item);
+        ids[i] = e->local;
     }
     return list;
 }
@@ -553,9 +557,9 @@ static uint32_t next_stamp(Reader *r) {
 }
 
 /* The rare columns, one item a field, aligned with the rare rows: an integer field's values
- * as int64 bytes (MISSING where absent); a text or raw field's as int32 bytes of string ids
- * (-1 where absent) and the strings those ids name, [(id, str)] (`piece_strings`): the
- * columns take codes, not a Python object a row. */
+ * as int64 bytes (MISSING where absent); a text or raw field's as the strings it names,
+ * each once, and int32 bytes of each row's place in them (-1 where absent; `piece_strings`):
+ * the columns take codes, not a Python object a row. */
 static PyObject *rare_columns(Reader *r, Out *o) {
     size_t n = o->rare_rows.n / 8;
     const RareValue *values = (const RareValue *)o->rare_values.p;
@@ -582,7 +586,7 @@ static PyObject *rare_columns(Reader *r, Out *o) {
             continue;
         }
         Table *t = kind == K_TEXT ? &r->texts : &r->raws;
-        PyObject *strings = piece_strings(t, (const int32_t *)out, n, next_stamp(r));
+        PyObject *strings = piece_strings(t, (int32_t *)out, n, next_stamp(r));
         PyObject *item = strings ? PyTuple_Pack(2, bytes, strings) : NULL;
         Py_DECREF(bytes);
         Py_XDECREF(strings);
@@ -807,7 +811,7 @@ PyMODINIT_FUNC PyInit__fastread(void) {
     if (m == NULL) return NULL;
     /* The interface version columns.COMPILED_VERSION expects: raise both with any change of
      * what `parse` takes or gives. */
-    if (PyModule_AddIntConstant(m, "VERSION", 3) < 0) {
+    if (PyModule_AddIntConstant(m, "VERSION", 4) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -70,6 +70,7 @@ typedef struct {
     PyObject *str;   /* made on first need */
     int used;        /* handed to the caller as a new name already (name tables) */
     uint32_t mark;   /* the last column of a piece that named it (`piece_strings`) */
+    int32_t local;   /* its place in that column's list of strings */
 } Entry;
 
 typedef struct {

@@ -30,7 +30,7 @@ INT64 = 1 << 63
 
 # The compiled reader's interface version: a shared library built from another version of
 # _fastread.c (an editable install not rebuilt) is not used.
-COMPILED_VERSION = 3
+COMPILED_VERSION = 4
 try:  # the compiled reader (built with the package where a C compiler was at hand)
     from fsdp_trace.analysis.read import _fastread
 except ImportError:  # pragma: no cover - depends on the installation
@@ -187,15 +187,14 @@ def _recoded(
     return remap, remap[np.frombuffer(ids, np.int32)].tobytes()
 
 
-def _coded(codes: Codes, ids: bytes, strings: list[tuple[int, str]]) -> bytes:
-    """A rare text field of a compiled reader's piece (its string ids, int32 bytes, -1 where
-    absent, and the strings they name) as `codes`' codes (int32 bytes, -1 where absent)."""
+def _coded(codes: Codes, places: bytes, strings: list[str]) -> bytes:
+    """A rare text field of a compiled reader's piece (each row's place in `strings`, the
+    strings the piece names, int32 bytes, -1 where absent) as `codes`' codes (int32 bytes,
+    -1 where absent)."""
     if not strings:
-        return ids  # every row absent: -1 each
-    lookup = np.full(max(i for i, _ in strings) + 2, -1, np.int32)  # [-1] reads -1
-    for i, text in strings:
-        lookup[i] = codes.code(text)
-    return lookup[np.frombuffer(ids, np.int32)].tobytes()
+        return places  # every row absent: -1 each
+    lookup = np.array([codes.code(text) for text in strings] + [-1], np.int32)  # [-1]: -1
+    return lookup[np.frombuffer(places, np.int32)].tobytes()
 
 
 # The categories of text columns made lately, by their names: every rank of a job names the
@@ -325,6 +324,7 @@ class Columns:
         self.pending: list[dict[str, Any]] = []
         self.pending_rows = 0
         self.second: SecondReader | None = None  # `read_beside`
+        self.framed = False  # made into a frame (`frame`): its columns are the frame's now
 
     def __len__(self) -> int:
         return len(self.ts) + self.pending_rows
@@ -351,6 +351,10 @@ class Columns:
         second, self.second = self.second, None
         if second is not None:
             second.close()
+
+    def _open(self) -> None:
+        if self.framed:
+            raise RuntimeError("these columns were made into a frame: nothing more is taken")
 
     def _flush(self) -> None:
         """Append the compiled reader's pieces held so far to the columns."""
@@ -420,6 +424,7 @@ class Columns:
         """What the compiled reader made of a piece (`add_text`, `read_last`), into the
         columns. `side`: the reader whose string ids these are (their maps to codes): these
         columns' own, or the second one."""
+        self._open()
         side = side or self
         self.raw_count += got["raw_count"]
         self._names(got["metadata"])
@@ -449,6 +454,7 @@ class Columns:
 
     def add(self, events: list[Event]) -> None:
         """Take one piece of decoded events (in file order)."""
+        self._open()
         self._flush()
         self.raw_count += len(events)
         phases = list(map(_get["ph"], events))
@@ -665,7 +671,10 @@ class Columns:
         return out
 
     def frame(self) -> pd.DataFrame:
-        """The columns as a DataFrame; strings become categoricals (few distinct names)."""
+        """The columns as a DataFrame; strings become categoricals (few distinct names).
+        Once: the frame holds the columns (no copy), so nothing more is taken after it."""
+        self._open()
+        self.framed = True
         self._flush_last()
         pid = np.frombuffer(self.pid, dtype=np.int64)
         tid = np.frombuffer(self.tid, dtype=np.int64)
