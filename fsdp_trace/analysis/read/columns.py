@@ -147,29 +147,31 @@ class Codes(dict):
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
         """The codes (in first-appearance order, -1 for None) as a Categorical whose categories
         are sorted, as `pd.Categorical(values)` makes them."""
-        names = [k for k in self if k is not None]
+        remap, names = self._sorted()
         if not names:
             empty = pd.Index([], dtype=str)
             return pd.Categorical.from_codes(np.full(codes.size, -1, np.int8), categories=empty)
-        order = np.argsort(np.asarray(names, dtype=object), kind="stable")
-        remap = np.full(len(self) + 1, -1, dtype=np.int32)
-        first = [self[k] for k in names]
-        remap[np.asarray(first, dtype=np.int64)[order]] = np.arange(len(names), dtype=np.int32)
         codes = remap[codes]  # code -1 (None) reads remap[-1] == -1
-        return _categorical(_narrow(codes), [names[i] for i in order.tolist()])
+        return _categorical(_narrow(codes), names)
 
     def sparse_categorical(self, n: int, rows: np.ndarray, codes: np.ndarray) -> pd.Categorical:
         """`categorical` of a column of `n` rows holding `codes` at `rows` (missing
         elsewhere), its codes in the narrowest integer type from the start: the column is
         mostly absent, and a full int32 array costs 4x the memory traffic."""
+        remap, names = self._sorted()
+        out = np.full(n, -1, dtype=_narrow(np.array([len(names)])).dtype)
+        out[rows] = remap[codes]  # code -1 (absent) and None's read -1
+        return _categorical(out, names)
+
+    def _sorted(self) -> tuple[np.ndarray, list[str]]:
+        """The strings (None left out) sorted, and each code's place among them (-1 for
+        None's, and at the end, for code -1)."""
         names = [k for k in self if k is not None]
         order = np.argsort(np.asarray(names, dtype=object), kind="stable")
         remap = np.full(len(self) + 1, -1, dtype=np.int32)
         first = np.asarray([self[k] for k in names], dtype=np.int64)
         remap[first[order]] = np.arange(len(names), dtype=np.int32)
-        out = np.full(n, -1, dtype=_narrow(np.array([len(names)])).dtype)
-        out[rows] = remap[codes]  # code -1 (absent) and None's read -1
-        return _categorical(out, [names[i] for i in order.tolist()])
+        return remap, [names[i] for i in order.tolist()]
 
 
 def _recoded(
@@ -353,6 +355,7 @@ class Columns:
             second.close()
 
     def _open(self) -> None:
+        """Refuse a piece (or a second frame) once the columns are a frame's."""
         if self.framed:
             raise RuntimeError("these columns were made into a frame: nothing more is taken")
 

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from fsdp_trace.analysis.read import readers, remote
 from fsdp_trace.analysis.read.readers import OWN_RECORDS, SUMMARY
+from fsdp_trace.analysis.read.text import cannot_read
 from fsdp_trace.analysis.read.trace import rank_from_name
 from fsdp_trace.errors import UserError
 from fsdp_trace.runrecord import RUN_FILE, RunRecord, read_run
@@ -259,7 +260,7 @@ def _open_local(path: Path) -> Path | LocalFolder:
     try:
         exists, is_file, is_dir = path.exists(), path.is_file(), path.is_dir()
     except OSError as exc:  # in a folder we cannot search: PermissionError
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise cannot_read(path, exc) from None
     if not exists:
         raise UserError(f"{path}: no such file or directory")
     if is_file:

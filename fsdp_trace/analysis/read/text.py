@@ -75,6 +75,11 @@ def raw_size(path: Path) -> int:
     return min(nearest, gzip_text_limit(size), DEFLATE_MAX_RATIO * size)
 
 
+def cannot_read(path: Path, exc: OSError) -> UserError:
+    """The one-line error for an input the system will not read (permissions, I/O)."""
+    return UserError(f"{path}: cannot read ({exc.strerror or exc})")
+
+
 def check_path(path: Path) -> None:
     try:
         mode = os.stat(path).st_mode
@@ -83,7 +88,7 @@ def check_path(path: Path) -> None:
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # a loop of symbolic links
             raise UserError(f"{path}: no such file (a loop of symbolic links)") from None
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise cannot_read(path, exc) from None
     if stat.S_ISDIR(mode):
         raise UserError(f"{path}: is a directory, not a trace file")
     if not stat.S_ISREG(mode):
@@ -103,7 +108,7 @@ def open_trace(path: Path):
             f"{path}: not a regular file (a FIFO, device or socket): give a trace file"
         ) from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise cannot_read(path, exc) from None
 
 
 def read_blocks(path: Path, on_progress: Callable[[int], None] | None) -> Iterator[bytes]:
@@ -117,7 +122,7 @@ def read_blocks(path: Path, on_progress: Callable[[int], None] | None) -> Iterat
         one_block = not is_gzip and os.fstat(raw.fileno()).st_size <= BLOCK
     except OSError as exc:
         raw.close()
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise cannot_read(path, exc) from None
     if one_block:
         yield from _read_here(path, raw, on_progress)
     else:
@@ -132,7 +137,7 @@ def _read_here(path: Path, raw, on_progress: Callable[[int], None] | None) -> It
             try:
                 block = raw.read(BLOCK)
             except OSError as exc:
-                raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+                raise cannot_read(path, exc) from None
             if on_progress is not None:
                 on_progress(raw.tell())
             if not block:
@@ -170,7 +175,7 @@ def _read_ahead(
         except (EOFError, zlib.error, gzip.BadGzipFile):
             blocks.put(_gzip_error(path))
         except OSError as exc:
-            blocks.put(UserError(f"{path}: cannot read ({exc.strerror or exc})"))
+            blocks.put(cannot_read(path, exc))
         finally:
             stream.close()
             raw.close()
