@@ -97,14 +97,55 @@ def test_analyze_imports_only_what_it_uses(tmp_path):
     assert not among(modules, unused)
 
 
+# Run `python -m fsdp_trace ARGS`; write how numpy found the process when it was imported.
+AT_NUMPY = """
+import atexit, gc, json, os, runpy, sys
+out, sys.argv = sys.argv[1], ["fsdp-trace", *sys.argv[2:]]
+seen = {}
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" and not seen:
+            seen.update(collector=gc.isenabled(), blas=os.environ.get("OPENBLAS_NUM_THREADS"))
+atexit.register(lambda: open(out, "w").write(json.dumps(seen)))
+sys.meta_path.insert(0, Watch())
+runpy.run_module("fsdp_trace", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("no_cache", [["--no-cache"], []])
+@pytest.mark.parametrize("users", [None, "3"])
+def test_numpy_is_imported_with_the_collector_paused_and_one_blas_thread(
+    tmp_path, no_cache, users
+):
+    """`--no-cache` switched the cache off through the cache's module, which imported numpy and
+    pandas before the command paused the collector. A number of BLAS threads the user chose
+    is kept."""
+    out = tmp_path / "seen.json"
+    env = {**os.environ, "FSDP_TRACE_QUIET": "1"}
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    if users is not None:
+        env["OPENBLAS_NUM_THREADS"] = users
+    args = ["analyze", str(SAMPLES / "gpt-small-1gpu"), "--no-report", *no_cache]
+    done = subprocess.run(
+        [sys.executable, "-c", AT_NUMPY, str(out), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(out.read_text()) == {"collector": False, "blas": users or "1"}
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_collector_pause_of_the_imports_leaves_the_collector_as_it_found_it(enabled):
-    from fsdp_trace.cli.common import collector_paused
+    from fsdp_trace.cli.common import importing_libraries
 
     was = gc.isenabled()
     (gc.enable if enabled else gc.disable)()
     try:
-        with collector_paused():
+        with importing_libraries():
             assert not gc.isenabled()
         assert gc.isenabled() is enabled
     finally:

@@ -6,12 +6,13 @@ only for capture (DeferredCommand). Annotations are evaluated where they are wri
 `from __future__ import annotations`): typer would otherwise evaluate every parameter's
 annotation text again at each start (~5 ms)."""
 
+import atexit
 import contextlib
 import os
 import sys
 
 from fsdp_trace.cli import analyze, capture, view, whatif
-from fsdp_trace.cli.app import DEFERRED, DeferredCommand, PlainCommand, app
+from fsdp_trace.cli.app import DEFERRED, DeferredCommand, PlainCommand, app, may_end_now
 from fsdp_trace.errors import UserError
 
 # The commands, in the order the help lists them. `capture` is a stand-in, built when asked
@@ -90,3 +91,24 @@ def main() -> None:
     if sys.stderr is not None:
         sys.stderr = _Output(sys.stderr, errors_said=False)
     app()
+
+
+def run() -> None:
+    """The `fsdp-trace` command: `main`, and then, after an analysis that wrote its outputs
+    (`app.may_end_now`), the process ended without the interpreter's teardown: freeing every
+    object of the analysis and every module one by one (~40 ms after a 300 MB trace, ~25 ms
+    after a small one: a twentieth of a short run). What the exit would still do is done:
+    the functions registered with atexit, the last flush of stdout and stderr."""
+    try:
+        main()
+    except SystemExit as done:
+        code = done.code
+    else:
+        code = 0
+    if (code is None or isinstance(code, int)) and may_end_now():
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                stream.flush()
+        os._exit(code or 0)
+    sys.exit(code)

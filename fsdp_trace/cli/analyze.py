@@ -7,7 +7,7 @@ from typing import Annotated, Protocol
 
 import typer
 
-from fsdp_trace.cli.app import user_errors
+from fsdp_trace.cli.app import outputs_written, user_errors
 from fsdp_trace.cli.common import (
     OUT_DIR_HELP,
     SCHEDULER_HELP,
@@ -16,6 +16,7 @@ from fsdp_trace.cli.common import (
     beside_inputs,
     cluster_client,
     default_place_problem,
+    importing_libraries,
     in_out_dir,
     input_files,
     no_cache_if,
@@ -205,6 +206,7 @@ def analyze(
     announce(written)
     for line in violated:
         print(f"fsdp-trace analyze: fail-on: {printable(line)}", file=sys.stderr)
+    outputs_written()
     if violated:
         raise typer.Exit(1)
 
@@ -382,8 +384,9 @@ def compare(
     scaling efficiency, exposed %, memory and what changed from the previous run (FSDP2
     knobs and the NCCL / CUDA environment).
     """
-    from fsdp_trace import sweep as sweeping
-    from fsdp_trace.render import export, terminal
+    with importing_libraries():
+        from fsdp_trace import sweep as sweeping
+        from fsdp_trace.render import export, terminal
 
     with user_errors("compare"):
         found = sweeping.find_runs(runs)
@@ -419,3 +422,4 @@ def compare(
                     f"--html {target}: cannot write ({exc.strerror or exc}); nothing written"
                 ) from None
             announce([line])
+        outputs_written()

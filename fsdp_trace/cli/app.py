@@ -309,6 +309,26 @@ def user_errors(command: str) -> Iterator[None]:
 
 _TERMINATED_IN: set[int] = set()  # the processes whose SIGTERM raises Terminated
 
+# Set by a command that only reads its inputs and writes its outputs (analyze, compare,
+# whatif) once they are written: `fsdp_trace.cli.run` may then end the process at once.
+_OUTPUTS_WRITTEN: list[bool] = []
+
+
+def outputs_written() -> None:
+    """The command's outputs are written and it leaves nothing behind to finish (no file
+    open, no process or thread of its own): the process need not be torn down."""
+    _OUTPUTS_WRITTEN.append(True)
+
+
+def may_end_now() -> bool:
+    """Whether the process may end without tearing the interpreter down: the command said
+    its outputs are written, and no other thread runs and no child process of
+    multiprocessing is alive (whose ends a teardown would wait for)."""
+    if not _OUTPUTS_WRITTEN or threading.active_count() != 1:
+        return False
+    multiprocessing = sys.modules.get("multiprocessing")
+    return multiprocessing is None or not multiprocessing.active_children()
+
 
 def _terminated(signum, frame) -> None:
     if os.getpid() not in _TERMINATED_IN:  # a forked helper (decode, --jobs): ends as usual

@@ -1,7 +1,9 @@
-"""What several commands share: the cache switched off, the collector paused while a command
-imports its modules, inputs resolved, a Dask client, where outputs land beside their inputs."""
+"""What several commands share: the cache switched off, the libraries imported (collector
+paused, BLAS on one thread), inputs resolved, a Dask client, where outputs land beside their
+inputs."""
 
 import gc
+import os
 import sys
 import typing
 from collections.abc import Iterator
@@ -22,18 +24,24 @@ def no_cache_if(no_cache: bool) -> Iterator[None]:
     if not no_cache:
         yield
         return
-    from fsdp_trace.analysis.read import cache
+    # The cache folder's policy alone: the cache's entries import pandas, which the command
+    # imports later, with the collector paused (`importing_libraries`).
+    from fsdp_trace.analysis.read import cachefolder
 
-    with cache.off("--no-cache"):
+    with cachefolder.off("--no-cache"):
         yield
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a command imports its libraries, and what
-    they made frozen after: importing numpy and pandas creates ~10^5 objects, and each
-    collection pass during the imports (and, unfrozen, every full pass later) scans them all,
-    ~30 ms of a 0.3 s start. Imports leave no cyclic garbage to collect."""
+def importing_libraries() -> Iterator[None]:
+    """While a command imports numpy, pandas and the analysis behind them:
+
+    - Python's cyclic garbage collector off, and what they made frozen after: importing numpy
+      and pandas creates ~10^5 objects, and each collection pass during the imports (and,
+      unfrozen, every full pass later) scans them all, ~30 ms of a 0.3 s start. Imports leave
+      no cyclic garbage to collect.
+    - numpy's BLAS on one thread (`one_blas_thread`)."""
+    one_blas_thread()
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -44,10 +52,21 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def one_blas_thread() -> None:
+    """OpenBLAS, which numpy's wheels bundle, starts a thread per core when numpy is imported,
+    and those threads spin: ~0.1 s of CPU at every start (a core of two, while the command
+    imports), for nothing: no command here does linear algebra. One thread, unless the user
+    chose a number or numpy is imported already (it reads the setting once, at import). The
+    setting passes to the processes the command starts (its pool, a local Dask cluster),
+    which do no linear algebra either."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def analyze_modules() -> SimpleNamespace:
     """What `analyze` uses, imported (pandas, numpy, msgspec and the analysis behind them):
     the command's own imports, in one place so that benchmarks/speed_targets.py times these."""
-    with collector_paused():
+    with importing_libraries():
         from fsdp_trace.analysis.rank.analyze import keeping_cpu_slices
         from fsdp_trace.diagnose import gate
         from fsdp_trace.pipeline import analyze as run_analysis

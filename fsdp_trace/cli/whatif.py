@@ -5,11 +5,12 @@ from typing import Annotated
 
 import typer
 
-from fsdp_trace.cli.app import user_errors
+from fsdp_trace.cli.app import outputs_written, user_errors
 from fsdp_trace.cli.common import (
     SCHEDULER_HELP,
     announce,
     cluster_client,
+    importing_libraries,
     input_files,
     no_cache_if,
     verb,
@@ -73,13 +74,14 @@ def whatif(
     with user_errors("whatif"), no_cache_if(no_cache):
         import json
 
-        from fsdp_trace import atomic
-        from fsdp_trace import whatif as model
-        from fsdp_trace.pipeline import analyze as run_analysis
-        from fsdp_trace.present import whatif as views
-        from fsdp_trace.render import export
-        from fsdp_trace.render.terminal import make_console
-        from fsdp_trace.render.whatif import render_prediction, render_ranking
+        with importing_libraries():
+            from fsdp_trace import atomic
+            from fsdp_trace import whatif as model
+            from fsdp_trace.pipeline import analyze as run_analysis
+            from fsdp_trace.present import whatif as views
+            from fsdp_trace.render import export
+            from fsdp_trace.render.terminal import make_console
+            from fsdp_trace.render.whatif import render_prediction, render_ranking
 
         if jobs is not None and jobs < 1:
             raise UserError(f"--jobs {jobs}: give a number of processes, 1 or more")
@@ -123,3 +125,4 @@ def whatif(
                     f"--json {target}: cannot write ({exc.strerror or exc}); nothing written"
                 ) from None
             announce([line])
+        outputs_written()
