@@ -12,6 +12,7 @@ import logging
 import pickle
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -551,3 +552,28 @@ def test_scheduler_without_distributed_installed_says_what_to_install(monkeypatc
     wanted = r"needs Dask's distributed: pip install 'fsdp-trace\[dask\]'"
     with pytest.raises(UserError, match=wanted), cluster.connect("local:2"):
         pass
+
+
+# In a process of its own: the test's main thread, and signals left as they were.
+CTRL_C_OF_WORKERS = """
+import json, signal
+from fsdp_trace.analysis.job import cluster
+with cluster.connect("local:1") as client:
+    workers = client.run(lambda: signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+    here = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+print(json.dumps([list(workers.values()), here]))
+"""
+
+
+def test_local_workers_ignore_the_terminals_ctrl_c_and_the_command_does_not():
+    """A terminal's Ctrl-C reaches every process of its group: the workers printed a traceback
+    each before the command's one line (`cluster._workers_ignore_ctrl_c`)."""
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_OF_WORKERS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [[True], True]

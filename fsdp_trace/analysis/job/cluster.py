@@ -32,7 +32,9 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -96,6 +98,23 @@ def _first_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
+def _workers_ignore_ctrl_c() -> Iterator[None]:
+    """Ctrl-C ignored here while a LocalCluster starts its worker processes, which keep it
+    ignored (a new program inherits an ignored signal): a terminal's Ctrl-C goes to every
+    process of its group, and each worker printed a traceback before the command's one line.
+    The command ends its workers itself (`connect`). The price: a Ctrl-C pressed in the second
+    or so the workers take to start is not seen."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+
+
+@contextlib.contextmanager
 def connect(scheduler: str) -> Iterator[Any]:
     """A `distributed.Client` of the cluster `scheduler` names, closed at the end:
     `local:N` starts a LocalCluster of N worker processes here (one thread each) and shuts it
@@ -114,7 +133,7 @@ def connect(scheduler: str) -> Iterator[Any]:
         import dask
 
         try:
-            with dask.config.set({TRIM_KEY: None}):  # see TRIM_KEY
+            with dask.config.set({TRIM_KEY: None}), _workers_ignore_ctrl_c():  # see TRIM_KEY
                 cluster = distributed.LocalCluster(
                     n_workers=workers,
                     threads_per_worker=1,  # decoding holds the GIL: processes, not threads
