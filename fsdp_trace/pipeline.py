@@ -12,6 +12,7 @@ Pure: traces in, a typed `Result` out; nothing printed, nothing written. Every f
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +31,7 @@ from fsdp_trace.analysis.rank.breakdown import (
 )
 from fsdp_trace.analysis.read import grouping
 from fsdp_trace.analysis.read.inputs import Inputs, RunInput, resolve
+from fsdp_trace.analysis.read.remote import is_url
 from fsdp_trace.analysis.results import RankAnalysis
 from fsdp_trace.analysis.table import array_of
 from fsdp_trace.collector import full_passes_deferred
@@ -79,7 +81,7 @@ def analyze(
 
         if hta_tool() is None:  # asked for: refused before any work, not a notice after it
             raise UserError(NOT_INSTALLED)
-    plan = Plan.of(paths, detailed)
+    plan = Plan.of(paths, detailed, elsewhere=client is not None)
     if client is not None:
         from fsdp_trace.analysis.job import cluster
 
@@ -111,7 +113,7 @@ def analyze_on_cluster(
     the number of ranks (`cluster.analyze_and_produce`; `fsdp-trace analyze --scheduler`)."""
     from fsdp_trace.analysis.job import cluster
 
-    plan = Plan.of(paths, detailed)
+    plan = Plan.of(paths, detailed, elsewhere=True)
     return cluster.analyze_and_produce(client, plan, cache, assemble, produce)
 
 
@@ -126,18 +128,32 @@ class Plan:
     groups: list[list[TraceInput]]
 
     @classmethod
-    def of(cls, paths: str | Path | Sequence[str | Path], detailed: bool = True) -> Plan:
-        inputs = resolve(paths)
+    def of(
+        cls,
+        paths: str | Path | Sequence[str | Path],
+        detailed: bool = True,
+        *,
+        elsewhere: bool = False,
+    ) -> Plan:
+        """`elsewhere`: the traces are read by Dask workers, whose working folder is their
+        own: local paths are given to them joined to this process's working folder."""
+        given = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
+        inputs = resolve([_from_here(p) for p in given] if elsewhere else given)
         groups = [
             [t for t in r.traces if detailed or t.source != Source.DETAILED] for r in inputs.runs
         ]
         groups.append([TraceInput(p) for p in inputs.loose])
-        given = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
         return cls(given, inputs, detailed, groups)
 
     @property
     def work(self) -> list[TraceInput]:
         return [t for group in self.groups for t in group]
+
+
+def _from_here(path: str) -> str:
+    """A local path as a process with another working folder reads it: joined to this one's
+    (not resolved: the names given, links and `..`, stay as the user gave them)."""
+    return path if is_url(path) or os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
 @full_passes_deferred()

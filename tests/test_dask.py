@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import re
 import shutil
@@ -248,6 +249,25 @@ def test_client_facade_gives_the_result_of_jobs_1(client):
         alone.to_json(), sort_keys=True
     )
     assert [r.rank for r in spread.ranks] == [0, 1] and len(spread.detailed) == 2
+
+
+def test_relative_paths_reach_workers_whose_working_folder_is_another(
+    client, tmp_path, monkeypatch
+):
+    """Workers on other machines start in folders of their own: a local path is sent joined
+    to the caller's working folder, and the result is the one of that whole path here."""
+    monkeypatch.chdir(GPT.parent)
+    alone = fsdp_trace.analyze(str(GPT), cache=False)
+    before = client.run(os.getcwd)
+    client.run(os.chdir, str(tmp_path))  # an empty folder: a relative path finds nothing
+    try:
+        spread = fsdp_trace.analyze(GPT.name, client=client, cache=False)
+    finally:
+        for worker, folder in before.items():
+            client.run(os.chdir, folder, workers=[worker])
+    assert json.dumps(spread.to_json(), sort_keys=True) == json.dumps(
+        alone.to_json(), sort_keys=True
+    )
 
 
 def test_what_a_task_sends_back_holds_no_per_event_table(client):
