@@ -113,18 +113,20 @@ runpy.run_module("fsdp_trace", run_name="__main__", alter_sys=True)
 
 
 @pytest.mark.parametrize("no_cache", [["--no-cache"], []])
-@pytest.mark.parametrize("users", [None, "3"])
+@pytest.mark.parametrize(
+    "users, blas",
+    [({}, "1"), ({"OPENBLAS_NUM_THREADS": "3"}, "3"), ({"OMP_NUM_THREADS": "2"}, None)],
+)
 def test_numpy_is_imported_with_the_collector_paused_and_one_blas_thread(
-    tmp_path, no_cache, users
+    tmp_path, no_cache, users, blas
 ):
     """`--no-cache` switched the cache off through the cache's module, which imported numpy and
-    pandas before the command paused the collector. A number of BLAS threads the user chose
-    is kept."""
+    pandas before the command paused the collector. A number of threads the user chose
+    (OpenBLAS reads OMP_NUM_THREADS too) is kept."""
     out = tmp_path / "seen.json"
     env = {**os.environ, "FSDP_TRACE_QUIET": "1"}
-    env.pop("OPENBLAS_NUM_THREADS", None)
-    if users is not None:
-        env["OPENBLAS_NUM_THREADS"] = users
+    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+        env.pop(name, None)
     args = ["analyze", str(SAMPLES / "gpt-small-1gpu"), "--no-report", *no_cache]
     done = subprocess.run(
         [sys.executable, "-c", AT_NUMPY, str(out), *args],
@@ -132,10 +134,10 @@ def test_numpy_is_imported_with_the_collector_paused_and_one_blas_thread(
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env={**env, **users},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(out.read_text()) == {"collector": False, "blas": users or "1"}
+    assert json.loads(out.read_text()) == {"collector": False, "blas": blas}
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -12,7 +12,14 @@ import os
 import sys
 
 from fsdp_trace.cli import analyze, capture, view, whatif
-from fsdp_trace.cli.app import DEFERRED, DeferredCommand, PlainCommand, app, may_end_now
+from fsdp_trace.cli.app import (
+    DEFERRED,
+    DeferredCommand,
+    PlainCommand,
+    app,
+    command_starts,
+    may_end_now,
+)
 from fsdp_trace.errors import UserError
 
 # The commands, in the order the help lists them. `capture` is a stand-in, built when asked
@@ -83,6 +90,7 @@ class _Output:
 
 
 def main() -> None:
+    command_starts()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
             stream.reconfigure(errors="backslashreplace" if stream is sys.stderr else "replace")
@@ -106,9 +114,9 @@ def run() -> None:
     else:
         code = 0
     if (code is None or isinstance(code, int)) and may_end_now():
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(AttributeError, OSError, ValueError):
+        atexit._run_exitfuncs()  # multiprocessing's among them: its children ended and joined
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            with contextlib.suppress(Exception):  # as the teardown's flush: never a traceback
                 stream.flush()
         os._exit(code or 0)
     sys.exit(code)

@@ -314,20 +314,27 @@ _TERMINATED_IN: set[int] = set()  # the processes whose SIGTERM raises Terminate
 _OUTPUTS_WRITTEN: list[bool] = []
 
 
+def command_starts() -> None:
+    """A command starts in this process: what the one before it said is forgotten."""
+    _OUTPUTS_WRITTEN.clear()
+
+
 def outputs_written() -> None:
-    """The command's outputs are written and it leaves nothing behind to finish (no file
-    open, no process or thread of its own): the process need not be torn down."""
+    """The command's outputs are written and it leaves nothing of its own to finish (no file
+    open, no process or thread it waits for): the process need not be torn down."""
     _OUTPUTS_WRITTEN.append(True)
 
 
 def may_end_now() -> bool:
     """Whether the process may end without tearing the interpreter down: the command said
-    its outputs are written, and no other thread runs and no child process of
-    multiprocessing is alive (whose ends a teardown would wait for)."""
+    its outputs are written, no other thread runs (a daemon thread too: a Dask client's, which
+    the teardown would not wait for but which may still be closing its connections), and no
+    tool runs the command inside itself (a profiler or tracer, `cProfile`, `pdb`, coverage,
+    writes its results or takes over after the command; `python -i` opens its prompt)."""
     if not _OUTPUTS_WRITTEN or threading.active_count() != 1:
         return False
-    multiprocessing = sys.modules.get("multiprocessing")
-    return multiprocessing is None or not multiprocessing.active_children()
+    inspect = sys.flags.inspect or os.environ.get("PYTHONINSPECT")
+    return not (inspect or sys.getprofile() or sys.gettrace())
 
 
 def _terminated(signum, frame) -> None:

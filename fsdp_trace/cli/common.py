@@ -56,11 +56,12 @@ def one_blas_thread() -> None:
     """OpenBLAS, which numpy's wheels bundle, starts a thread per core when numpy is imported,
     and those threads spin: ~0.1 s of CPU at every start (a core of two, while the command
     imports), for nothing: no command here does linear algebra. One thread, unless the user
-    chose a number or numpy is imported already (it reads the setting once, at import). The
-    setting passes to the processes the command starts (its pool, a local Dask cluster),
-    which do no linear algebra either."""
-    if "numpy" not in sys.modules:
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    chose a number (OpenBLAS reads any of these) or numpy is imported already (it reads the
+    setting once, at import). The setting passes to the processes the command starts (its
+    pool, a local Dask cluster), which do no linear algebra either."""
+    chosen = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+    if "numpy" not in sys.modules and not any(name in os.environ for name in chosen):
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 
 def analyze_modules() -> SimpleNamespace:
