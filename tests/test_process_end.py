@@ -44,6 +44,7 @@ def ended(
 ) -> tuple[int, str, list[str]]:
     """`fsdp-trace ARGS`: its exit code, its stdout, and the probe's log (in order)."""
     log = tmp_path / "log"
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe buffers
     done = subprocess.run(
         [sys.executable, "-c", PROBE, str(log), "yes" if thread else "no", *args],
         cwd=REPO,
@@ -51,7 +52,7 @@ def ended(
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "FSDP_TRACE_QUIET": "1", "COLUMNS": "100", **(env or {})},
+        env={**base, "FSDP_TRACE_QUIET": "1", "COLUMNS": "100", **(env or {})},
     )
     lines = log.read_text().splitlines() if log.exists() else []
     return done.returncode, done.stdout, lines
