@@ -1655,6 +1655,58 @@ def test_stdout_that_cannot_be_written_is_one_line(tmp_path):
     assert not out.exists()
 
 
+def _closing(fd: int):
+    """For `preexec_fn`: the child starts with `fd` closed (`>&-`, `2>&-`)."""
+    return lambda: os.close(fd)
+
+
+def test_a_closed_stdout_is_one_line(tmp_path):
+    """`>&-`: Python starts with sys.stdout None, which was an AttributeError traceback; it is
+    a stdout that cannot be written, as `> /dev/full` is."""
+    run = _sim_run(tmp_path)
+    out = tmp_path / "o.json"
+    args = ["analyze", str(run), "--json", str(out), "--no-report"]
+    done = subprocess.run(
+        [sys.executable, "-m", "fsdp_trace", *args],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
+        preexec_fn=_closing(1),
+    )
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "fsdp-trace analyze: error: cannot write to standard output (it is closed): the output "
+        "stops here, nothing else written"
+    ], done.stderr
+    assert not out.exists()
+
+
+def test_a_closed_stderr_leaves_the_exit_code_and_the_output(tmp_path):
+    """`2>&-`: the one-line error has nowhere to go; the exit code still says it, and a run
+    that goes well prints as usual."""
+    missing = subprocess.run(
+        [sys.executable, "-m", "fsdp_trace", "analyze", str(tmp_path / "missing.json")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=_closing(2),
+    )
+    assert missing.returncode == 2 and missing.stdout == ""
+    run = _sim_run(tmp_path)
+    fine = subprocess.run(
+        [sys.executable, "-m", "fsdp_trace", "analyze", str(run), "--no-report"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
+        preexec_fn=_closing(2),
+    )
+    assert fine.returncode == 0 and "Verdict:" in fine.stdout
+
+
 def test_a_terminal_encoding_that_cannot_show_the_text(tmp_path):
     """issue 21 (9): PYTHONIOENCODING=ascii was a UnicodeEncodeError."""
     run = _sim_run(tmp_path)

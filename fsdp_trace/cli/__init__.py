@@ -8,6 +8,8 @@ annotation text again at each start (~5 ms)."""
 
 import atexit
 import contextlib
+import errno
+import io
 import os
 import sys
 
@@ -89,15 +91,28 @@ class _Output:
         self._do(self._stream.flush)
 
 
+class _Closed(io.TextIOBase):
+    """A standard stream closed before the command started (`>&-`: Python gives None): every
+    write fails as a closed file's does, which `_Output` turns into its one line (on stdout)
+    or silence (on stderr)."""
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "it is closed")
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "it is closed")
+
+
 def main() -> None:
     command_starts()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
             stream.reconfigure(errors="backslashreplace" if stream is sys.stderr else "replace")
-    if sys.stdout is not None:
-        sys.stdout = _Output(sys.stdout)
-    if sys.stderr is not None:
-        sys.stderr = _Output(sys.stderr, errors_said=False)
+    sys.stdout = _Output(sys.stdout or _Closed())
+    sys.stderr = _Output(sys.stderr or _Closed(), errors_said=False)
     app()
 
 
