@@ -1655,9 +1655,19 @@ def test_stdout_that_cannot_be_written_is_one_line(tmp_path):
     assert not out.exists()
 
 
-def _closing(fd: int):
-    """For `preexec_fn`: the child starts with `fd` closed (`>&-`, `2>&-`)."""
-    return lambda: os.close(fd)
+def _with_closed(fd: int, *args: str) -> subprocess.CompletedProcess:
+    """`fsdp-trace ARGS` started with `fd` closed (1: `>&-`, 2: `2>&-`); the other stream
+    captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "fsdp_trace", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE if fd == 2 else None,
+        stderr=subprocess.PIPE if fd == 1 else None,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
+        preexec_fn=lambda: os.close(fd),
+    )
 
 
 def test_a_closed_stdout_is_one_line(tmp_path):
@@ -1665,16 +1675,7 @@ def test_a_closed_stdout_is_one_line(tmp_path):
     a stdout that cannot be written, as `> /dev/full` is."""
     run = _sim_run(tmp_path)
     out = tmp_path / "o.json"
-    args = ["analyze", str(run), "--json", str(out), "--no-report"]
-    done = subprocess.run(
-        [sys.executable, "-m", "fsdp_trace", *args],
-        cwd=REPO,
-        stderr=subprocess.PIPE,
-        text=True,
-        timeout=120,
-        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
-        preexec_fn=_closing(1),
-    )
+    done = _with_closed(1, "analyze", str(run), "--json", str(out), "--no-report")
     assert done.returncode == 2 and done.stderr.splitlines() == [
         "fsdp-trace analyze: error: cannot write to standard output (it is closed): the output "
         "stops here, nothing else written"
@@ -1685,25 +1686,9 @@ def test_a_closed_stdout_is_one_line(tmp_path):
 def test_a_closed_stderr_leaves_the_exit_code_and_the_output(tmp_path):
     """`2>&-`: the one-line error has nowhere to go; the exit code still says it, and a run
     that goes well prints as usual."""
-    missing = subprocess.run(
-        [sys.executable, "-m", "fsdp_trace", "analyze", str(tmp_path / "missing.json")],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-        timeout=120,
-        preexec_fn=_closing(2),
-    )
+    missing = _with_closed(2, "analyze", str(tmp_path / "missing.json"))
     assert missing.returncode == 2 and missing.stdout == ""
-    run = _sim_run(tmp_path)
-    fine = subprocess.run(
-        [sys.executable, "-m", "fsdp_trace", "analyze", str(run), "--no-report"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-        timeout=120,
-        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
-        preexec_fn=_closing(2),
-    )
+    fine = _with_closed(2, "analyze", str(_sim_run(tmp_path)), "--no-report")
     assert fine.returncode == 0 and "Verdict:" in fine.stdout
 
 

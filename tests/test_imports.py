@@ -39,19 +39,24 @@ OTHER_COMMANDS = (
 )
 
 
-def loaded(tmp_path: Path, *args: str) -> set[str]:
-    """The modules `fsdp-trace ARGS` had loaded when it exited (successfully)."""
-    out = tmp_path / "modules.json"
+def probed(probe: str, out: Path, *args: str, env: dict | None = None) -> object:
+    """What `probe` (given `out` and ARGS) wrote to `out` once `fsdp-trace ARGS` exited
+    (successfully); `env`: the process's environment (default: this one's)."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, str(out), *args],
+        [sys.executable, "-c", probe, str(out), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "FSDP_TRACE_QUIET": "1", "COLUMNS": "100"},
+        env={**(os.environ if env is None else env), "FSDP_TRACE_QUIET": "1", "COLUMNS": "100"},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return set(json.loads(out.read_text()))
+    return json.loads(out.read_text())
+
+
+def loaded(tmp_path: Path, *args: str) -> set[str]:
+    """The modules `fsdp-trace ARGS` had loaded when it exited (successfully)."""
+    return set(probed(PROBE, tmp_path / "modules.json", *args))
 
 
 def among(modules: set[str], packages: tuple[str, ...]) -> list[str]:
@@ -123,21 +128,11 @@ def test_numpy_is_imported_with_the_collector_paused_and_one_blas_thread(
     """`--no-cache` switched the cache off through the cache's module, which imported numpy and
     pandas before the command paused the collector. A number of threads the user chose
     (OpenBLAS reads OMP_NUM_THREADS too) is kept."""
-    out = tmp_path / "seen.json"
-    env = {**os.environ, "FSDP_TRACE_QUIET": "1"}
-    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
-        env.pop(name, None)
+    chosen = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+    env = {k: v for k, v in os.environ.items() if k not in chosen} | users
     args = ["analyze", str(SAMPLES / "gpt-small-1gpu"), "--no-report", *no_cache]
-    done = subprocess.run(
-        [sys.executable, "-c", AT_NUMPY, str(out), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, **users},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(out.read_text()) == {"collector": False, "blas": blas}
+    seen = probed(AT_NUMPY, tmp_path / "seen.json", *args, env=env)
+    assert seen == {"collector": False, "blas": blas}
 
 
 @pytest.mark.parametrize("enabled", [True, False])
