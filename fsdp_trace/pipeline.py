@@ -81,13 +81,14 @@ def analyze(
 
         if hta_tool() is None:  # asked for: refused before any work, not a notice after it
             raise UserError(NOT_INSTALLED)
-    plan = Plan.of(paths, detailed, elsewhere=client is not None)
     if client is not None:
         from fsdp_trace.analysis.job import cluster
 
+        plan = Plan.of(paths, detailed, elsewhere=cluster.workers_elsewhere(client))
         keep = [keep_kernels and t.source != Source.DETAILED for t in plan.work]
         outcomes = cluster.analyze_all(client, plan.work, cache, keep)
     else:
+        plan = Plan.of(paths, detailed)
         # Decided per run (the loose traces as one): a small run keeps its kernels.
         keep = [
             k
@@ -113,7 +114,7 @@ def analyze_on_cluster(
     the number of ranks (`cluster.analyze_and_produce`; `fsdp-trace analyze --scheduler`)."""
     from fsdp_trace.analysis.job import cluster
 
-    plan = Plan.of(paths, detailed, elsewhere=True)
+    plan = Plan.of(paths, detailed, elsewhere=cluster.workers_elsewhere(client))
     return cluster.analyze_and_produce(client, plan, cache, assemble, produce)
 
 
@@ -135,8 +136,9 @@ class Plan:
         *,
         elsewhere: bool = False,
     ) -> Plan:
-        """`elsewhere`: the traces are read by Dask workers, whose working folder is their
-        own: local paths are given to them joined to this process's working folder."""
+        """`elsewhere`: the traces are read by Dask workers whose working folder is not this
+        process's (`cluster.workers_elsewhere`): relative local paths are given to them
+        joined to this one's, and so named in the results."""
         given = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
         inputs = resolve([_from_here(p) for p in given] if elsewhere else given)
         groups = [

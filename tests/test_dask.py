@@ -251,16 +251,20 @@ def test_client_facade_gives_the_result_of_jobs_1(client):
     assert [r.rank for r in spread.ranks] == [0, 1] and len(spread.detailed) == 2
 
 
-def test_relative_paths_reach_workers_whose_working_folder_is_another(
-    client, tmp_path, monkeypatch
+@pytest.mark.parametrize("workers_in", ["another folder", "the caller's folder"])
+def test_relative_paths_reach_workers_wherever_they_started(
+    client, tmp_path, monkeypatch, workers_in
 ):
-    """Workers on other machines start in folders of their own: a local path is sent joined
-    to the caller's working folder, and the result is the one of that whole path here."""
+    """Workers on other machines start in folders of their own: there a local path is sent
+    joined to the caller's working folder (the result that of the whole path here); workers
+    started where the caller is get the names as given (the result that of `--jobs 1`)."""
     monkeypatch.chdir(GPT.parent)
-    alone = fsdp_trace.analyze(str(GPT), cache=False)
+    elsewhere = workers_in == "another folder"
+    alone = fsdp_trace.analyze(str(GPT) if elsewhere else GPT.name, cache=False)
     before = client.run(os.getcwd)
-    client.run(os.chdir, str(tmp_path))  # an empty folder: a relative path finds nothing
+    client.run(os.chdir, str(tmp_path) if elsewhere else str(GPT.parent))
     try:
+        assert cluster.workers_elsewhere(client) is elsewhere
         spread = fsdp_trace.analyze(GPT.name, client=client, cache=False)
     finally:
         for worker, folder in before.items():

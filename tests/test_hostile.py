@@ -1683,6 +1683,17 @@ def test_a_closed_stdout_is_one_line(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["analyze", "--help"]])
+def test_a_closed_stdout_before_any_command_is_one_line(args):
+    """typer prints --version and --help before a command's own error handling runs: a
+    closed stdout there was a UserError traceback."""
+    done = _with_closed(1, *args)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "fsdp-trace: error: cannot write to standard output (it is closed): the output stops "
+        "here, nothing else written"
+    ], done.stderr
+
+
 def test_a_closed_stderr_leaves_the_exit_code_and_the_output(tmp_path):
     """`2>&-`: the one-line error has nowhere to go; the exit code still says it, and a run
     that goes well prints as usual."""

@@ -20,6 +20,7 @@ from fsdp_trace.cli.app import (
     PlainCommand,
     app,
     command_starts,
+    fail,
     may_end_now,
 )
 from fsdp_trace.errors import UserError
@@ -113,7 +114,10 @@ def main() -> None:
             stream.reconfigure(errors="backslashreplace" if stream is sys.stderr else "replace")
     sys.stdout = _Output(sys.stdout or _Closed())
     sys.stderr = _Output(sys.stderr or _Closed(), errors_said=False)
-    app()
+    try:
+        app()
+    except UserError as exc:  # outside a command's own handling: printing --version, --help
+        raise SystemExit(fail("", exc.message, exc.exit_code).exit_code) from None
 
 
 def run() -> None:

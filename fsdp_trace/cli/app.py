@@ -280,8 +280,10 @@ app = typer.Typer(
 
 
 def fail(command: str, message: str, code: int = 2) -> typer.Exit:
-    """Print the one-line error every bad input gets, and the exit to raise."""
-    print(f"fsdp-trace {command}: error: {printable(message)}", file=sys.stderr, flush=True)
+    """Print the one-line error every bad input gets, and the exit to raise (`command`: ""
+    for what fails before a command runs, `--version`, `--help`)."""
+    who = f"fsdp-trace {command}" if command else "fsdp-trace"
+    print(f"{who}: error: {printable(message)}", file=sys.stderr, flush=True)
     return typer.Exit(code)
 
 

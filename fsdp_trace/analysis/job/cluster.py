@@ -97,13 +97,27 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+def workers_elsewhere(client: Any) -> bool:
+    """Whether a worker's working folder is not this process's (a worker on another machine,
+    or started in another folder), where a relative path names another file or none; asked
+    of the workers connected now (one that cannot be asked counts as elsewhere)."""
+    here = os.getcwd()
+    try:
+        folders = client.run(os.getcwd)
+    except Exception:
+        return True
+    return any(folder != here for folder in folders.values())
+
+
 @contextlib.contextmanager
 def _workers_ignore_ctrl_c() -> Iterator[None]:
     """Ctrl-C ignored here while a LocalCluster starts its worker processes, which keep it
     ignored (a new program inherits an ignored signal): a terminal's Ctrl-C goes to every
     process of its group, and each worker printed a traceback before the command's one line.
     The command ends its workers itself (`connect`). The price: a Ctrl-C pressed in the second
-    or so the workers take to start is not seen."""
+    or so the workers take to start is not seen (holding it back instead, by blocking it,
+    does not reach the workers: they are started from Dask's own thread). A handler that
+    was not set from Python cannot be set again from it: Python's own is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
