@@ -1683,6 +1683,51 @@ def test_a_closed_stdout_is_one_line(tmp_path):
     assert not out.exists()
 
 
+# `fsdp-trace ARGS` with the descriptor numbers of the files it opens in a folder recorded.
+OPENED = """
+import builtins, io, json, os, sys
+out, folder, sys.argv = sys.argv[1], sys.argv[2], ["fsdp-trace", *sys.argv[3:]]
+numbers, os_open, io_open = [], os.open, io.open
+def record(path, fd):
+    if str(path).startswith(folder):
+        numbers.append(fd)
+    return fd
+os.open = lambda path, *a, **k: record(path, os_open(path, *a, **k))
+def opened(file, *a, **k):
+    f = io_open(file, *a, **k)
+    if not isinstance(file, int):
+        record(file, f.fileno())
+    return f
+builtins.open = io.open = opened
+from fsdp_trace.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+io_open(out, "w").write(json.dumps(numbers))
+"""
+
+
+def test_a_closed_stderr_is_never_an_output_files_number(tmp_path):
+    """With descriptor 2 closed, the next file opened took the number 2 (the staged JSON),
+    where a library's C code or a child process writing to its stderr writes into it."""
+    run, out, seen = _sim_run(tmp_path), tmp_path / "o.json", tmp_path / "fds.json"
+    args = ["analyze", str(run), "--json", str(out), "--no-report"]
+    done = subprocess.run(
+        [sys.executable, "-c", OPENED, str(seen), str(tmp_path), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
+        preexec_fn=lambda: os.close(2),
+    )
+    assert done.returncode == 0 and "Verdict:" in done.stdout
+    numbers = json.loads(seen.read_text())
+    assert numbers and min(numbers) > 2, numbers
+    assert json.loads(out.read_text())["verdict"]
+
+
 @pytest.mark.parametrize("args", [["--version"], ["--help"], ["analyze", "--help"]])
 def test_a_closed_stdout_before_any_command_is_one_line(args):
     """typer prints --version and --help before a command's own error handling runs: a

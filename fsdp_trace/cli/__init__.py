@@ -107,8 +107,24 @@ class _Closed(io.TextIOBase):
         raise OSError(errno.EBADF, "it is closed")
 
 
+def _hold_closed_descriptors() -> None:
+    """Standard descriptors closed before the command (`>&-`, `2>&-`) held open on
+    /dev/null: else the next file opened takes the number (the staged JSON, the report), and
+    whatever writes to it by number (a library's C code, a child process) writes into that
+    file. Python's own stream stays None (`_Closed`)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if held != fd:
+                os.dup2(held, fd)
+                os.close(held)
+
+
 def main() -> None:
     command_starts()
+    _hold_closed_descriptors()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
             stream.reconfigure(errors="backslashreplace" if stream is sys.stderr else "replace")
