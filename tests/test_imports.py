@@ -102,6 +102,13 @@ def test_analyze_imports_only_what_it_uses(tmp_path):
     assert not among(modules, unused)
 
 
+def test_cache_clear_imports_no_analysis(tmp_path):
+    """Deleting the cache's files needs the folder's policy alone (`cachefolder`)."""
+    modules = loaded(tmp_path, "cache", "clear")
+    assert "fsdp_trace.analysis.read.cachefolder" in modules  # the probe works
+    assert not among(modules, ANALYSIS)
+
+
 # Run `python -m fsdp_trace ARGS`; write how numpy found the process when it was imported.
 AT_NUMPY = """
 import atexit, gc, json, os, runpy, sys

@@ -6,6 +6,7 @@ from typing import Annotated
 import typer
 
 from fsdp_trace.cli.app import PlainCommand, PlainGroup, user_errors
+from fsdp_trace.cli.common import importing_libraries
 from fsdp_trace.fmt import plural
 from fsdp_trace.printable import printable
 
@@ -47,7 +48,8 @@ cache_app = typer.Typer(
 @cache_app.command("info", cls=PlainCommand)
 def cache_info() -> None:
     """Where the cache is, how large, and what it holds."""
-    from fsdp_trace.analysis.read import cache
+    with importing_libraries():  # the entries' code versions name numpy's and pandas'
+        from fsdp_trace.analysis.read import cache
 
     with user_errors("cache info"):
         for line in cache.info().lines():
@@ -57,7 +59,7 @@ def cache_info() -> None:
 @cache_app.command("clear", cls=PlainCommand)
 def cache_clear() -> None:
     """Delete every cache entry (and leftover temporary files)."""
-    from fsdp_trace.analysis.read import cache
+    from fsdp_trace.analysis.read import cachefolder as cache  # the folder alone: no pandas
 
     with user_errors("cache clear"):
         files, freed = cache.clear()
