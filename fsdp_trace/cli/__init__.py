@@ -95,15 +95,9 @@ class _Output:
 class _Closed(io.TextIOBase):
     """A standard stream closed before the command started (`>&-`: Python gives None): every
     write fails as a closed file's does, which `_Output` turns into its one line (on stdout)
-    or silence (on stderr)."""
-
-    def isatty(self) -> bool:
-        return False
+    or silence (on stderr). Not a terminal, and no descriptor, as io's base class says."""
 
     def write(self, text: str) -> int:
-        raise OSError(errno.EBADF, "it is closed")
-
-    def fileno(self) -> int:
         raise OSError(errno.EBADF, "it is closed")
 
 
