@@ -88,7 +88,18 @@ def render() -> str:
 
 
 def main() -> int:
-    os.environ.setdefault("FSDP_TRACE_CACHE_DIR", tempfile.mkdtemp(prefix="fsdp-trace-cache-"))
+    if "FSDP_TRACE_CACHE_DIR" in os.environ:
+        return _write_or_check()
+    # The samples' analyses cached in a folder of this run alone, removed after it.
+    with tempfile.TemporaryDirectory(prefix="fsdp-trace-cache-") as cache:
+        os.environ["FSDP_TRACE_CACHE_DIR"] = cache
+        try:
+            return _write_or_check()
+        finally:
+            del os.environ["FSDP_TRACE_CACHE_DIR"]
+
+
+def _write_or_check() -> int:
     new = render()
     if "--check" in sys.argv[1:]:
         if new != README.read_text():

@@ -118,8 +118,10 @@ def gloo_world_of_one():
 
 @pytest.fixture(scope="session")
 def cpu_run(tmp_path_factory) -> Path:
-    """A 2-process CPU/gloo capture of the tiny preset with AC and explicit prefetch."""
+    """A 2-process CPU/gloo capture of the tiny preset with AC and explicit prefetch. Its
+    temporary folder is `scratch_of(run)`, to see that the capture leaves nothing there."""
     out = tmp_path_factory.mktemp("capture") / "run"
+    scratch_of(out).mkdir()
     done = run_cli(
         "capture",
         "--model",
@@ -138,9 +140,21 @@ def cpu_run(tmp_path_factory) -> Path:
         "1",
         "--timed-steps",
         "3",
+        env={"TMPDIR": str(scratch_of(out))},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return out
+
+
+def scratch_of(out: Path) -> Path:
+    """The temporary folder (TMPDIR) of the capture that wrote `out`."""
+    return out.parent / "tmp"
+
+
+def left_in(scratch: Path) -> list[str]:
+    """What a capture left in its temporary folder, but torch's compile cache
+    (`torchinductor_USER`: one folder every torch program on the machine shares)."""
+    return sorted(p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_"))
 
 
 def counting_parses(monkeypatch) -> list[str]:

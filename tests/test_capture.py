@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, left_in, run_cli, scratch_of
 
 BLOCKS = [f"layers.{i}" for i in range(4)]
 
@@ -203,8 +203,16 @@ def test_existing_output_directory_is_refused(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_capture_leaves_nothing_in_the_temporary_folder(cpu_run):
+    """torchrun's agent makes a log folder per run (/tmp/torchelastic_*) unless told where;
+    the launcher's errors folder is removed too."""
+    assert left_in(scratch_of(cpu_run)) == []
+
+
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     out = tmp_path / "run"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     start = time.monotonic()
     done = run_cli(
         "capture",
@@ -219,6 +227,7 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
         "60",
         "--warmup-steps",
         "1",
+        env={"TMPDIR": str(scratch)},
     )
     assert time.monotonic() - start < 120  # no hang waiting for the dead rank
     assert done.returncode == 1
@@ -228,6 +237,7 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     ]
     assert "Traceback" not in done.stderr
     assert not out.exists()  # no half-written output
+    assert left_in(scratch) == []
 
 
 @pytest.mark.slow

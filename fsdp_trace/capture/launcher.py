@@ -347,16 +347,6 @@ def launch(cfg: CaptureConfig, nproc_per_node: int | None, rendezvous: Rendezvou
         )
     out = Path(cfg.out)
     existed = out.exists()
-    args = [
-        f"--nproc-per-node={nproc}",
-        *rendezvous.torchrun_args(),
-        "--max-restarts=0",
-        "--module",
-        "fsdp_trace",
-        "capture",
-        *cfg.to_cli_args(),
-    ]
-    parsed = torchrun.parse_args(args)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     quiet_elastic_loggers()
     recorded = {
@@ -377,6 +367,20 @@ def launch(cfg: CaptureConfig, nproc_per_node: int | None, rendezvous: Rendezvou
             restored_signal_handlers(),
         ):
             os.environ.update({**recorded, ERROR_DIR_ENV: folder})
+            # torchrun's agent makes a log folder per run (without --log-dir, a new
+            # /tmp/torchelastic_* left behind by every capture): this run's goes with `folder`.
+            parsed = torchrun.parse_args(
+                [
+                    f"--nproc-per-node={nproc}",
+                    *rendezvous.torchrun_args(),
+                    "--max-restarts=0",
+                    f"--log-dir={Path(folder) / 'torchrun'}",
+                    "--module",
+                    "fsdp_trace",
+                    "capture",
+                    *cfg.to_cli_args(),
+                ]
+            )
             try:
                 with failures_before_teardown() as early_pids:
                     torchrun.run(parsed)
