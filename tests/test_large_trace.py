@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import gzip
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -433,11 +434,20 @@ def test_small_inputs_start_no_pool(monkeypatch):
         analyze(SAMPLES / "gpt-small-2gpu", jobs=2, cache=False)
 
 
-def test_parallel_ranks_equal_serial(monkeypatch):
+@pytest.mark.parametrize("per_task", [1, 4], ids=["a-trace-a-task", "traces-batched"])
+def test_parallel_ranks_equal_serial(per_task, monkeypatch):
+    """Each trace a task of the pool, or several traces a task (`perrank.batches`)."""
     run = SAMPLES / "gpt-small-2gpu"
     serial = analyze(run, jobs=1, cache=False)
     monkeypatch.setattr(perrank, "POOL_MIN_BYTES", 0)  # workers even for the small samples
+    monkeypatch.setattr(perrank, "TASKS_PER_WORKER", 1)  # at most half of the bytes a task
+    monkeypatch.setattr(perrank, "BATCH_BYTES", 1 << 40)
+    monkeypatch.setattr(perrank, "BATCH_TRACES", per_task)
+    tasks = []
+    real = perrank.batches
+    monkeypatch.setattr(perrank, "batches", lambda *a: tasks.extend(real(*a)) or tasks)
     parallel = analyze(run, jobs=2, cache=False)
+    assert max(map(len, tasks)) == per_task if per_task == 1 else max(map(len, tasks)) > 1
     assert [r.path for r in serial.ranks + serial.detailed] == [
         r.path for r in parallel.ranks + parallel.detailed
     ]
@@ -447,6 +457,27 @@ def test_parallel_ranks_equal_serial(monkeypatch):
         for attr in ("steps", "collectives", "blocks", "kernels", "exposed", "compute_phases"):
             pd.testing.assert_frame_equal(getattr(a, attr), getattr(b, attr), check_exact=True)
         assert (a.streams, a.notices, a.rank) == (b.streams, b.notices, b.rank)
+
+
+def test_a_pools_tasks_are_consecutive_traces_within_bounds():
+    """Every trace once, in order; at most BATCH_TRACES a task and BATCH_BYTES of JSON
+    (a larger trace alone), and no task past a TASKS_PER_WORKER-th of a worker's share."""
+    mb = 1 << 20
+    raw = dict(enumerate([1 * mb] * 40 + [40 * mb] + [2 * mb] * 5 + [0] * 20))
+    for jobs in (1, 2, 8):
+        tasks = perrank.batches(list(raw), raw, jobs)
+        assert [i for task in tasks for i in task] == list(raw)
+        limit = min(perrank.BATCH_BYTES, sum(raw.values()) / (perrank.TASKS_PER_WORKER * jobs))
+        for task in tasks:
+            assert 1 <= len(task) <= perrank.BATCH_TRACES
+            assert len(task) == 1 or sum(raw[i] for i in task) <= limit
+        # Greedy: a task ends only where the next trace would pass a bound.
+        for task, after in itertools.pairwise(tasks):
+            size = sum(raw[i] for i in task)
+            assert len(task) == perrank.BATCH_TRACES or size + raw[after[0]] > limit
+    assert [40] in perrank.batches(list(raw), raw, 2)  # over BATCH_BYTES: alone
+    assert perrank.batches([3, 7], {3: mb, 7: mb}, 2) == [[3], [7]]  # a task per worker
+    assert perrank.batches([], {}, 2) == []
 
 
 def test_one_traces_events_at_a_time(monkeypatch):

@@ -211,7 +211,8 @@ def analyze_all(
 
     Cached analyses are read here first. The rest: in parallel, each worker process loads
     and analyzes one trace at a time (decoding it alone), so memory holds at most `jobs`
-    traces' parsed events; results come back in submission order. With one job (or little
+    traces' parsed events; small traces go to a worker a few at a time (`batches`); results
+    come back in the order of `work`. With one job (or little
     to do), one at a time here, a large file decoded by two processes instead. `jobs` None:
     `auto_jobs` of the traces not in the cache."""
     with cache_mod.deferred():  # one scan of the cache folder for the run, not one per write
@@ -243,14 +244,18 @@ def _analyze_all(
     pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker)
     try:
         # Workers are forked here, before the progress bar starts its thread; each gets the
-        # lookup (parameters, cache entry, content hash: the file is not hashed again).
-        futures = {pool.submit(_compute_in_worker, lookups[i], keep[i]): i for i in todo}
+        # lookups (parameters, cache entry, content hash: the file is not hashed again).
+        futures = {
+            pool.submit(_compute_batch_in_worker, [(lookups[i], keep[i]) for i in batch]): batch
+            for batch in batches(todo, raw, jobs)
+        }
         progress = _Progress(sum(_size(work[i].path) for i in todo), sum(raw.values()), "traces")
         with progress:
             for future in as_completed(futures):
-                i = futures[future]
-                results[i] = shared(future.result())
-                progress.advance(_size(work[i].path))
+                batch = futures[future]
+                for i, result in zip(batch, future.result(), strict=True):
+                    results[i] = shared(result)
+                    progress.advance(_size(work[i].path))
     except BaseException:
         stop_pool(pool)
         raise
@@ -336,6 +341,36 @@ def stop_pool(pool) -> None:
         process.terminate()
     if manager is not None:
         manager.join(STOP_WAIT_SECONDS)
+
+
+# A pool's task holds consecutive traces up to these bounds: each task's round trip (its
+# lookups pickled, a future, the client's threads woken) costs the client ~0.3 ms of CPU, on
+# the cores the workers use (~1.5 % of a 1.6 MB rank's analysis, benchmarks/results/per_rank.md).
+BATCH_BYTES = 16 << 20  # bytes of JSON; a larger trace is a task alone
+BATCH_TRACES = 16
+# Tasks a worker gets at least, on even shares of the bytes: the last ones end close together.
+TASKS_PER_WORKER = 4
+
+
+def batches(todo: list[int], raw: dict[int, int], jobs: int) -> list[list[int]]:
+    """`todo` (trace indices, in order) cut into the pool's tasks: consecutive traces, at most
+    BATCH_TRACES of them and BATCH_BYTES of JSON (`raw`: each one's), and no more than a
+    TASKS_PER_WORKER-th of a worker's even share of the bytes; a trace over the bound alone."""
+    limit = min(BATCH_BYTES, sum(raw[i] for i in todo) / (TASKS_PER_WORKER * jobs))
+    out: list[list[int]] = []
+    size = 0
+    for i in todo:
+        if not out or len(out[-1]) >= BATCH_TRACES or size + raw[i] > limit:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += raw[i]
+    return out
+
+
+def _compute_batch_in_worker(tasks: list[tuple[_Lookup, bool]]) -> list[RankAnalysis]:
+    """A pool task's traces analyzed one after the other (`_compute_in_worker`)."""
+    return [_compute_in_worker(lookup, keep) for lookup, keep in tasks]
 
 
 def _compute_in_worker(lookup: _Lookup, keep: bool) -> RankAnalysis:
