@@ -202,13 +202,13 @@ def test_existing_output_directory_is_refused(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
-@pytest.mark.slow
 def test_a_capture_leaves_nothing_in_the_temporary_folder(cpu_run):
     """torchrun's agent makes a log folder per run (/tmp/torchelastic_*) unless told where;
     the launcher's errors folder is removed too."""
     assert left_in(scratch_of(cpu_run)) == []
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     out = tmp_path / "run"
     scratch = tmp_path / "tmp"

@@ -471,11 +471,15 @@ def test_a_pools_tasks_are_consecutive_traces_within_bounds():
         for task in tasks:
             assert 1 <= len(task) <= perrank.BATCH_TRACES
             assert len(task) == 1 or sum(raw[i] for i in task) <= limit
-        # Greedy: a task ends only where the next trace would pass a bound.
+            assert len(task) == 1 or all(raw[i] > 0 for i in task)  # unknown size: alone
+        # Greedy: a task ends only where the next trace would pass a bound (or either's size
+        # is unknown).
         for task, after in itertools.pairwise(tasks):
             size = sum(raw[i] for i in task)
-            assert len(task) == perrank.BATCH_TRACES or size + raw[after[0]] > limit
+            full = len(task) == perrank.BATCH_TRACES or size + raw[after[0]] > limit
+            assert full or raw[task[-1]] == 0 or raw[after[0]] == 0
     assert [40] in perrank.batches(list(raw), raw, 2)  # over BATCH_BYTES: alone
+    assert perrank.batches(list(raw), raw, 2)[-20:] == [[i] for i in range(46, 66)]
     assert perrank.batches([3, 7], {3: mb, 7: mb}, 2) == [[3], [7]]  # a task per worker
     assert perrank.batches([], {}, 2) == []
 

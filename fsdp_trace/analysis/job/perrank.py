@@ -355,16 +355,18 @@ TASKS_PER_WORKER = 4
 def batches(todo: list[int], raw: dict[int, int], jobs: int) -> list[list[int]]:
     """`todo` (trace indices, in order) cut into the pool's tasks: consecutive traces, at most
     BATCH_TRACES of them and BATCH_BYTES of JSON (`raw`: each one's), and no more than a
-    TASKS_PER_WORKER-th of a worker's even share of the bytes; a trace over the bound alone."""
+    TASKS_PER_WORKER-th of a worker's even share of the bytes; a trace over the bound alone,
+    and one of unknown size (0: a URL whose listing gives none) too."""
     limit = min(BATCH_BYTES, sum(raw[i] for i in todo) / (TASKS_PER_WORKER * jobs))
     out: list[list[int]] = []
-    size = 0
+    size = 0.0
     for i in todo:
-        if not out or len(out[-1]) >= BATCH_TRACES or size + raw[i] > limit:
+        unknown = raw[i] <= 0
+        if not out or unknown or len(out[-1]) >= BATCH_TRACES or size + raw[i] > limit:
             out.append([])
-            size = 0
+            size = 0.0
         out[-1].append(i)
-        size += raw[i]
+        size = limit if unknown else size + raw[i]  # a trace of unknown size: a task alone
     return out
 
 
