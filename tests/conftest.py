@@ -2,11 +2,11 @@
 one-process gloo group; `free_port` for rendezvous and servers.
 
 No test touches the user's own cache or home: before collection, the test run points
-FSDP_TRACE_CACHE_DIR, XDG_CACHE_HOME and HOME into a scratch folder of its own, inherited by
-every process a test starts and removed at the end. pytest-xdist workers share the run's
-folder: the cache is safe under concurrent writers (atomic renames, checksums, entries bound to
-their key), so a sample one worker parsed is read back by the others; tests of the cache itself
-use folders of their own."""
+FSDP_TRACE_CACHE_DIR, XDG_CACHE_HOME, HOME and TMPDIR into a scratch folder of its own,
+inherited by every process a test starts and removed at the end. pytest-xdist workers share
+the run's folder: the cache is safe under concurrent writers (atomic renames, checksums,
+entries bound to their key), so a sample one worker parsed is read back by the others; tests
+of the cache itself use folders of their own."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, cores or 1)
 
 
-ISOLATED = ("FSDP_TRACE_CACHE_DIR", "XDG_CACHE_HOME", "HOME")
+ISOLATED = ("FSDP_TRACE_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "TMPDIR")
 SCRATCH_VARIABLE = "FSDP_TRACE_TEST_SCRATCH"  # the run's scratch folder, for xdist workers
 _saved_environment: dict[str, str | None] = {}
 _own_scratch: list[Path] = []
@@ -74,7 +74,8 @@ _own_scratch: list[Path] = []
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every test (and every process it starts) caches into the run's scratch folder, and a
-    cache path that falls back to ~ lands in a scratch home, never the user's. Done before
+    cache path that falls back to ~ lands in a scratch home, never the user's; the processes
+    tests start have a temporary folder in it too. Done before
     collection, so that nothing collected at import time escapes it either. The process that
     starts the run makes the folder; its xdist workers (which inherit the variables) use it."""
     _saved_environment.update({key: os.environ.get(key) for key in (*ISOLATED, SCRATCH_VARIABLE)})
@@ -84,12 +85,15 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         scratch = Path(tempfile.mkdtemp(prefix="pytest-fsdp-trace-"))
         _own_scratch.append(scratch)
-        for name in ("cache", "home"):
+        for name in ("cache", "home", "tmp"):
             (scratch / name).mkdir(mode=0o700)
     os.environ[SCRATCH_VARIABLE] = str(scratch)
     os.environ["FSDP_TRACE_CACHE_DIR"] = str(scratch / "cache")
     os.environ["XDG_CACHE_HOME"] = str(scratch / "home" / ".cache")
     os.environ["HOME"] = str(scratch / "home")
+    # What the processes a test starts leave in their temporary folder (a plain torchrun's
+    # /tmp/torchelastic_* log folders, torch's compile cache) goes with the scratch folder.
+    os.environ["TMPDIR"] = str(scratch / "tmp")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
