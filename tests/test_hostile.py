@@ -1655,11 +1655,13 @@ def test_stdout_that_cannot_be_written_is_one_line(tmp_path):
     assert not out.exists()
 
 
-def _with_closed(fd: int, *args: str) -> subprocess.CompletedProcess:
-    """`fsdp-trace ARGS` started with `fd` closed (1: `>&-`, 2: `2>&-`); the other stream
-    captured."""
+def _with_closed(
+    fd: int, *args: str, program: tuple[str, ...] = ("-m", "fsdp_trace")
+) -> subprocess.CompletedProcess:
+    """`fsdp-trace ARGS` (`python PROGRAM ARGS`) started with `fd` closed (1: `>&-`, 2:
+    `2>&-`); the other stream captured."""
     return subprocess.run(
-        [sys.executable, "-m", "fsdp_trace", *args],
+        [sys.executable, *program, *args],
         cwd=REPO,
         stdout=subprocess.PIPE if fd == 2 else None,
         stderr=subprocess.PIPE if fd == 1 else None,
@@ -1713,15 +1715,7 @@ def test_a_closed_stderr_is_never_an_output_files_number(tmp_path):
     where a library's C code or a child process writing to its stderr writes into it."""
     run, out, seen = _sim_run(tmp_path), tmp_path / "o.json", tmp_path / "fds.json"
     args = ["analyze", str(run), "--json", str(out), "--no-report"]
-    done = subprocess.run(
-        [sys.executable, "-c", OPENED, str(seen), str(tmp_path), *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-        timeout=120,
-        env={**os.environ, "FSDP_TRACE_QUIET": "1"},
-        preexec_fn=lambda: os.close(2),
-    )
+    done = _with_closed(2, *args, program=("-c", OPENED, str(seen), str(tmp_path)))
     assert done.returncode == 0 and "Verdict:" in done.stdout
     numbers = json.loads(seen.read_text())
     assert numbers and min(numbers) > 2, numbers

@@ -59,11 +59,11 @@ def cache_info() -> None:
 @cache_app.command("clear", cls=PlainCommand)
 def cache_clear() -> None:
     """Delete every cache entry (and leftover temporary files)."""
-    from fsdp_trace.analysis.read import cachefolder as cache  # the folder alone: no pandas
+    from fsdp_trace.analysis.read import cachefolder  # the folder alone: no pandas
 
     with user_errors("cache clear"):
-        files, freed = cache.clear()
+        files, freed = cachefolder.clear()
         print(
             f"fsdp-trace: deleted {plural(files, 'file')} ({freed / 1024**2:,.1f} MiB) "
-            f"from {printable(cache.directory())}"
+            f"from {printable(cachefolder.directory())}"
         )
